@@ -1,0 +1,28 @@
+# lmforge: `make demo` runs the pipeline on configs/demo.toml, `make test` runs the tests.
+# Both build .venv (and .venv-serve for Triton) first when it is missing.
+PY      := .venv/bin/python
+CONFIG  ?= configs/demo.toml
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-unit bench bootstrap clean-workspace
+
+.venv/.bootstrapped: pyproject.toml constraints.txt scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+	touch $@
+
+bootstrap: .venv/.bootstrapped
+
+demo: .venv/.bootstrapped
+	$(PY) -m flows.cli run all --config $(CONFIG)
+
+test: .venv/.bootstrapped
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: .venv/.bootstrapped
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: .venv/.bootstrapped
+	$(PY) benchmarks/run_all.py
+
+clean-workspace:
+	rm -rf .lmforge

@@ -1,0 +1,1 @@
+"""The data stage: ingest, validate, clean, deduplicate, featurise, split, tokenize, shard."""

@@ -1,0 +1,218 @@
+"""Where every artifact lives, and how it is written.
+
+    ws = Workspace.from_env()                  # $LMFORGE_HOME, else ./.lmforge
+    ws.dataset_dir("3f2a9c1b7d0e")             # .lmforge/datasets/3f2a9c1b7d0e
+    atomic_write_json(ws.root / "x.json", {...})
+    with atomic_dir(ws.dataset_dir(v)) as tmp: # filled in tmp, renamed into place at the end
+        (tmp / "a.txt").write_text("...")
+
+Layout (all under one root, so that a workspace can be copied, archived or wiped whole):
+
+    datasets/<version>/   manifest.json, records/, quarantine.jsonl, features.parquet,
+                          tokenizer/, shards/, report.json       (version = manifest hash)
+    datasets/LATEST       the newest complete dataset version
+    features/             Feast registry and online store (SQLite)
+    qdrant/               Qdrant local-mode storage
+    runs/<run>/           training runs: checkpoints/, export/ (a Hugging Face folder)
+    mlflow.db, mlartifacts/   MLflow tracking store and artifacts
+    triton/               the Triton model repository and server logs
+    requests/             the serving request log (JSONL, rotated)
+    monitoring/           whylogs profiles, drift reports, retrain triggers
+    prefect/              Prefect home: its database and persisted task results
+
+Writes are atomic: a file is written beside its target and renamed over it, a folder
+is built under a temporary name and renamed into place. A half-written artifact
+never carries its final name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_HOME = "LMFORGE_HOME"
+DEFAULT_HOME = ".lmforge"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def from_env(cls) -> "Workspace":
+        return cls(Path(os.environ.get(ENV_HOME, DEFAULT_HOME)).expanduser().resolve())
+
+    def ensure(self) -> "Workspace":
+        self.root.mkdir(parents=True, exist_ok=True)
+        return self
+
+    # --- datasets -------------------------------------------------------
+    @property
+    def datasets(self) -> Path:
+        return self.root / "datasets"
+
+    def dataset_dir(self, version: str) -> Path:
+        return self.datasets / version
+
+    def latest_dataset(self) -> str | None:
+        """The newest complete dataset version, or None when the data stage never finished."""
+        marker = self.datasets / "LATEST"
+        return marker.read_text().strip() if marker.exists() else None
+
+    def set_latest_dataset(self, version: str) -> None:
+        atomic_write_text(self.datasets / "LATEST", version + "\n")
+
+    # --- the other parts --------------------------------------------------
+    @property
+    def features(self) -> Path:
+        return self.root / "features"
+
+    @property
+    def qdrant(self) -> Path:
+        return self.root / "qdrant"
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    def run_dir(self, name: str) -> Path:
+        return self.runs / name
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.root / "mlflow.db"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"sqlite:///{self.mlflow_db}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.root / "mlartifacts"
+
+    @property
+    def triton(self) -> Path:
+        return self.root / "triton"
+
+    @property
+    def requests(self) -> Path:
+        return self.root / "requests"
+
+    @property
+    def monitoring(self) -> Path:
+        return self.root / "monitoring"
+
+    @property
+    def prefect(self) -> Path:
+        return self.root / "prefect"
+
+
+# --- hashing ---------------------------------------------------------------
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path, *, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_tree(path: Path) -> str:
+    """Content hash of a file or a folder: relative paths and file contents, in sorted order."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    h = hashlib.sha256()
+    for p in sorted(q for q in path.rglob("*") if q.is_file()):
+        h.update(p.relative_to(path).as_posix().encode() + b"\0")
+        h.update(sha256_file(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def sha256_json(obj: Any) -> str:
+    """Hash of a JSON-able object, independent of key order."""
+    return sha256_bytes(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode())
+
+
+# --- atomic writes -----------------------------------------------------------
+
+def atomic_write_bytes(path: Path, data: bytes) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: Path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
+    """Stream into a temporary file beside `path`; rename it into place only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_dir(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
+    """Build a folder under a temporary name; rename it to `path` only when the block succeeds.
+
+    With overwrite, an existing `path` is replaced (moved aside first, then removed), so a
+    reader sees either the old folder or the new one, never a mix.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        if path.exists():
+            if not overwrite:
+                raise FileExistsError(path)
+            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,19 @@
+"""Prefect flows around the components, the pipeline that chains them, and the CLI.
+
+Importing this package points Prefect at the workspace (its database and persisted
+task results live under <workspace>/prefect), unless the environment already says
+otherwise, e.g. PREFECT_API_URL for a Prefect server.
+"""
+
+import os
+
+from components.workspace import Workspace
+
+_ws = Workspace.from_env()
+(_ws.prefect / "storage").mkdir(parents=True, exist_ok=True)
+os.environ.setdefault("PREFECT_HOME", str(_ws.prefect))
+os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(_ws.prefect / "storage"))
+os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
+# The temporary local API server takes longer than Prefect's 20 s default to start on 2 cores.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_LOGGING_LOG_PRINTS", "true")

@@ -1,0 +1,70 @@
+"""`lmforge status`: what the workspace holds, read from its files and the MLflow registry.
+
+    render_status(Workspace.from_env(), Console())
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from components.workspace import Workspace
+
+
+def dataset_rows(ws: Workspace) -> list[dict[str, Any]]:
+    latest = ws.latest_dataset()
+    rows = []
+    for manifest in sorted(ws.datasets.glob("*/manifest.json")):
+        m = json.loads(manifest.read_text())
+        rows.append({"version": manifest.parent.name, "latest": manifest.parent.name == latest,
+                     "counts": m.get("counts", {}), "created": m.get("created_at", "")})
+    return rows
+
+
+def run_rows(ws: Workspace) -> list[dict[str, Any]]:
+    rows = []
+    for meta in sorted(ws.runs.glob("*/export/lmforge.json")):
+        m = json.loads(meta.read_text())
+        rows.append({"run": meta.parent.parent.name, **{k: m.get(k) for k in ("dataset_version", "strategy", "steps", "final_loss")}})
+    return rows
+
+
+def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
+    if not ws.mlflow_db.exists():
+        return []
+    from mlflow import MlflowClient
+
+    from components.tracking import use_workspace
+
+    use_workspace(ws)
+    client = MlflowClient()
+    rows = []
+    for rm in client.search_registered_models():
+        aliases = {a: v for a, v in (rm.aliases or {}).items()}
+        versions = client.search_model_versions(f"name='{rm.name}'")
+        rows.append({"model": rm.name, "versions": len(versions), "aliases": aliases})
+    return rows
+
+
+def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
+    state = ws.triton / "state.json"
+    return [json.loads(state.read_text())] if state.exists() else []
+
+
+def render_status(ws: Workspace, console: Console) -> None:
+    console.print(f"workspace: {ws.root}")
+    sections = [("datasets", dataset_rows(ws)), ("training runs", run_rows(ws)),
+                ("registered models", registry_rows(ws)), ("deployments", deployment_rows(ws))]
+    for title, rows in sections:
+        if not rows:
+            console.print(f"[bold]{title}[/bold]: none")
+            continue
+        table = Table(title=title, title_justify="left")
+        for col in rows[0]:
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*(json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v) for v in row.values()))
+        console.print(table)

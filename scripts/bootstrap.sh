@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the two environments (DESIGN.md §6):
+#   .venv        the project: torch first (the local CPU wheel), then `-e .[dev]` under constraints.txt
+#   .venv-serve  the Triton server's Python: numpy<2 (the python-backend stub breaks on numpy 2),
+#                torch, transformers, tokenizers, safetensors and nvidia-pytriton (the tritonserver binary)
+# Re-running it only fills in what is missing. Set PYTHON to choose the base interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+
+if ! command -v "$PYTHON" >/dev/null; then
+    echo "bootstrap: $PYTHON not found. Install Python 3.11 (pyenv: 'pyenv install 3.11') or set PYTHON=/path/to/python3.11." >&2
+    exit 2
+fi
+
+# The Triton python-backend stub links libpython3.11.so: the base interpreter must be a shared build.
+if [ "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABLE_SHARED") or 0)')" != "1" ]; then
+    cat >&2 <<MSG
+bootstrap: $PYTHON is not built with a shared libpython3.11 (Py_ENABLE_SHARED=0); Triton's python backend needs it.
+  Get one with:  PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11   (or apt-get install libpython3.11)
+  then re-run:   PYTHON=/path/to/that/python3.11 scripts/bootstrap.sh
+MSG
+    exit 2
+fi
+
+pip_quiet() { "$@" --quiet --disable-pip-version-check; }
+
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import flows.cli' 2>/dev/null; then
+    echo "bootstrap: building .venv (torch $TORCH_VERSION first, then lmforge) ..."
+    [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+    pip_quiet .venv/bin/python -m pip install --upgrade pip
+    pip_quiet .venv/bin/python -m pip install "torch==$TORCH_VERSION"
+    pip_quiet .venv/bin/python -m pip install -c constraints.txt -e ".[dev]"
+    echo "bootstrap: .venv ready"
+fi
+
+stub_ok() {
+    local backends
+    backends=$(.venv-serve/bin/python -c 'import pytriton, pathlib; print(pathlib.Path(pytriton.__file__).parent / "tritonserver" / "backends")' 2>/dev/null) || return 1
+    [ -x "$backends/python/triton_python_backend_stub" ]
+}
+
+if [ ! -x .venv-serve/bin/python ] || ! stub_ok; then
+    echo "bootstrap: building .venv-serve (Triton Inference Server + its python backend) ..."
+    [ -x .venv-serve/bin/python ] || "$PYTHON" -m venv .venv-serve
+    pip_quiet .venv-serve/bin/python -m pip install --upgrade pip
+    pip_quiet .venv-serve/bin/python -m pip install "torch==$TORCH_VERSION"
+    pip_quiet .venv-serve/bin/python -m pip install "numpy<2" "transformers==5.23.0" tokenizers safetensors nvidia-pytriton
+    # The backend directory ships stubs per Python version; the python backend looks beside itself.
+    root=$(.venv-serve/bin/python -c 'import pytriton, pathlib; print(pathlib.Path(pytriton.__file__).parent / "tritonserver")')
+    cp "$root/python_backend_stubs/3.11/triton_python_backend_stub" "$root/backends/python/"
+    chmod +x "$root/backends/python/triton_python_backend_stub"
+    stub_ok || { echo "bootstrap: Triton python backend stub is not in place under $root/backends/python" >&2; exit 1; }
+    echo "bootstrap: .venv-serve ready"
+fi

@@ -1,0 +1,93 @@
+"""Shared fixtures: an isolated workspace per test, and a tiny real model folder.
+
+    def test_x(workspace, tiny_model_dir): ...
+
+`tiny_model_dir` is a real Hugging Face folder (a byte-level BPE tokenizer trained on a
+few standard-library docstrings, and a randomly initialised 2-layer LlamaForCausalLM in
+safetensors), built once per session, for stages downstream of training.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_CONFIG = REPO / "configs" / "tiny.toml"
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch):
+    """A fresh workspace: LMFORGE_HOME points at it for the test and its subprocesses."""
+    from components.workspace import Workspace
+
+    root = tmp_path / "ws"
+    monkeypatch.setenv("LMFORGE_HOME", str(root))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return Workspace(root).ensure()
+
+
+@pytest.fixture
+def tiny_config():
+    from components.config import load_config
+
+    return load_config(TINY_CONFIG)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+
+
+def build_tiny_model(out: Path, *, vocab_size: int = 512, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
+    """Tokenizer + random tiny Llama saved as a Hugging Face folder (safetensors)."""
+    import ast
+    import inspect
+    import json
+
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    texts = []
+    for mod in (json, os, socket, ast, inspect):
+        texts += [ast.get_docstring(n) or "" for n in ast.walk(ast.parse(inspect.getsource(mod)))
+                  if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([t for t in texts if t], vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>", unk_token="<unk>")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    (out / "lmforge.json").write_text(json.dumps({"source": "tests/conftest.py:build_tiny_model", "seed": seed}))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")
