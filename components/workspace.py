@@ -86,6 +86,19 @@ class Workspace:
     def run_dir(self, name: str) -> Path:
         return self.runs / name
 
+    def latest_run(self) -> str | None:
+        """The newest training run that exported a model, or None."""
+        marker = self.runs / "LATEST"
+        return marker.read_text().strip() if marker.exists() else None
+
+    def set_latest_run(self, name: str) -> None:
+        atomic_write_text(self.runs / "LATEST", name + "\n")
+
+    def training_shards(self, version: str) -> Path:
+        """The shards training reads: the feature-store selection when the features stage made one."""
+        selected = self.dataset_dir(version) / "selected" / "shards"
+        return selected if (selected / "index.json").exists() else self.dataset_dir(version) / "shards"
+
     @property
     def mlflow_db(self) -> Path:
         return self.root / "mlflow.db"

@@ -12,6 +12,7 @@ Other command groups (plan, registry, serve, deploy, monitor, prefect) live in
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -34,9 +35,9 @@ app.add_typer(ui_app, name="ui")
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
 
-# Command groups defined in flows/commands/<name>.py, each exposing `app` (a typer.Typer)
-# or `register(app)`. A group whose module is absent is simply not offered.
-COMMAND_GROUPS: list[str] = []
+# Command groups defined in flows/commands/<name>.py, each exposing `app` (a typer.Typer,
+# mounted as `lmforge <name> ...`) or `register(app)` (adds top-level commands).
+COMMAND_GROUPS: list[str] = ["plan", "registry", "serve", "monitor", "prefect"]
 
 _state = {"debug": False}
 
@@ -109,6 +110,8 @@ def _print_run_summary(result: dict[str, Any]) -> None:
 
 def _mount_groups() -> None:
     for name in COMMAND_GROUPS:
+        if importlib.util.find_spec(f"flows.commands.{name}") is None:
+            continue
         module = importlib.import_module(f"flows.commands.{name}")
         if hasattr(module, "register"):
             module.register(app)

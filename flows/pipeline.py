@@ -12,6 +12,7 @@ pipeline re-run after a failure picks cached stages back up from Prefect's resul
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import time
 from typing import Any
 

@@ -1,0 +1,89 @@
+"""The serving request log: one JSON line per request, in hourly files, for monitoring.
+
+    log = RequestLog(ws.requests)             # writer (Triton's model.py) and reader (monitoring)
+    log.append(RequestRecord(ts=now_iso(), model="lmforge", version="3", prompt_chars=31, ...))
+    rows, skipped = log.read()                # corrupt or partial lines are skipped and counted
+
+Standard library only: the Triton model repository carries a copy of this file, and it
+runs inside the server's own Python (.venv-serve), which does not have lmforge installed.
+Files rotate by hour (`requests-YYYYMMDDHH.jsonl`); each line is written with one
+`write` on an O_APPEND descriptor, so concurrent writers never interleave within a line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    ts: str                 # ISO 8601, UTC
+    model: str
+    version: str
+    prompt_chars: int
+    prompt_tokens: int
+    rare_token_rate: float  # share of prompt tokens that are unknown or rare (see deploy/processing.py)
+    output_tokens: int
+    output_chars: int
+    mean_logprob: float     # mean log-probability of the generated tokens
+    latency_ms: float
+    status: str = "ok"      # "ok" or an error code
+
+
+COLUMNS = tuple(f.name for f in fields(RequestRecord))
+NUMERIC = tuple(f.name for f in fields(RequestRecord) if f.type in ("int", "float"))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+class RequestLog:
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.folder = Path(folder)
+
+    def path_for(self, ts: datetime) -> Path:
+        return self.folder / f"requests-{ts.astimezone(timezone.utc):%Y%m%d%H}.jsonl"
+
+    def append(self, record: RequestRecord) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        line = (json.dumps(asdict(record), separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.path_for(datetime.fromisoformat(record.ts)), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def files(self) -> list[Path]:
+        return sorted(self.folder.glob("requests-*.jsonl"))
+
+    def read(self, since: datetime | None = None, until: datetime | None = None) -> tuple[list[dict], int]:
+        """All well-formed records with since <= ts < until, and the number of lines skipped as corrupt."""
+        rows: list[dict] = []
+        skipped = 0
+        for path in self.files():
+            with open(path, "rb") as f:
+                for raw in f:
+                    record = _parse(raw)
+                    if record is None:
+                        skipped += 1
+                        continue
+                    ts = datetime.fromisoformat(record["ts"])
+                    if (since is None or ts >= since) and (until is None or ts < until):
+                        rows.append(record)
+        return rows, skipped
+
+
+def _parse(raw: bytes) -> dict | None:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+        if not isinstance(record, dict) or set(record) != set(COLUMNS):
+            return None
+        datetime.fromisoformat(record["ts"])
+        return record
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError):
+        return None
