@@ -66,6 +66,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return validate_config(raw, source=str(path))
 
 
+def as_config(cfg: "PipelineConfig | str | Path | dict[str, Any] | None") -> PipelineConfig:
+    """What a flow parameter may hold: a config, a TOML path, a dict, or None for configs/demo.toml.
+
+    Prefect deployments pass a path (`--param cfg=configs/tiny.toml`); Python callers pass the model.
+    """
+    if isinstance(cfg, PipelineConfig):
+        return cfg
+    if isinstance(cfg, dict):
+        return validate_config(cfg)
+    return load_config(cfg)
+
+
 def validate_config(raw: dict[str, Any], *, source: str = "<config>") -> PipelineConfig:
     try:
         return PipelineConfig.model_validate(raw)

@@ -17,3 +17,17 @@ os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
 # The temporary local API server takes longer than Prefect's 20 s default to start on 2 cores.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_LOG_PRINTS", "true")
+
+
+def _use_running_server() -> None:
+    """Send runs to the server `lmforge prefect up` started for this workspace, if it is up."""
+    if "PREFECT_API_URL" in os.environ:
+        return
+    from flows.prefect_local import active_api_url
+
+    url = active_api_url(_ws)
+    if url:
+        os.environ["PREFECT_API_URL"] = url
+
+
+_use_running_server()

@@ -94,6 +94,21 @@ def ui_mlflow(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 500
     raise typer.Exit(subprocess.call(cmd))
 
 
+@ui_app.command("prefect")
+def ui_prefect(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200) -> None:
+    """The Prefect UI: the server `lmforge prefect up` started, or a server in the foreground."""
+    from flows import prefect_local
+
+    ws = Workspace.from_env().ensure()
+    info = prefect_local.active_server(ws)
+    if info is not None:
+        console.print(f"Prefect UI: {info.ui_url}  (server started by `lmforge prefect up`, pid {info.pid})")
+        return
+    console.print(f"Prefect UI: http://127.0.0.1:{port}  (database in {ws.prefect}; Ctrl-C to stop)")
+    cmd = [prefect_local.prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    raise typer.Exit(subprocess.call(cmd, env=prefect_local.server_env(ws)))
+
+
 def _print_run_summary(result: dict[str, Any]) -> None:
     from rich.table import Table
 
