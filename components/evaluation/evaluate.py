@@ -1,0 +1,147 @@
+"""Evaluate one model folder on one dataset: the entry point other stages call.
+
+    result = evaluate_model_dir(ws.run_dir(run) / "export", ws.dataset_dir(v), cfg.evaluation)
+    result.metrics["bpc"], result.metrics["rougeL"], result.metrics["tokens_per_s"]
+    result.examples[0].prediction
+    result.to_dict()                       # JSON-able; EvalResult.from_dict reads it back
+
+Metrics (all floats): bpc, perplexity (bpc.py, on up to `bpc_max_docs` documents of the
+split), unigram_bpc (the trivial baseline of baseline.py, on the same tokens),
+rouge1/rouge2/rougeL/bleu/exact_match (text_metrics.py, on up to `max_examples`
+signature→summary examples), ttft_ms/tpot_ms/tokens_per_s (latency.py). With `rag` (a
+`rag.Rag` or a prompt→prompt callable), the generation task runs again on
+retrieval-augmented prompts; `result.rag` holds those scores and the difference, or
+why RAG was skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.data.records import Record, extract_summary, generation_prompt
+from components.errors import UserError
+from components.evaluation.baseline import UnigramModel
+from components.evaluation.bpc import bits_per_character
+from components.evaluation.generation import generate
+from components.evaluation.latency import summarize
+from components.evaluation.rag import Rag
+from components.evaluation.text_metrics import score_texts
+from components.registry.loading import load_causal_lm
+from components.sections.evaluation import EvaluationConfig
+
+GEN_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    prompt: str
+    reference: str
+    prediction: str
+    rougeL: float
+    rouge1: float
+    tokens: int
+    rag_prediction: str | None = None
+    rag_rougeL: float | None = None
+
+
+@dataclass
+class EvalResult:
+    metrics: dict[str, float]
+    examples: list[Example]
+    rag: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metrics": self.metrics, "examples": [asdict(e) for e in self.examples], "rag": self.rag, "info": self.info}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+        return cls(metrics=dict(d["metrics"]), examples=[Example(**e) for e in d["examples"]],
+                   rag=dict(d.get("rag", {})), info=dict(d.get("info", {})))
+
+
+def read_split(dataset_dir: Path, split: str) -> list[Record]:
+    path = Path(dataset_dir) / "records" / f"{split}.jsonl"
+    if not path.is_file():
+        raise UserError("dataset", dataset_dir, f"has no records/{split}.jsonl", "Run the data stage first: lmforge run data")
+    with open(path, encoding="utf-8") as f:
+        records = [Record.from_dict(json.loads(line)) for line in f if line.strip()]
+    return sorted(records, key=lambda r: r.id)
+
+
+def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig, *,
+                       rag: Rag | Callable[[str], str] | None = None) -> EvalResult:
+    import torch
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    started = time.perf_counter()
+    model, tokenizer = load_causal_lm(Path(model_dir))
+    heldout = read_split(dataset_dir, cfg.split)
+    if not heldout:
+        raise UserError("dataset", dataset_dir, f"has an empty {cfg.split} split", "Use more documents (data.max_docs) or another split")
+    train = read_split(dataset_dir, "train")
+    start_id = tokenizer.eos_token_id
+    assert start_id is not None, "the tokenizer defines an eos token"
+    context = cfg.context_length or int(getattr(model.config, "max_position_embeddings", 512))
+    rng = random.Random(cfg.seed)
+
+    bpc_docs = _sample(heldout, cfg.bpc_max_docs, rng)
+    texts = [r.text for r in bpc_docs]
+    b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context, batch_size=cfg.bpc_batch_size)
+    unigram_bpc = UnigramModel.fit(tokenizer, [r.text for r in train]).bits_per_character(tokenizer, texts)
+
+    examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
+    prompts = [generation_prompt(r.signature) for r in examples]
+    refs = [r.summary for r in examples]
+    gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, start_id=start_id,
+                      max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature, seed=cfg.seed)
+    gens, wall = generate(model, tokenizer, prompts, **gen_kwargs)
+    preds = [extract_summary(g.text) for g in gens]
+    scores = score_texts(preds, refs)
+    latency = summarize([g.timing for g in gens], wall_s=wall)
+
+    metrics = {"bpc": b.bpc, "perplexity": b.perplexity, "unigram_bpc": unigram_bpc, **scores.metrics(), **latency,
+               "eval_tokens": float(b.tokens), "eval_chars": float(b.chars)}
+    rag_info, rag_preds, rag_pairs = _run_rag(rag, model, tokenizer, prompts, refs, gen_kwargs, scores.metrics())
+    metrics.update({f"rag_{k}": v for k, v in rag_info.get("metrics", {}).items()})
+    metrics.update({f"rag_delta_{k}": v for k, v in rag_info.get("delta", {}).items()})
+
+    out = [Example(id=r.id, prompt=p, reference=ref, prediction=pred, rougeL=s["rougeL"], rouge1=s["rouge1"], tokens=g.tokens,
+                   rag_prediction=rag_preds[i] if rag_preds else None, rag_rougeL=rag_pairs[i]["rougeL"] if rag_pairs else None)
+           for i, (r, p, ref, pred, s, g) in enumerate(zip(examples, prompts, refs, preds, scores.per_pair, gens))]
+    info = {"model_dir": str(model_dir), "dataset_dir": str(dataset_dir), "split": cfg.split, "bpc_docs": b.docs,
+            "examples": len(out), "context_length": context, "baseline": "unigram, add-one smoothed, fit on the train split",
+            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2)}
+    return EvalResult(metrics=metrics, examples=out, rag=rag_info, info=info)
+
+
+def _sample(records: list[Record], n: int | None, rng: random.Random) -> list[Record]:
+    if n is None or len(records) <= n:
+        return list(records)
+    return sorted(rng.sample(records, n), key=lambda r: r.id)
+
+
+def _run_rag(rag: Rag | Callable[[str], str] | None, model: Any, tokenizer: Any, prompts: list[str], refs: list[str],
+             gen_kwargs: dict[str, Any], plain: dict[str, float]) -> tuple[dict[str, Any], list[str], list[dict[str, float]]]:
+    if rag is None:
+        return {"status": "off", "reason": "no retrieval was given to the evaluation"}, [], []
+    augment = rag.augment if isinstance(rag, Rag) else rag
+    if augment is None:
+        return {"status": "skipped", "reason": rag.reason}, [], []  # type: ignore[union-attr]
+    try:
+        rag_prompts = [augment(p) for p in prompts]
+    except Exception as e:  # a store that breaks mid-run is reported, never scored as RAG
+        return {"status": "skipped", "reason": f"retrieval failed: {type(e).__name__}: {e}"}, [], []
+    gens, _ = generate(model, tokenizer, rag_prompts, **gen_kwargs)
+    preds = [extract_summary(g.text) for g in gens]
+    scores = score_texts(preds, refs)
+    m = scores.metrics()
+    return {"status": "ok", "metrics": m, "delta": {k: m[k] - plain[k] for k in GEN_METRICS}}, preds, scores.per_pair

@@ -1,0 +1,48 @@
+"""Retrieval-augmented prompts for evaluation, or the reason they cannot be built.
+
+    rag = build_rag(ws, cfg.vectors, cfg.features, k=2, dataset_version=v)
+    if rag.augment is None:
+        print("RAG skipped:", rag.reason)
+    else:
+        prompt = rag.augment(generation_prompt(signature))
+
+`components.retrieval` (the vector store and feature store) is imported here, lazily, so
+evaluation works without it. Before any scoring, one probe query is made; a missing
+module, an unbuilt store or a failing query skips RAG with that reason: nothing is ever
+scored under a RAG label without retrieval having happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from components.workspace import Workspace
+
+PROBE_PROMPT = 'def probe(x):\n    """'
+
+
+@dataclass(frozen=True)
+class Rag:
+    augment: Callable[[str], str] | None
+    reason: str | None = None
+
+
+def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_version: str | None) -> Rag:
+    try:
+        from components.retrieval import format_context, retrieve
+    except ImportError as e:
+        return Rag(None, f"components.retrieval is not available ({e})")
+
+    def augment(prompt: str) -> str:
+        examples = retrieve(prompt, k, ws=ws, vectors=vectors, features=features, dataset_version=dataset_version)
+        return format_context(examples, prompt)
+
+    try:
+        found = retrieve(PROBE_PROMPT, k, ws=ws, vectors=vectors, features=features, dataset_version=dataset_version)
+    except Exception as e:  # an unbuilt or locked store is a reason to skip, stated in the report
+        return Rag(None, f"retrieval failed: {type(e).__name__}: {e}")
+    if not found:
+        return Rag(None, "retrieval returned no examples (is the vector store built for this dataset?)")
+    return Rag(augment)
