@@ -1,0 +1,20 @@
+"""The MLflow model registry: register without pickles, aliases with an audit trail, gated promotion.
+
+    from components.registry import register_model, download_model, set_alias, gate, rollback, history
+    v = register_model(ws, cfg.registry, export_dir, metrics=result.metrics, tags={...})
+    d = gate(ws, cfg.registry, v, result.metrics)           # challenger always; champion if the rules pass
+    path = download_model(ws, cfg.registry.model_name, "champion")
+    set_alias(ws, cfg.registry.model_name, "production", v, reason="rolled out")
+
+Modules: store.py (log, register, read, download), aliases.py (moves, audit trail,
+rollback), gate.py (promotion rules), loading.py (safetensors-only loading), retry.py.
+MLflow is imported inside the functions, so importing this package is cheap.
+"""
+
+from components.registry.aliases import AliasMove, current, history, rollback, set_alias
+from components.registry.gate import Decision, decide, gate
+from components.registry.loading import load_causal_lm
+from components.registry.store import download_model, list_versions, register_model, resolve_version, version_metrics
+
+__all__ = ["AliasMove", "Decision", "current", "decide", "download_model", "gate", "history", "list_versions",
+           "load_causal_lm", "register_model", "resolve_version", "rollback", "set_alias", "version_metrics"]

@@ -1,0 +1,108 @@
+"""Gated promotion: every candidate becomes `challenger`; config rules decide `champion`.
+
+    d = gate(ws, cfg.registry, version, result.metrics)
+    d.promote, d.reason, d.candidate, d.champion      # logged by the flow, printed by the CLI
+
+Rules (RegistryConfig):
+- with a champion: promote when candidate BPC <= champion BPC - bpc_margin AND candidate
+  ROUGE-L >= champion ROUGE-L - rougeL_tolerance;
+- without one: promote when candidate BPC < unigram BPC - baseline_margin, the unigram
+  model (add-one smoothed token frequencies of the train split, baseline.py) scored on the
+  same held-out tokens and characters.
+A BPC that is missing or not finite never promotes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from components.registry.aliases import current, set_alias
+from components.registry.retry import with_retries
+from components.registry.store import finite, version_metrics
+from components.sections.registry import RegistryConfig
+from components.tracking import use_workspace
+from components.workspace import Workspace
+
+CHALLENGER, CHAMPION = "challenger", "champion"
+SHOWN = ("bpc", "unigram_bpc", "perplexity", "rougeL", "bleu", "exact_match", "tokens_per_s")
+
+
+@dataclass(frozen=True)
+class Decision:
+    promote: bool
+    reason: str
+    candidate_version: str | None
+    champion_version: str | None
+    candidate: dict[str, float]
+    champion: dict[str, float] | None
+    rules: dict[str, float]
+
+    @property
+    def outcome(self) -> str:
+        return "promoted" if self.promote else "declined"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "outcome": self.outcome}
+
+
+def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None, cfg: RegistryConfig) -> tuple[bool, str]:
+    """(promote?, reason) from the two sides' metrics and the config's rules."""
+    bpc = finite(candidate, "bpc")
+    if bpc is None:
+        return False, "the candidate has no finite BPC"
+    if champion is None:
+        base = finite(candidate, "unigram_bpc")
+        if base is None:
+            return False, "no champion, and the candidate has no unigram baseline BPC to beat"
+        if bpc < base - cfg.baseline_margin:
+            return True, f"first model: BPC {bpc:.4f} beats the unigram baseline {base:.4f} (margin {cfg.baseline_margin})"
+        return False, f"first model: BPC {bpc:.4f} does not beat the unigram baseline {base:.4f} by {cfg.baseline_margin}"
+    champ_bpc = finite(champion, "bpc")
+    if champ_bpc is None:
+        return True, f"the champion has no finite BPC; candidate BPC {bpc:.4f}"
+    gain = champ_bpc - bpc
+    if gain < cfg.bpc_margin:
+        return False, f"BPC {bpc:.4f} vs champion {champ_bpc:.4f}: gain {gain:+.4f} is below the margin {cfg.bpc_margin}"
+    rl, champ_rl = finite(candidate, "rougeL"), finite(champion, "rougeL")
+    if rl is not None and champ_rl is not None and rl < champ_rl - cfg.rougeL_tolerance:
+        return False, (f"BPC gain {gain:+.4f} passes, but ROUGE-L {rl:.4f} is below the champion's {champ_rl:.4f} "
+                       f"by more than {cfg.rougeL_tolerance}")
+    rouge = f", ROUGE-L {rl:.4f} vs {champ_rl:.4f} within {cfg.rougeL_tolerance}" if rl is not None and champ_rl is not None else ""
+    return True, f"BPC {bpc:.4f} beats champion {champ_bpc:.4f} by {gain:.4f} >= {cfg.bpc_margin}{rouge}"
+
+
+def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str, float], *,
+         champion_metrics: Mapping[str, float] | None = None, who: str | None = None) -> Decision:
+    """Make `version` the challenger, decide against the champion, promote if the rules pass, record it all.
+
+    `champion_metrics` replaces the champion's registered metrics (e.g. re-scored on the
+    candidate's dataset, so both sides compare on the same text).
+    """
+    from mlflow import MlflowClient
+
+    name = str(version)
+    set_alias(ws, cfg.model_name, CHALLENGER, name, reason="new candidate", who=who)
+    holder = current(ws, cfg.model_name, CHAMPION)
+    if holder == name:
+        champ, promote, reason = dict(metrics), False, f"version {name} already holds {CHAMPION}"
+    else:
+        champ = dict(champion_metrics) if champion_metrics is not None else (
+            version_metrics(ws, cfg.model_name, holder) if holder else None)
+        promote, reason = decide(metrics, champ, cfg)
+    decision = Decision(promote=promote, reason=reason, candidate_version=name, champion_version=holder,
+                        candidate={k: float(metrics[k]) for k in SHOWN if k in metrics},
+                        champion={k: float(champ[k]) for k in SHOWN if k in champ} if champ is not None else None,
+                        rules={"bpc_margin": cfg.bpc_margin, "rougeL_tolerance": cfg.rougeL_tolerance,
+                               "baseline_margin": cfg.baseline_margin})
+    if promote:
+        set_alias(ws, cfg.model_name, CHAMPION, name, reason=reason, action="promote", who=who)
+    use_workspace(ws)
+    client = MlflowClient()
+    for key, value in (("decision", decision.outcome), ("decision_reason", reason[:4000]),
+                       ("decision_json", json.dumps(decision.to_dict())[:8000])):
+        with_retries(lambda k=key, v=value: client.set_model_version_tag(cfg.model_name, name, k, v),
+                     attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
+    return decision

@@ -1,0 +1,175 @@
+"""Register a model folder in MLflow, read versions back, and download one as a local folder.
+
+    v = register_model(ws, cfg.registry, export_dir, metrics=result.metrics,
+                       tags={"dataset_manifest_hash": h}, parent_version=None)    # "3"
+    path = download_model(ws, cfg.registry.model_name, "champion")              # a Hugging Face folder
+    version_metrics(ws, cfg.registry.model_name, "3")                           # {"bpc": 1.92, ...}
+
+The folder is logged with the MLflow transformers flavor from its local path: MLflow
+copies the folder as it is (safetensors weights, config, tokenizer, lmforge.json) under
+`model/`, with a text-generation signature and an input example, and stores no pickle.
+A folder holding any pickle-format file is refused. The model is logged in the active
+MLflow run, or in a new run of the `evaluation` experiment.
+
+Version tags: dataset_manifest_hash, config_hash, git_commit, training_run_id,
+dataset_version, run_name (from the folder's lmforge.json, overridable by `tags`),
+parent_version (derived models), model_sha256, and `metric.<name>` for each metric.
+Every write is retried on a locked store (retry.py), so concurrent registrations get
+distinct versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from components.data.records import generation_prompt
+from components.errors import UserError
+from components.registry.loading import check_model_dir, has_safetensors, pickle_files
+from components.registry.retry import with_retries
+from components.sections.registry import RegistryConfig
+from components.tracking import ensure_experiment, use_workspace
+from components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
+
+METRIC_PREFIX = "metric."
+EXPERIMENT = "evaluation"
+LINEAGE_KEYS = {"dataset_version": "dataset_version", "config_hash": "config_hash", "git_commit": "git_commit",
+                "mlflow_run_id": "training_run_id", "run_name": "run_name", "strategy": "strategy"}
+
+
+def model_tags(model_dir: Path, metrics: Mapping[str, float], tags: Mapping[str, Any],
+               parent_version: str | None) -> dict[str, str]:
+    """The tags a version carries: lineage from lmforge.json, the caller's tags, metrics."""
+    meta_path = Path(model_dir) / "lmforge.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    out = {tag: str(meta[key]) for key, tag in LINEAGE_KEYS.items() if meta.get(key) is not None}
+    out["model_sha256"] = sha256_tree(model_dir)
+    out.update({k: str(v) for k, v in tags.items() if v is not None})
+    if parent_version is not None:
+        out["parent_version"] = str(parent_version)
+    out.update({f"{METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items() if isinstance(v, (int, float))})
+    return out
+
+
+@contextlib.contextmanager
+def _run(ws: Workspace, cfg: RegistryConfig, run_name: str) -> Iterator[str]:
+    mlflow = use_workspace(ws)
+    active = mlflow.active_run()
+    if active is not None:
+        yield active.info.run_id
+        return
+    retry = dict(attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
+    exp_id = with_retries(lambda: ensure_experiment(ws, EXPERIMENT), **retry)
+    run = with_retries(lambda: mlflow.MlflowClient().create_run(exp_id, run_name=run_name), **retry)
+    status = "FAILED"
+    try:
+        with mlflow.start_run(run_id=run.info.run_id):
+            yield run.info.run_id
+            status = "FINISHED"
+    finally:
+        with contextlib.suppress(Exception):
+            with_retries(lambda: mlflow.MlflowClient().set_terminated(run.info.run_id, status), **retry)
+
+
+def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metrics: Mapping[str, float],
+                   tags: Mapping[str, Any], parent_version: str | None = None) -> str:
+    """Log `model_dir` to MLflow and register it as a new version of `cfg.model_name`; return the version."""
+    import mlflow.transformers
+    from mlflow import MlflowClient
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    model_dir = check_model_dir(Path(model_dir).resolve())
+    if found := pickle_files(model_dir):
+        raise UserError("model folder", model_dir, f"holds pickle-format files ({', '.join(p.name for p in found[:3])})",
+                        "Remove them: lmforge registers safetensors only")
+    all_tags = model_tags(model_dir, metrics, tags, parent_version)
+    retry = dict(attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
+    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]))
+    example = [generation_prompt("def add(a, b)")]
+    with _run(ws, cfg, f"register-{all_tags.get('run_name', model_dir.name)}") as run_id:
+        info = with_retries(lambda: mlflow.transformers.log_model(
+            transformers_model=str(model_dir), name="model", task="text-generation", signature=signature,
+            input_example=example, pip_requirements=["transformers", "torch", "safetensors", "tokenizers"]), **retry)
+        client = MlflowClient()
+
+        def ensure_registered() -> None:
+            try:
+                client.create_registered_model(cfg.model_name, description="lmforge language model")
+            except Exception as e:
+                if getattr(e, "error_code", "") not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+                    raise
+
+        with_retries(ensure_registered, **retry)
+        mv = with_retries(lambda: client.create_model_version(
+            cfg.model_name, source=info.model_uri, run_id=run_id, tags=all_tags, model_id=info.model_id,
+            await_creation_for=0), **retry)
+    return str(mv.version)
+
+
+def resolve_version(ws: Workspace, model_name: str, alias_or_version: str) -> str:
+    """A version number for `alias_or_version` ("champion", "3"); UserError if there is none."""
+    from mlflow import MlflowClient
+
+    use_workspace(ws)
+    client = MlflowClient()
+    ref = str(alias_or_version)
+    try:
+        mv = client.get_model_version(model_name, ref) if ref.isdigit() else client.get_model_version_by_alias(model_name, ref)
+    except Exception as e:
+        raise UserError("model", f"{model_name}@{ref}", "is not in the registry",
+                        "Run `lmforge registry list` to see versions and aliases, or `lmforge run evaluate` to register one") from e
+    return str(mv.version)
+
+
+def version_tags(ws: Workspace, model_name: str, version: str) -> dict[str, str]:
+    from mlflow import MlflowClient
+
+    use_workspace(ws)
+    return dict(MlflowClient().get_model_version(model_name, str(version)).tags)
+
+
+def version_metrics(ws: Workspace, model_name: str, version: str) -> dict[str, float]:
+    tags = version_tags(ws, model_name, version)
+    return {k[len(METRIC_PREFIX):]: float(v) for k, v in tags.items() if k.startswith(METRIC_PREFIX)}
+
+
+def list_versions(ws: Workspace, model_name: str) -> list[dict[str, Any]]:
+    """Every version, newest first, with its aliases, lineage tags and metrics."""
+    from mlflow import MlflowClient
+
+    use_workspace(ws)
+    client = MlflowClient()
+    versions = client.search_model_versions(f"name='{model_name}'")
+    rows = []
+    for mv in sorted(versions, key=lambda m: -int(m.version)):
+        tags = dict(mv.tags)
+        rows.append({"version": str(mv.version), "aliases": sorted(mv.aliases or []), "run_id": mv.run_id,
+                     "metrics": {k[len(METRIC_PREFIX):]: float(v) for k, v in tags.items() if k.startswith(METRIC_PREFIX)},
+                     "tags": {k: v for k, v in tags.items() if not k.startswith(METRIC_PREFIX)}})
+    return rows
+
+
+def download_model(ws: Workspace, model_name: str, alias_or_version: str) -> Path:
+    """A local Hugging Face folder (safetensors) of a registered version, cached under <ws>/registry/."""
+    import mlflow.artifacts
+
+    version = resolve_version(ws, model_name, alias_or_version)
+    dest = ws.root / "registry" / model_name / version
+    if (dest / "COMPLETE").is_file() and has_safetensors(dest / "model"):
+        return dest / "model"
+    with atomic_dir(dest) as tmp:
+        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(tmp))
+        check_model_dir(tmp / "model")
+        atomic_write_json(tmp / "COMPLETE", {"model": model_name, "version": version, "pid": os.getpid()})
+    return dest / "model"
+
+
+def finite(metrics: Mapping[str, float], key: str) -> float | None:
+    v = metrics.get(key)
+    return float(v) if v is not None and math.isfinite(float(v)) else None
