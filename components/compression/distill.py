@@ -1,0 +1,125 @@
+"""Knowledge distillation: a smaller student trained on the teacher's soft targets.
+
+    out = distill_variant(model_dir, out / "distill", DistillConfig(num_layers=2, steps=50), tuner=tuner)
+
+The student is the teacher's architecture with fewer layers and/or a narrower width. At
+the teacher's width it starts from the teacher: embeddings, final norm, head and an
+evenly spaced subset of its layers (first and last kept), which recovers far faster than
+a random start. A narrower student starts from a seeded random init. The loss is
+
+    alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE(student, data)
+
+(the T^2 keeps the KL gradient's scale independent of T, as in Hinton et al. 2015).
+
+Training runs on the shared compression fine-tune loop (finetune.py: the training stage's
+data loader, one process). Distilling with the DeepSpeed launcher would need a rank entry
+point that holds a frozen teacher beside the engine; at the tens of steps used here one
+process is faster than starting ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from components.compression.finetune import Finetuner, LossFn
+from components.compression.modules import require_linear
+from components.compression.variant import load_parent, save_variant
+from components.errors import UserError
+from components.sections.compression import DistillConfig
+
+
+def student_config(teacher_config, cfg: DistillConfig):
+    """The student's config, or a UserError when it would not be smaller than the teacher."""
+    layers_t, hidden_t = teacher_config.num_hidden_layers, teacher_config.hidden_size
+    layers = cfg.num_layers if cfg.num_layers is not None else max(1, layers_t // 2)
+    hidden = cfg.hidden_size if cfg.hidden_size is not None else hidden_t
+    if layers > layers_t or hidden > hidden_t:
+        raise UserError("compression.distill", f"{layers} layers x {hidden} wide",
+                        f"is larger than the teacher ({layers_t} layers x {hidden_t} wide)",
+                        "Choose num_layers and hidden_size no larger than the teacher's")
+    if (layers, hidden) == (layers_t, hidden_t):
+        raise UserError("compression.distill", f"{layers} layers x {hidden} wide",
+                        "is the teacher's own size, so the student would not be smaller",
+                        "Lower num_layers or hidden_size")
+    heads = teacher_config.num_attention_heads
+    kv = getattr(teacher_config, "num_key_value_heads", heads) or heads
+    if hidden % heads or heads % kv:
+        raise UserError("compression.distill.hidden_size", hidden, f"is not a multiple of the teacher's {heads} heads",
+                        f"Choose a multiple of {heads}")
+    student = copy.deepcopy(teacher_config)
+    student.num_hidden_layers = layers
+    if hidden != hidden_t:
+        student.hidden_size = hidden
+        student.head_dim = hidden // heads
+        student.intermediate_size = max(8, round(teacher_config.intermediate_size * hidden / hidden_t))
+    return student
+
+
+def layer_map(teacher_layers: int, student_layers: int) -> list[int]:
+    """Evenly spaced teacher layers for the student, first and last included."""
+    if student_layers == 1:
+        return [teacher_layers - 1]
+    return [round(i * (teacher_layers - 1) / (student_layers - 1)) for i in range(student_layers)]
+
+
+def init_student(teacher: nn.Module, config, *, seed: int) -> tuple[nn.Module, list[int] | None]:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if config.hidden_size != teacher.config.hidden_size:
+        return student, None
+    picked = layer_map(teacher.config.num_hidden_layers, config.num_hidden_layers)
+    state = teacher.state_dict()
+    layer_prefix = "model.layers."
+    mapped = {}
+    for key, value in state.items():
+        if key.startswith(layer_prefix):
+            idx, rest = key[len(layer_prefix):].split(".", 1)
+            for s_idx, t_idx in enumerate(picked):
+                if int(idx) == t_idx:
+                    mapped[f"{layer_prefix}{s_idx}.{rest}"] = value
+        else:
+            mapped[key] = value
+    missing, unexpected = student.load_state_dict(mapped, strict=False)
+    # Only non-persistent buffers (rotary tables) may be absent from a state dict.
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return student, picked
+
+
+def distill_loss(teacher: nn.Module, *, temperature: float, alpha: float) -> LossFn:
+    def loss(student: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            t_logits = teacher(input_ids=x).logits.float()
+        s_logits = student(input_ids=x).logits.float()
+        ce = F.cross_entropy(s_logits.flatten(0, 1), y.flatten())
+        if alpha == 0:
+            return ce
+        t = temperature
+        kl = F.kl_div(F.log_softmax(s_logits / t, -1).flatten(0, 1), F.log_softmax(t_logits / t, -1).flatten(0, 1),
+                      log_target=True, reduction="batchmean") * t * t
+        return alpha * kl + (1 - alpha) * ce
+    return loss
+
+
+def distill_variant(model_dir: Path, out_dir: Path, cfg: DistillConfig, *, tuner: Finetuner | None, seed: int = 0) -> Path:
+    teacher, parent = load_parent(model_dir)
+    require_linear(teacher, model_dir)
+    config = student_config(teacher.config, cfg)
+    if tuner is None:
+        raise UserError("compression.distill", "enabled", "needs training data but none was given",
+                        "Run the data stage first, or disable [compression.distill]")
+    student, picked = init_student(teacher, config, seed=seed)
+    teacher.requires_grad_(False)
+    losses = tuner.run(student, steps=cfg.steps, loss_fn=distill_loss(teacher, temperature=cfg.temperature, alpha=cfg.alpha))
+    recipe = {**cfg.model_dump(mode="json"),
+              "teacher": {"layers": teacher.config.num_hidden_layers, "hidden_size": teacher.config.hidden_size},
+              "student": {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+                          "intermediate_size": config.intermediate_size},
+              "init": f"teacher layers {picked}" if picked is not None else "random", "losses": losses}
+    return save_variant(student, out_dir, parent_dir=parent, technique="distill", recipe=recipe)

@@ -1,0 +1,137 @@
+"""A compressed variant on disk: a Hugging Face folder plus lmforge.json, and its loader.
+
+    model = load_variant(dir)                # any variant (or a plain export), ready for inference
+    model, tok_dir = load_parent(model_dir)  # fp32, for a technique to work on
+    save_variant(model, out_dir, parent_dir=model_dir, technique="prune", recipe={...})
+    stats = variant_stats(dir)               # params, bytes on disk, weight bytes in memory
+
+lmforge.json records `technique`, `recipe` (the config section it was built with plus
+what it decided, e.g. the rank of each layer), `load` (how to rebuild it) and `parent`
+(the parent's folder and its own lmforge.json). `load` is one of:
+
+- `hf`: `from_pretrained` is the whole story (pruned, distilled, merged-LoRA, cast).
+- `int8_dynamic`: the fp weights are stored, and the same deterministic dynamic
+  quantization is re-applied at load (quantized tensors have no safetensors form).
+- `lowrank`: config.json describes the dense architecture; `lowrank.safetensors` holds
+  the factors, so a plain `from_pretrained` fails loudly rather than loading random
+  weights; the loader swaps in `LowRankLinear` at the recorded ranks, then loads strictly.
+
+Nothing is ever unpickled and no stored code runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from components.compression.modules import apply_lowrank, count_params, linear_weight_bytes, quantize_int8, weight_bytes
+from components.errors import UserError
+from components.workspace import atomic_dir, atomic_write_json
+
+META = "lmforge.json"
+LOWRANK_WEIGHTS = "lowrank.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def read_meta(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / META
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _check_model_dir(model_dir: Path) -> Path:
+    model_dir = Path(model_dir)
+    if not (model_dir / "config.json").is_file():
+        raise UserError("model folder", model_dir, "has no config.json",
+                        "Point at a Hugging Face folder such as runs/<run>/export or a registry download")
+    return model_dir
+
+
+def load_variant(model_dir: Path, *, dtype: torch.dtype | None = None) -> nn.Module:
+    """Rebuild the model a folder holds, in eval mode; `dtype` overrides the stored float dtype (not for int8)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from safetensors.torch import load_model
+
+    model_dir = _check_model_dir(model_dir)
+    load = read_meta(model_dir).get("load", {"kind": "hf"})
+    kind = load["kind"]
+    if kind == "hf":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or DTYPES[load.get("dtype", "fp32")])
+    elif kind == "int8_dynamic":
+        model = quantize_int8(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
+                              skip=load.get("skip", []))
+    elif kind == "lowrank":
+        config = AutoConfig.from_pretrained(model_dir)
+        model = apply_lowrank(AutoModelForCausalLM.from_config(config, dtype=torch.float32),
+                              {k: int(v) for k, v in load["ranks"].items()})
+        missing, unexpected = load_model(model, model_dir / LOWRANK_WEIGHTS, strict=True)
+        assert not missing and not unexpected, (missing, unexpected)
+        if dtype is not None:
+            model = model.to(dtype)
+    else:
+        raise UserError(f"{model_dir / META} load.kind", kind, "is not a known variant kind",
+                        "Rebuild the variant with this version of lmforge")
+    return model.eval()
+
+
+def load_parent(model_dir: Path) -> tuple[nn.Module, Path]:
+    """The parent in fp32 (techniques work in full precision), and the folder its tokenizer is in."""
+    model_dir = _check_model_dir(model_dir)
+    kind = read_meta(model_dir).get("load", {"kind": "hf"})["kind"]
+    if kind == "int8_dynamic":
+        raise UserError("compression parent", model_dir, "is an int8 variant",
+                        "Compress the float model it was built from (its lmforge.json names it under parent)")
+    return load_variant(model_dir, dtype=torch.float32), model_dir
+
+
+def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique: str, recipe: dict[str, Any],
+                 load: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
+    """Write `model` (a transformers model, possibly holding LowRankLinear) as a variant folder, atomically."""
+    from safetensors.torch import save_model
+
+    load = load or {"kind": "hf", "dtype": _dtype_name(model)}
+    parent_dir = Path(parent_dir)
+    parent_meta = read_meta(parent_dir)
+    with atomic_dir(Path(out_dir)) as tmp:
+        if load["kind"] == "lowrank":
+            model.config.save_pretrained(tmp)
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(tmp)
+            save_model(model, str(tmp / LOWRANK_WEIGHTS))  # handles tied embeddings, unlike save_file
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
+        for name in TOKENIZER_FILES:
+            if (parent_dir / name).is_file():
+                shutil.copy2(parent_dir / name, tmp / name)
+        meta = {
+            "technique": technique,
+            "recipe": recipe,
+            "load": load,
+            "parent": {"path": str(parent_dir), "meta": parent_meta},
+            # The lineage a downstream stage reads without walking up the parents.
+            "dataset_version": parent_meta.get("dataset_version"),
+            **(extra or {}),
+        }
+        atomic_write_json(tmp / META, meta)
+    return Path(out_dir)
+
+
+def _dtype_name(model: nn.Module) -> str:
+    dtype = next(model.parameters()).dtype
+    return {v: k for k, v in DTYPES.items()}[dtype]
+
+
+def disk_bytes(model_dir: Path) -> int:
+    """Bytes of the stored weights (safetensors files), the part that compression changes."""
+    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+
+
+def variant_stats(model_dir: Path, model: nn.Module | None = None) -> dict[str, int]:
+    model = model if model is not None else load_variant(model_dir)
+    return {"params": count_params(model), "disk_bytes": disk_bytes(model_dir),
+            "weight_bytes": weight_bytes(model), "linear_weight_bytes": linear_weight_bytes(model)}

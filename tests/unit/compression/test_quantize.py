@@ -1,0 +1,41 @@
+import torch
+from transformers import AutoModelForCausalLM
+
+from components.compression.modules import is_int8_linear, linear_weight_bytes, quantize_int8
+from components.compression.quantize import cast_variant, quantize_int8_variant
+from components.compression.variant import load_variant, read_meta, variant_stats
+from components.sections.compression import QuantizeConfig
+
+from ._util import logits
+
+
+def test_int8_reload_equals_the_requantized_parent(tiny_model_dir, tmp_path, ids):
+    out = quantize_int8_variant(tiny_model_dir, tmp_path / "int8", QuantizeConfig())
+    reloaded = load_variant(out)
+    fresh = quantize_int8(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval())
+    assert sum(map(is_int8_linear, reloaded.modules())) == 2 * 7 + 1  # every Linear, lm_head included
+    assert torch.equal(logits(reloaded, ids), logits(fresh, ids))
+    parent = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    # Quantization changes the outputs a little, not a lot.
+    diff = (logits(reloaded, ids) - logits(parent, ids)).abs().max()
+    assert 0 < diff < 0.1 * logits(parent, ids).abs().max()
+    assert linear_weight_bytes(parent) >= 3.5 * linear_weight_bytes(reloaded)
+    meta = read_meta(out)
+    assert meta["load"]["kind"] == "int8_dynamic" and meta["parent"]["path"] == str(tiny_model_dir)
+    assert not list(out.glob("*.bin")) and not list(out.glob("*.pt"))
+
+
+def test_int8_skip_keeps_named_layers_in_float(tiny_model_dir, tmp_path):
+    out = quantize_int8_variant(tiny_model_dir, tmp_path / "int8", QuantizeConfig(skip=["lm_head"]))
+    model = load_variant(out)
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    assert is_int8_linear(model.model.layers[0].mlp.up_proj)
+
+
+def test_bf16_cast_is_stored_and_loaded_in_bf16(tiny_model_dir, tmp_path, ids):
+    out = cast_variant(tiny_model_dir, tmp_path / "bf16", "bf16")
+    model = load_variant(out)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    parent = load_variant(tiny_model_dir)
+    assert torch.allclose(logits(model, ids), logits(parent, ids), atol=0.1)
+    assert variant_stats(out, model)["disk_bytes"] < 0.6 * variant_stats(tiny_model_dir, parent)["disk_bytes"]
