@@ -1,0 +1,153 @@
+"""Qdrant: one collection per dataset version, rebuilt idempotently, plus the semantic near-duplicate report.
+
+    client = qdrant_client(ws, VectorsConfig())              # local mode at <ws>/qdrant, or vectors.url
+    report = index_dataset(ws, "3f2a9c1b7d0e", VectorsConfig())
+    report["collection"], report["points"], report["near_duplicates"]["pairs_found"]
+
+Points are the dataset's kept documents (all splits), with payload id, module, qualname,
+summary, split, signature and text; the point id is a UUID derived from the document id, so
+re-indexing overwrites the same points, and points no longer in the dataset are deleted.
+An existing collection with another vector size is an error, never silently recreated.
+
+Local mode allows one client per folder at a time; clients are therefore cached per
+process (`close_clients()` releases them). A folder held by another process is a UserError.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.data.records import Record
+from components.errors import UserError
+from components.sections.vectors import VectorsConfig
+from components.vectors.embed import Embedder, make_embedder
+from components.vectors.near_dups import semantic_near_duplicates
+from components.workspace import Workspace
+
+SPLITS = ("train", "validation", "test")
+_NS = uuid.UUID("5f1d3c2e-7a4b-4c1d-9e8f-6a5b4c3d2e1f")
+_CLIENTS: dict[str, Any] = {}
+
+
+def point_id(doc_id: str) -> str:
+    return str(uuid.uuid5(_NS, doc_id))
+
+
+def qdrant_client(ws: Workspace, cfg: VectorsConfig) -> Any:
+    """A QdrantClient for vectors.url, or for local mode at <ws>/qdrant (one per folder per process)."""
+    from qdrant_client import QdrantClient
+
+    key = cfg.url or str(ws.qdrant)
+    if key in _CLIENTS:
+        return _CLIENTS[key]
+    if cfg.url:
+        client = QdrantClient(url=cfg.url, api_key=cfg.api_key, timeout=int(cfg.timeout_s))
+    else:
+        ws.qdrant.mkdir(parents=True, exist_ok=True)
+        try:
+            client = QdrantClient(path=str(ws.qdrant))
+        except RuntimeError as e:
+            if "already accessed" not in str(e):
+                raise
+            raise UserError(str(ws.qdrant), None, "is in use by another process (Qdrant local mode allows one at a time)",
+                            "Stop that process (a running lmforge stage or server), or run a Qdrant server and set vectors.url") from e
+    _CLIENTS[key] = client
+    return client
+
+
+def close_clients() -> None:
+    while _CLIENTS:
+        _, client = _CLIENTS.popitem()
+        client.close()
+
+
+# Closing at interpreter exit, rather than in QdrantClient.__del__ during shutdown, releases the lock cleanly.
+atexit.register(close_clients)
+
+
+def collection_name(cfg: VectorsConfig, version: str, embedder: Embedder) -> str:
+    return f"{cfg.collection_prefix}_{version}_{embedder.name}"
+
+
+def ensure_collection(client: Any, name: str, embedder: Embedder, *, server: bool) -> bool:
+    """Create `name` for `embedder` unless it exists; a size mismatch is a UserError. True when created."""
+    from qdrant_client import models
+
+    if client.collection_exists(name):
+        params = client.get_collection(name).config.params.vectors
+        size = params.size if hasattr(params, "size") else None
+        if size != embedder.dim:
+            raise UserError(f"Qdrant collection {name}", None,
+                            f"holds vectors of size {size}, but the {embedder.name} embedder makes {embedder.dim}",
+                            f"Delete the collection (client.delete_collection({name!r})) to rebuild it, or restore the "
+                            "embedder settings it was built with (vectors.hash_dim, vectors.model_dir)")
+        return False
+    client.create_collection(name, vectors_config=models.VectorParams(size=embedder.dim, distance=models.Distance.COSINE),
+                             metadata={"embedder": embedder.name, "dim": embedder.dim})
+    if server:  # local mode scans payloads and warns that an index has no effect there
+        client.create_payload_index(name, "split", field_schema=models.PayloadSchemaType.KEYWORD)
+    return True
+
+
+def read_records(ws: Workspace, version: str) -> list[tuple[str, Record]]:
+    ds = ws.dataset_dir(version)
+    out: list[tuple[str, Record]] = []
+    for split in SPLITS:
+        path = ds / "records" / f"{split}.jsonl"
+        if not path.is_file():
+            raise UserError("dataset", ds, f"has no records/{split}.jsonl", "Re-run the data stage: lmforge run data")
+        with open(path, encoding="utf-8") as f:
+            out += [(split, Record.from_dict(json.loads(line))) for line in f if line.strip()]
+    return out
+
+
+def upsert_points(client: Any, name: str, items: list[tuple[str, Record]], vectors: np.ndarray, batch_size: int) -> None:
+    from qdrant_client import models
+
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        points = [models.PointStruct(id=point_id(r.id), vector=vectors[start + n].tolist(),
+                                     payload={"id": r.id, "module": r.module, "qualname": r.qualname, "summary": r.summary,
+                                              "split": split, "signature": r.signature, "text": r.text})
+                  for n, (split, r) in enumerate(chunk)]
+        client.upsert(name, points=points, wait=True)
+
+
+def delete_stale(client: Any, name: str, keep: set[str]) -> int:
+    """Delete points whose id is not in `keep`; returns how many."""
+    from qdrant_client import models
+
+    stale, offset = [], None
+    while True:
+        page, offset = client.scroll(name, limit=10_000, offset=offset, with_payload=False, with_vectors=False)
+        stale += [p.id for p in page if str(p.id) not in keep]
+        if offset is None:
+            break
+    if stale:
+        client.delete(name, points_selector=models.PointIdsList(points=stale), wait=True)
+    return len(stale)
+
+
+def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: Embedder | None = None) -> dict[str, Any]:
+    embedder = embedder or make_embedder(cfg)
+    items = read_records(ws, version)
+    vectors = embedder.embed([r.text for _, r in items])
+    client = qdrant_client(ws, cfg)
+    name = collection_name(cfg, version, embedder)
+    created = ensure_collection(client, name, embedder, server=cfg.url is not None)
+    upsert_points(client, name, items, vectors, cfg.batch_size)
+    deleted = delete_stale(client, name, {point_id(r.id) for _, r in items})
+    points = client.count(name, exact=True).count
+    assert points == len({r.id for _, r in items}), f"{name} holds {points} points for {len(items)} documents"
+    dups = semantic_near_duplicates(
+        [r.id for _, r in items], vectors, [s for s, _ in items], threshold=cfg.near_dup_threshold,
+        max_pairs=cfg.max_reported_pairs, details={r.id: {"module": r.module, "qualname": r.qualname, "summary": r.summary}
+                                                   for _, r in items})
+    return {"collection": name, "location": cfg.url or str(Path(ws.qdrant)), "embedder": embedder.name,
+            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "near_duplicates": dups}

@@ -1,0 +1,103 @@
+"""The features stage: Feast apply, materialise, training-set selection; Qdrant index and near-duplicates.
+
+    lmforge run features                       # on the latest dataset
+    features_flow(load_config("configs/demo.toml"))
+
+Reads the latest dataset; writes <dataset>/selected/ (the shards training reads),
+the counts into the dataset's report.json, the Feast registry and online store under
+<workspace>/features, and one Qdrant collection per dataset version.
+
+Nothing here is cached: every task writes into a store (registry, online store, Qdrant,
+the dataset folder), and a cache hit would skip that write. All of them are idempotent,
+so a re-run converges to the same state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow, task
+
+from components.config import PipelineConfig
+from components.errors import UserError
+from components.features.offline import publish_offline
+from components.features.selection import select_training_set, update_report
+from components.features.store import apply_repo, materialize
+from components.sections.features import FeaturesConfig
+from components.sections.vectors import VectorsConfig
+from components.tracking import start_run
+from components.vectors.index import close_clients, index_dataset
+from components.workspace import Workspace
+
+
+def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
+    return not isinstance(state.result(raise_on_failure=False), UserError)
+
+
+_io = {"retries": 2, "retry_delay_seconds": 3, "retry_condition_fn": _retry_unless_user_error}
+
+
+@task(name="feast-apply", **_io)
+def apply_task(ws: Workspace, cfg: FeaturesConfig, version: str) -> dict[str, Any]:
+    published = publish_offline(ws, version)
+    return {**apply_repo(ws, cfg), "offline": published}
+
+
+@task(name="feast-materialize", **_io)
+def materialize_task(ws: Workspace, cfg: FeaturesConfig) -> dict[str, Any]:
+    return materialize(ws, cfg)
+
+
+@task(name="feast-select")
+def select_task(ws: Workspace, cfg: FeaturesConfig, version: str) -> dict[str, Any]:
+    return select_training_set(ws, version, cfg)
+
+
+@task(name="qdrant-index", **_io)
+def index_task(ws: Workspace, cfg: VectorsConfig, version: str) -> dict[str, Any]:
+    try:
+        report = index_dataset(ws, version, cfg)
+    finally:
+        close_clients()  # release the local-mode folder lock for other processes
+    update_report(ws.dataset_dir(version), "semantic_near_duplicates", {**report["near_duplicates"],
+                                                                       "collection": report["collection"],
+                                                                       "embedder": report["embedder"]})
+    return report
+
+
+@flow(name="features", log_prints=True)
+def features_flow(cfg: PipelineConfig) -> dict[str, Any]:
+    ws = Workspace.from_env()
+    version = ws.latest_dataset()
+    if version is None:
+        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
+    result: dict[str, Any] = {"dataset_version": version}
+    summary = {"selected": None, "rejected": None, "missing_features": None, "indexed": None, "semantic_near_dups": None}
+    if cfg.features.enabled:
+        result["apply"] = apply_task(ws, cfg.features, version)
+        result["materialize"] = materialize_task(ws, cfg.features)
+        selection = select_task(ws, cfg.features, version)
+        result["selection"] = {k: v for k, v in selection.items() if k != "shards"}
+        summary.update(selected=selection["selected"], rejected=selection["rejected"],
+                       missing_features=selection["missing_features"])
+    if cfg.vectors.enabled:
+        index = index_task(ws, cfg.vectors, version)
+        dups = index["near_duplicates"]
+        result["index"] = {k: v for k, v in index.items() if k != "near_duplicates"}
+        summary.update(indexed=index["points"], semantic_near_dups=dups["pairs_found"])
+    result["summary"] = summary
+    _log(ws, version, summary)
+    print(f"features: {summary}")
+    return result
+
+
+def _log(ws: Workspace, version: str, summary: dict[str, Any]) -> None:
+    with start_run(ws, "data", run_name=f"features-{version[:8]}"):
+        import mlflow
+
+        mlflow.set_tags({"stage": "features", "dataset_version": version})
+        mlflow.log_metrics({k: float(v) for k, v in summary.items() if v is not None})
+        for name in ("report.json", "selected/selection.json"):
+            path = ws.dataset_dir(version) / name
+            if path.is_file():
+                mlflow.log_artifact(str(path), artifact_path="features")
