@@ -5,9 +5,12 @@
     path = download_model(ws, cfg.registry.model_name, "champion")              # a Hugging Face folder
     version_metrics(ws, cfg.registry.model_name, "3")                           # {"bpc": 1.92, ...}
 
-The folder is logged with the MLflow transformers flavor from its local path: MLflow
-copies the folder as it is (safetensors weights, config, tokenizer, lmforge.json) under
-`model/`, with a text-generation signature and an input example, and stores no pickle.
+The folder is logged as an MLflow pyfunc "model from code" (hf_pyfunc.py): MLflow copies
+the folder as it is (safetensors weights, config, tokenizer, lmforge.json) to the
+artifact `hf` (`artifacts/<folder name>/` in the model), with a string-to-string signature and an input example,
+and stores no pickle. (The transformers flavor cannot log a local folder with
+transformers 5: mlflow 3.17's `build_flavor_config_from_local_checkpoint` reads
+`check_task(...)["impl"].__name__`, which is now a string.)
 A folder holding any pickle-format file is refused. The model is logged in the active
 MLflow run, or in a new run of the `evaluation` experiment.
 
@@ -30,13 +33,15 @@ from typing import Any
 
 from components.data.records import generation_prompt
 from components.errors import UserError
-from components.registry.loading import check_model_dir, has_safetensors, pickle_files
+from components.registry.loading import check_model_dir, pickle_files
 from components.registry.retry import with_retries
 from components.sections.registry import RegistryConfig
 from components.tracking import ensure_experiment, use_workspace
 from components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
 
 METRIC_PREFIX = "metric."
+PYFUNC_CODE = Path(__file__).with_name("hf_pyfunc.py")
+HF_ARTIFACT = "hf"
 EXPERIMENT = "evaluation"
 LINEAGE_KEYS = {"dataset_version": "dataset_version", "config_hash": "config_hash", "git_commit": "git_commit",
                 "mlflow_run_id": "training_run_id", "run_name": "run_name", "strategy": "strategy"}
@@ -79,7 +84,7 @@ def _run(ws: Workspace, cfg: RegistryConfig, run_name: str) -> Iterator[str]:
 def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metrics: Mapping[str, float],
                    tags: Mapping[str, Any], parent_version: str | None = None) -> str:
     """Log `model_dir` to MLflow and register it as a new version of `cfg.model_name`; return the version."""
-    import mlflow.transformers
+    import mlflow.pyfunc
     from mlflow import MlflowClient
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, Schema
@@ -93,9 +98,10 @@ def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metri
     signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]))
     example = [generation_prompt("def add(a, b)")]
     with _run(ws, cfg, f"register-{all_tags.get('run_name', model_dir.name)}") as run_id:
-        info = with_retries(lambda: mlflow.transformers.log_model(
-            transformers_model=str(model_dir), name="model", task="text-generation", signature=signature,
-            input_example=example, pip_requirements=["transformers", "torch", "safetensors", "tokenizers"]), **retry)
+        info = with_retries(lambda: mlflow.pyfunc.log_model(
+            name="model", python_model=str(PYFUNC_CODE), artifacts={HF_ARTIFACT: str(model_dir)}, signature=signature,
+            input_example=example, pip_requirements=["mlflow", "transformers", "torch", "safetensors", "tokenizers"]),
+            **retry)
         client = MlflowClient()
 
         def ensure_registered() -> None:
@@ -146,10 +152,14 @@ def list_versions(ws: Workspace, model_name: str) -> list[dict[str, Any]]:
     use_workspace(ws)
     client = MlflowClient()
     versions = client.search_model_versions(f"name='{model_name}'")
+    # search_model_versions leaves aliases empty on the SQL store; the registered model has them all
+    by_version: dict[str, list[str]] = {}
+    for alias, v in (client.get_registered_model(model_name).aliases or {}).items() if versions else ():
+        by_version.setdefault(str(v), []).append(alias)
     rows = []
     for mv in sorted(versions, key=lambda m: -int(m.version)):
         tags = dict(mv.tags)
-        rows.append({"version": str(mv.version), "aliases": sorted(mv.aliases or []), "run_id": mv.run_id,
+        rows.append({"version": str(mv.version), "aliases": sorted(by_version.get(str(mv.version), [])), "run_id": mv.run_id,
                      "metrics": {k[len(METRIC_PREFIX):]: float(v) for k, v in tags.items() if k.startswith(METRIC_PREFIX)},
                      "tags": {k: v for k, v in tags.items() if not k.startswith(METRIC_PREFIX)}})
     return rows
@@ -161,13 +171,26 @@ def download_model(ws: Workspace, model_name: str, alias_or_version: str) -> Pat
 
     version = resolve_version(ws, model_name, alias_or_version)
     dest = ws.root / "registry" / model_name / version
-    if (dest / "COMPLETE").is_file() and has_safetensors(dest / "model"):
-        return dest / "model"
+    if (dest / "COMPLETE").is_file():
+        return dest / json.loads((dest / "COMPLETE").read_text())["hf"]
     with atomic_dir(dest) as tmp:
         mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(tmp))
-        check_model_dir(tmp / "model")
-        atomic_write_json(tmp / "COMPLETE", {"model": model_name, "version": version, "pid": os.getpid()})
-    return dest / "model"
+        hf = hf_subdir(tmp)
+        check_model_dir(tmp / hf)
+        atomic_write_json(tmp / "COMPLETE", {"model": model_name, "version": version, "hf": hf, "pid": os.getpid()})
+    return dest / hf
+
+
+def hf_subdir(model_root: Path) -> str:
+    """Where the Hugging Face folder sits inside a downloaded MLflow model (read from its MLmodel)."""
+    from mlflow.models import Model
+
+    flavor = Model.load(str(model_root)).flavors.get("python_function", {})
+    path = (flavor.get("artifacts") or {}).get(HF_ARTIFACT, {}).get("path")
+    if not path:
+        raise UserError("registered model", model_root, f"has no '{HF_ARTIFACT}' artifact",
+                        "It was not registered by lmforge; register the model folder with register_model")
+    return str(path)
 
 
 def finite(metrics: Mapping[str, float], key: str) -> float | None:
