@@ -18,16 +18,30 @@ from typing import Any
 from components.workspace import Workspace
 
 
+# mlflow.set_tracking_uri() also exports MLFLOW_TRACKING_URI (for child processes), so the
+# variable alone cannot tell a user's server URI from a workspace URI this process set.
+_SET_HERE: set[str] = set()
+
+
+def external_uri() -> str | None:
+    """MLFLOW_TRACKING_URI when a user (not this module) set it."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    return uri if uri and uri not in _SET_HERE else None
+
+
 def tracking_uri(ws: Workspace) -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or ws.mlflow_uri
+    return external_uri() or ws.mlflow_uri
 
 
 def use_workspace(ws: Workspace) -> Any:
     import mlflow
 
     ws.ensure()
-    mlflow.set_tracking_uri(tracking_uri(ws))
-    mlflow.set_registry_uri(tracking_uri(ws))
+    uri = tracking_uri(ws)
+    if uri == ws.mlflow_uri:
+        _SET_HERE.add(uri)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
     return mlflow
 
 
@@ -37,7 +51,7 @@ def ensure_experiment(ws: Workspace, name: str) -> str:
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    location = None if os.environ.get("MLFLOW_TRACKING_URI") else (ws.mlflow_artifacts / name).as_uri()
+    location = None if external_uri() not in (None, ws.mlflow_uri) else (ws.mlflow_artifacts / name).as_uri()
     try:
         return mlflow.create_experiment(name, artifact_location=location)
     except Exception:  # another process created it between the lookup and here
