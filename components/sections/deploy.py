@@ -1,18 +1,60 @@
-"""The [deploy] table: the Triton model repository and server."""
+"""The [deploy] table: the Triton model repository, the server and the rollout gate.
+
+    cfg = DeployConfig(alias="compressed", max_batch_size=16, http_port=0)   # 0 = a free port
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from ._base import Section
 
 
 class DeployConfig(Section):
-    """Triton Inference Server on loopback, python backend."""
+    """Triton Inference Server on loopback, python backend, gated rollout."""
 
     enabled: bool = True
-    model_name: str = "lmforge"
-    host: str = "127.0.0.1"
+    model_name: str = Field("lmforge", pattern=r"^[A-Za-z0-9_.-]+$", description="the Triton model's name")
+    alias: Literal["champion", "compressed", "challenger"] = Field(
+        "champion", description="the registry alias whose model version is deployed")
+    host: str = Field("127.0.0.1", description="address the server binds; loopback by default")
     http_port: int = Field(8000, ge=0, le=65535, description="0 = pick a free port")
     grpc_port: int = Field(8001, ge=0, le=65535, description="0 = pick a free port")
     metrics_port: int = Field(8002, ge=0, le=65535, description="0 = pick a free port")
+
+    # The model configuration (config.pbtxt).
+    max_batch_size: int = Field(8, ge=1, le=256, description="largest batch Triton hands the model")
+    dynamic_batching: bool = Field(True, description="let Triton group concurrent requests into one batch")
+    preferred_batch_sizes: list[int] = Field([4, 8], description="batch sizes the batcher forms without waiting")
+    max_queue_delay_us: int = Field(20_000, ge=0, le=10_000_000,
+                                    description="how long a request may wait for others to batch with")
+    instance_count: int = Field(1, ge=1, le=64, description="model instances (each a process with the model)")
+    instance_kind: Literal["cpu", "gpu"] = Field("cpu", description="KIND_CPU here; gpu in the NGC container")
+    threads_per_instance: int = Field(0, ge=0, le=256, description="torch threads per instance; 0 = cores / instances")
+
+    # Generation and input limits (enforced by the model, per request).
+    max_new_tokens: int = Field(32, ge=1, le=1024, description="tokens generated when the request does not say")
+    max_new_tokens_limit: int = Field(128, ge=1, le=4096, description="largest MAX_NEW_TOKENS a request may ask for")
+    max_prompt_chars: int = Field(2000, ge=8, description="a longer prompt is refused")
+    max_prompt_tokens: int = Field(192, ge=4, description="a prompt longer than this in tokens is refused")
+    rare_token_min_count: int = Field(2, ge=1, description="a token seen fewer times in training data counts as rare")
+
+    # The rollout gate.
+    validation_prompts: int = Field(4, ge=1, le=64, description="fixed prompts a new version must answer")
+    validation_latency_ms: float = Field(20_000.0, gt=0, description="each validation request must finish within this")
+    readiness_timeout_s: float = Field(180.0, gt=0, le=3600, description="how long to wait for the server or a model")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DeployConfig":
+        if any(s < 1 or s > self.max_batch_size for s in self.preferred_batch_sizes):
+            raise ValueError(f"preferred_batch_sizes {self.preferred_batch_sizes} must lie in 1..max_batch_size "
+                             f"({self.max_batch_size})")
+        if self.max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit "
+                             f"{self.max_new_tokens_limit}")
+        ports = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if p]
+        if len(ports) != len(set(ports)):
+            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+        return self

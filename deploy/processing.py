@@ -1,0 +1,159 @@
+"""Pre- and post-processing for the served model, importable without a server.
+
+    limits = Limits(max_prompt_chars=2000, max_prompt_tokens=192, max_new_tokens=32, max_new_tokens_limit=128)
+    signature = decode_prompt(b"def foo(x):", limits)          # BadRequest("invalid_utf8" | "empty_prompt" | ...)
+    text = build_prompt(signature, context="json: encode objects")   # generation_prompt(), context as comments
+    ids = check_tokens(tokenizer(text)["input_ids"], limits)
+    rate = rare_token_rate(tokenizer(signature)["input_ids"], rare_ids, unk_id)
+    summary = extract_summary(completion)                       # what is scored and returned
+
+The Triton model (deploy/model.py) runs inside the server's own Python, where lmforge
+is not installed: the repository builder copies this file, components/data/records.py
+and components/requestlog.py into `<version>/lmforge_runtime/`, hence the fallback import.
+Standard library only, for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    from components.data.records import extract_summary, generation_prompt
+except ImportError:  # inside a Triton model version folder, beside a copy of records.py
+    from .records import extract_summary, generation_prompt  # type: ignore[no-redef]
+
+__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "decode_context", "decode_prompt", "extract_summary",
+           "generation_prompt", "is_well_formed", "load_rare_ids", "parse_max_new_tokens", "rare_token_rate",
+           "VALIDATION_PROMPTS", "validation_prompts"]
+
+RARE_TOKENS_FILE = "rare_tokens.json"
+
+# Fixed prompts the rollout gate sends to a new version: signatures in the style of the corpus.
+VALIDATION_PROMPTS: tuple[str, ...] = (
+    "def dumps(obj, *, skipkeys=False, ensure_ascii=True, indent=None):",
+    "def join(a, *p):",
+    "def getsource(object):",
+    "def create_connection(address, timeout=None, source_address=None):",
+    "class OrderedDict(dict):",
+    "def literal_eval(node_or_string):",
+    "def urlsplit(url, scheme='', allow_fragments=True):",
+    "def sha256(data=b''):",
+)
+
+
+class BadRequest(ValueError):
+    """A request the model refuses: `code` goes to the request log, the message to the client."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_chars: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    max_new_tokens_limit: int
+
+
+def decode_prompt(raw: object, limits: Limits, *, row: int = 0, name: str = "PROMPT") -> str:
+    """A prompt element (bytes from a BYTES tensor, or str) as text, or BadRequest saying what is wrong."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadRequest("invalid_utf8", f"{name}[{row}] is not valid UTF-8 (byte {e.start}); "
+                                             "send the prompt as UTF-8 text") from None
+    elif isinstance(raw, str):
+        text = raw
+    else:
+        raise BadRequest("bad_type", f"{name}[{row}] is {type(raw).__name__}, expected a string")
+    if "\x00" in text:
+        raise BadRequest("control_chars", f"{name}[{row}] contains a NUL character; remove it")
+    if not text.strip():
+        raise BadRequest("empty_prompt", f"{name}[{row}] is empty; send a signature such as 'def foo(x):'")
+    if len(text) > limits.max_prompt_chars:
+        raise BadRequest("prompt_too_long", f"{name}[{row}] has {len(text)} characters, more than the limit "
+                                            f"{limits.max_prompt_chars}; shorten it")
+    return text
+
+
+def decode_context(raw: object, limits: Limits, *, row: int = 0) -> str | None:
+    """Optional retrieved context for a row: None when blank; up to 4x the prompt's character limit."""
+    if raw is None or (isinstance(raw, (bytes, str)) and not raw.strip()):
+        return None
+    wider = Limits(limits.max_prompt_chars * 4, limits.max_prompt_tokens, limits.max_new_tokens,
+                   limits.max_new_tokens_limit)
+    return decode_prompt(raw, wider, row=row, name="CONTEXT")
+
+
+def build_prompt(signature: str, context: str | None = None) -> str:
+    """The generation prompt for `signature`; retrieved context, if any, goes first as comment lines."""
+    prompt = generation_prompt(signature.strip())
+    if context and context.strip():
+        comments = "\n".join(f"# {line}".rstrip() for line in context.strip().splitlines())
+        prompt = f"{comments}\n{prompt}"
+    return prompt
+
+
+def check_tokens(ids: Sequence[int], limits: Limits, *, row: int = 0) -> list[int]:
+    if len(ids) > limits.max_prompt_tokens:
+        raise BadRequest("prompt_too_long", f"PROMPT[{row}] is {len(ids)} tokens with its template, more than the "
+                                            f"limit {limits.max_prompt_tokens}; shorten it")
+    return list(ids)
+
+
+def parse_max_new_tokens(values: Iterable[int] | None, n_rows: int, limits: Limits) -> list[int]:
+    """MAX_NEW_TOKENS per row (the configured default when the input is absent), each in 1..limit."""
+    if values is None:
+        return [limits.max_new_tokens] * n_rows
+    values = [int(v) for v in values]
+    if len(values) != n_rows:
+        raise BadRequest("bad_shape", f"MAX_NEW_TOKENS has {len(values)} rows but PROMPT has {n_rows}; "
+                                      "send one value per prompt")
+    for row, v in enumerate(values):
+        if not 1 <= v <= limits.max_new_tokens_limit:
+            raise BadRequest("bad_max_new_tokens", f"MAX_NEW_TOKENS[{row}] is {v}; it must be between 1 and "
+                                                   f"{limits.max_new_tokens_limit}")
+    return values
+
+
+def load_rare_ids(folder: str | Path) -> frozenset[int]:
+    """Token ids seen fewer than `min_count` times in the training data (see deploy/repository.py)."""
+    path = Path(folder) / RARE_TOKENS_FILE
+    if not path.is_file():
+        return frozenset()
+    return frozenset(int(i) for i in json.loads(path.read_text())["ids"])
+
+
+def rare_token_rate(ids: Sequence[int], rare_ids: frozenset[int], unk_id: int | None) -> float:
+    """Share of the prompt's tokens that are unknown or rare in training; 0.0 for no tokens."""
+    if not ids:
+        return 0.0
+    n = sum(1 for i in ids if i == unk_id or i in rare_ids)
+    return n / len(ids)
+
+
+def is_well_formed(result: dict) -> str | None:
+    """Why a generation result is malformed, or None when it is fine (used by the rollout gate)."""
+    for key, kind in (("summary", str), ("completion", str), ("output_tokens", int), ("mean_logprob", float)):
+        if not isinstance(result.get(key), kind):
+            return f"{key} is missing or not {kind.__name__}"
+    if result["output_tokens"] < 1:
+        return "no tokens were generated"
+    lp = result["mean_logprob"]
+    if not math.isfinite(lp) or lp > 1e-6:
+        return f"mean_logprob {lp} is not a finite log-probability"
+    if result["summary"] != extract_summary(result["completion"]):
+        return "summary does not match the completion"
+    return None
+
+
+def validation_prompts(n: int) -> list[str]:
+    """The first n fixed prompts, cycled when n exceeds the list."""
+    return [VALIDATION_PROMPTS[i % len(VALIDATION_PROMPTS)] for i in range(n)]

@@ -1,0 +1,168 @@
+"""Gated rollout: a new version serves only after it loads and answers the fixed prompts well.
+
+    result = rollout(server_url, repo, cfg, version=4, build=lambda: build_version(...),
+                     promote=lambda v: set_production(v), request_log=ws.requests, journal=ws.triton / "rollouts.jsonl")
+    result.serving          # [4]: the old version was unloaded only after the gate passed
+    previous_version(state["history"], current=4)    # what `lmforge deploy rollback` returns to
+
+The gate, in order: build the version folder; pre-flight it in this process (safetensors
+only, a short generation) so a broken export never reaches the server; ask Triton to
+load it beside the serving version (config.pbtxt names both); query it with the fixed
+prompts, one request each plus one batched request, checking that outputs are well
+formed and within the latency bound; then `promote` (move the registry's `production`
+alias) and reload with only the new version, which unloads the old one. On any failure
+the config goes back to the old version, the candidate's folder is removed, the reason
+is appended to the journal, and RolloutRefused is raised: the old version never stops.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.errors import UserError
+from components.requestlog import now_iso
+from components.sections.deploy import DeployConfig
+from deploy import client, processing
+from deploy.repository import model_root, remove_version, served_versions, version_dir, write_config
+
+
+class RolloutRefused(UserError):
+    """The candidate failed the gate; the previously serving version still serves."""
+
+
+@dataclass
+class RolloutResult:
+    version: int
+    previous: list[int]
+    serving: list[int]
+    ok: bool
+    reason: str
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def preflight(folder: Path, *, prompt: str) -> str | None:
+    """Load the version's model the way the server will and generate two tokens; the problem, or None."""
+    import torch
+
+    from components.registry.loading import load_causal_lm
+
+    try:
+        model, tok = load_causal_lm(folder / "model")
+        ids = tok(processing.build_prompt(prompt), return_tensors="pt")
+        with torch.inference_mode():
+            out = model.generate(**ids, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
+        if out.shape[1] <= ids["input_ids"].shape[1]:
+            return "pre-flight generated no tokens"
+    except Exception as e:  # any failure to load or run is the finding, reported verbatim
+        return f"pre-flight failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    return None
+
+
+def validate(url: str, cfg: DeployConfig, version: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """Query `version` with the fixed prompts; (problems, per-request checks)."""
+    prompts = processing.validation_prompts(cfg.validation_prompts)
+    problems, checks = [], []
+    batches = [[p] for p in prompts] + ([prompts] if len(prompts) > 1 else [])
+    for batch in batches:
+        try:
+            gens = client.generate(url, batch, model=cfg.model_name, version=version,
+                                   timeout=max(cfg.validation_latency_ms / 1e3 * 2, 10.0))
+        except (client.RequestFailed, OSError) as e:
+            problems.append(f"request for {batch[0]!r} failed: {e}")
+            checks.append({"prompts": len(batch), "error": str(e)})
+            continue
+        latency = gens[0].latency_ms
+        check = {"prompts": len(batch), "latency_ms": round(latency, 1), "summary": gens[0].summary[:80]}
+        if len(gens) != len(batch):
+            problems.append(f"{len(batch)} prompts got {len(gens)} answers")
+        if latency > cfg.validation_latency_ms:
+            problems.append(f"latency {latency:.0f} ms for {len(batch)} prompt(s) exceeds the bound "
+                            f"{cfg.validation_latency_ms:.0f} ms")
+        for g in gens:
+            why = processing.is_well_formed(g.as_result())
+            if why:
+                problems.append(f"malformed output for {batch[0]!r}: {why}")
+        checks.append(check)
+    return problems, checks
+
+
+def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Callable[[], Path] | None,
+            promote: Callable[[int], None], request_log: Path | None, journal: Path) -> RolloutResult:
+    """Serve `version` if it passes the gate; otherwise keep what serves and raise RolloutRefused."""
+    start = time.perf_counter()
+    current = served_versions(repo, cfg.model_name)
+    ready = client.ready_versions(url, cfg.model_name)
+    if current == [version] and ready.get(version):
+        result = RolloutResult(version, current, current, True, f"version {version} already serving")
+        return _record(journal, result, start)
+
+    def refuse(reason: str, checks: list[dict[str, Any]] | None = None, *, loaded: bool) -> RolloutRefused:
+        if loaded:
+            _restore(url, repo, cfg, current, request_log)
+        if version not in current:
+            remove_version(repo, cfg.model_name, version)
+        result = RolloutResult(version, current, current, False, reason, checks or [])
+        _record(journal, result, start)
+        keeps = f"version {current} keeps serving" if current else "nothing was serving"
+        return RolloutRefused("deploy", f"version {version}", f"was refused: {reason}",
+                              f"{keeps}; details in {journal}")
+
+    if build is not None and version not in current:
+        build()
+    folder = version_dir(repo, cfg.model_name, version)
+    if not (folder / "model.py").is_file():
+        raise refuse(f"{folder} is not a built model version", loaded=False)
+    problem = preflight(folder, prompt=processing.VALIDATION_PROMPTS[0])
+    if problem:
+        raise refuse(problem, loaded=False)
+
+    write_config(repo, cfg, versions=sorted(set(current) | {version}), request_log=request_log)
+    try:
+        client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
+    except (client.RequestFailed, OSError) as e:
+        raise refuse(f"Triton could not load it: {str(e).splitlines()[0][:300]}", loaded=True) from None
+
+    problems, checks = validate(url, cfg, version)
+    if problems:
+        raise refuse("; ".join(problems[:3]), checks, loaded=True)
+    try:
+        promote(version)
+    except Exception as e:
+        raise refuse(f"moving the production alias failed: {e}", checks, loaded=True) from e
+
+    write_config(repo, cfg, versions=[version], request_log=request_log)
+    client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # unloads the old version
+    result = RolloutResult(version, current, [version], True, "passed the gate", checks)
+    return _record(journal, result, start)
+
+
+def previous_version(history: list[dict[str, Any]], *, current: int | None) -> int | None:
+    """The most recent version served before `current`, from the state file's history."""
+    for entry in reversed(history):
+        if entry.get("version") != current:
+            return int(entry["version"])
+    return None
+
+
+def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], request_log: Path | None) -> None:
+    """Back to what served before: the candidate is unloaded, the old version never stopped."""
+    if current:
+        write_config(repo, cfg, versions=current, request_log=request_log)
+        client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
+    else:
+        client.unload_model(url, cfg.model_name)
+        (model_root(repo, cfg.model_name) / "config.pbtxt").unlink(missing_ok=True)
+
+
+def _record(journal: Path, result: RolloutResult, start: float) -> RolloutResult:
+    result.seconds = round(time.perf_counter() - start, 2)
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    with open(journal, "a", encoding="utf-8") as f:  # an append-only log: one line per attempt
+        f.write(json.dumps({"at": now_iso(), **asdict(result)}) + "\n")
+    return result

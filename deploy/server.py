@@ -1,0 +1,248 @@
+"""Start and stop the real `tritonserver` binary on loopback, and remember where it runs.
+
+    info = start_server(ws.triton / "repo", cfg, log_path=ws.triton / "server.log")   # ports 0 = free ones
+    wait_ready(info, timeout=cfg.readiness_timeout_s)      # /v2/health/ready == 200, or UserError with the log tail
+    write_state(ws, info, model="lmforge", version=3)      # <ws>/triton/state.json, read by `lmforge status`
+    stop_server(info.pid)                                  # SIGTERM, then SIGKILL of its process group
+
+The binary and its python backend come from nvidia-pytriton in the serving environment
+(.venv-serve, or $LMFORGE_SERVE_VENV), run as DESIGN.md §6 says: that venv's bin first
+on PATH, VIRTUAL_ENV set to it (the python stub takes its site-packages from there),
+and LD_LIBRARY_PATH at its base interpreter's libpython. The server uses explicit model
+control (models load only when asked), strict readiness (ready = every loaded model
+ready), and keeps running when a model fails to load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from components.errors import UserError
+from components.requestlog import now_iso
+from components.sections.deploy import DeployConfig
+from components.workspace import Workspace, atomic_write_json
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
+
+_children: dict[int, subprocess.Popen] = {}  # servers this process started, so that stopping one reaps it
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    pid: int
+    host: str
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    repository: str
+    log: str
+    started_at: str
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+def serve_venv() -> Path:
+    return Path(os.environ.get(ENV_SERVE_VENV) or REPO_ROOT / ".venv-serve")
+
+
+def triton_paths(venv: Path | None = None) -> tuple[Path, Path]:
+    """(tritonserver binary, backends folder) inside the serving venv's nvidia-pytriton."""
+    venv = venv or serve_venv()
+    roots = sorted(venv.glob("lib/python*/site-packages/pytriton/tritonserver"))
+    fix = "Run scripts/bootstrap.sh (it builds .venv-serve with nvidia-pytriton), or set LMFORGE_SERVE_VENV"
+    if not roots:
+        raise UserError("serving environment", venv, "has no nvidia-pytriton (no tritonserver binary)", fix)
+    binary, backends = roots[0] / "bin" / "tritonserver", roots[0] / "backends"
+    if not (backends / "python" / "triton_python_backend_stub").is_file():
+        raise UserError("Triton python backend", backends / "python", "has no triton_python_backend_stub", fix)
+    return binary, backends
+
+
+def server_env(venv: Path | None = None) -> dict[str, str]:
+    venv = (venv or serve_venv()).resolve()
+    python = venv / "bin" / "python"
+    libdir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(venv)
+    env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[str, ...] = ()) -> ServerInfo:
+    """Launch tritonserver in its own session (it outlives this process unless stopped); do not wait."""
+    binary, backends = triton_paths()
+    ports = [cfg.http_port or free_port(cfg.host), cfg.grpc_port or free_port(cfg.host),
+             cfg.metrics_port or free_port(cfg.host)]
+    for port, key in zip(ports, ("http_port", "grpc_port", "metrics_port")):
+        if _port_taken(cfg.host, port):
+            raise UserError(f"deploy.{key}", port, f"is already in use on {cfg.host}",
+                            f"Stop what listens there (lmforge deploy stop) or choose another with --set deploy.{key}=0")
+    repo = Path(repo).resolve()
+    repo.mkdir(parents=True, exist_ok=True)
+    cmd = [str(binary), f"--model-repository={repo}", f"--backend-directory={backends}",
+           "--model-control-mode=explicit", "--strict-readiness=true", "--exit-on-error=false",
+           f"--http-address={cfg.host}", f"--http-port={ports[0]}", f"--grpc-address={cfg.host}",
+           f"--grpc-port={ports[1]}", "--allow-metrics=true", f"--metrics-address={cfg.host}",
+           f"--metrics-port={ports[2]}", "--allow-gpu-metrics=false", "--exit-timeout-secs=10"]
+    cmd += [f"--load-model={name}" for name in load]
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        # Its own session: Ctrl-C in a terminal that ran `lmforge serve --detach` does not reach it.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=server_env(), cwd=log_path.parent, start_new_session=True)
+    _children[proc.pid] = proc
+    return ServerInfo(pid=proc.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                      repository=str(repo), log=str(log_path), started_at=now_iso())
+
+
+def is_ready(info: ServerInfo, *, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{info.url}/v2/health/ready", timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def is_live(info: ServerInfo, *, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{info.url}/v2/health/live", timeout=timeout) as r:
+            return r.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_ready(info: ServerInfo, *, timeout: float) -> None:
+    """Block until the server answers ready; raise UserError (with the log's tail) if it dies or times out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_running(info.pid):
+            raise UserError("tritonserver", info.pid, f"exited while starting: {log_tail(info.log)}",
+                            f"See {info.log}")
+        if is_ready(info):
+            return
+        time.sleep(0.25)
+    raise UserError("tritonserver", info.url, f"was not ready within {timeout:.0f} s: {log_tail(info.log)}",
+                    f"See {info.log}, or raise deploy.readiness_timeout_s")
+
+
+def is_running(pid: int) -> bool:
+    """True while `pid` is a live tritonserver (not a zombie, not a recycled pid)."""
+    proc = _children.get(pid)
+    if proc is not None:  # ours: poll() also reaps it; /proc may still show the pre-exec cmdline just after start
+        return proc.poll() is None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return b"tritonserver" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def stop_server(pid: int, *, timeout: float = 30.0) -> bool:
+    """Stop a server: SIGTERM (it drains in-flight requests), then SIGKILL of its process group. True if it ran."""
+    if not is_running(pid):
+        _reap(pid)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and is_running(pid):
+        time.sleep(0.1)
+        _reap(pid, block=False)
+    if is_running(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # the group: the server and its python-backend stubs
+    _reap(pid)
+    return True
+
+
+def log_tail(path: str | Path, *, lines: int = 6) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no server log)"
+    return " | ".join(line.strip() for line in text[-lines:]) or "(empty server log)"
+
+
+# --- the state file ------------------------------------------------------------
+
+def state_path(ws: Workspace) -> Path:
+    return ws.triton / "state.json"
+
+
+def read_state(ws: Workspace) -> dict[str, Any] | None:
+    path = state_path(ws)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_state(ws: Workspace, info: ServerInfo, *, model: str, version: int | None,
+                history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Record the running server: model, served version, ports, pid, URLs and the rollout history."""
+    previous = read_state(ws) or {}
+    state = {"model": model, "version": version, "http": info.http_port, "grpc": info.grpc_port,
+             "metrics": info.metrics_port, "pid": info.pid, "url": f"http://{info.url}",
+             "server": asdict(info),
+             "history": history if history is not None else previous.get("history", [])}
+    atomic_write_json(state_path(ws), state)
+    return state
+
+
+def info_from_state(state: dict[str, Any]) -> ServerInfo:
+    return ServerInfo(**state["server"])
+
+
+def running_server(ws: Workspace) -> ServerInfo | None:
+    """The workspace's server if it is still running and answering, else None."""
+    state = read_state(ws)
+    if not state or "server" not in state:
+        return None
+    info = info_from_state(state)
+    return info if is_running(info.pid) and is_live(info) else None
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def _reap(pid: int, *, block: bool = True) -> None:
+    proc = _children.get(pid)
+    if proc is None:
+        return
+    try:
+        proc.wait(timeout=5 if block else 0.01)
+        _children.pop(pid, None)
+    except subprocess.TimeoutExpired:
+        pass
