@@ -1,0 +1,280 @@
+"""Read the raw corpus: the built-in docstring corpus or a user's files, as `RawItem`s.
+
+    check_source(cfg.source)                      # UserError now if the path is missing or unreadable
+    ingested = ingest(cfg)                         # cfg: DataConfig
+    ingested.items[0].payload                      # bytes (a JSONL line) or a dict of fields
+    source_fingerprint(cfg)                        # changes exactly when the input changes
+
+The built-in corpus is the docstrings of the installed standard library (optionally
+site-packages too), read with `ast` from the source files: no module is ever imported.
+User sources are JSONL, Parquet, CSV, or a folder of .txt files. Nothing is judged here:
+a line that is not UTF-8 or not JSON is passed on as raw bytes, and `validate` decides.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import hashlib
+import json
+import os
+import random
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from components.errors import UserError
+from components.sections.data import DataConfig
+from components.workspace import sha256_tree
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+SUPPORTED = "a JSONL/Parquet/CSV file or a folder of .txt files"
+TEST_DIRS = frozenset({"test", "tests", "idle_test"})
+NEVER_DIRS = frozenset({"__pycache__", "site-packages", "dist-packages"})
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class RawItem:
+    """One unjudged input record. `kind` is "docstring" (built-in corpus) or "document" (user files)."""
+
+    origin: str
+    payload: bytes | dict[str, Any]
+    mtime: float
+    kind: str = "document"
+
+
+@dataclass
+class Ingested:
+    items: list[RawItem]
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+# --- the source ------------------------------------------------------------------
+
+def check_source(source: str | None) -> Path | None:
+    """The user's source as a Path (None = built-in corpus); a UserError if it cannot be read."""
+    if source is None:
+        return None
+    path = Path(source).expanduser()
+    fix = f"Point it at {SUPPORTED}, or remove it to use the built-in corpus"
+    if not path.exists():
+        raise UserError("data.source", source, "does not exist", fix)
+    if not os.access(path, os.R_OK):
+        raise UserError("data.source", source, "is not readable by this user", "Fix its permissions or copy it somewhere readable")
+    if path.is_dir():
+        if not any(path.rglob("*.txt")):
+            raise UserError("data.source", source, "is a folder with no .txt files", fix)
+    elif path.suffix.lower() not in (*JSONL_SUFFIXES, ".parquet", ".csv"):
+        raise UserError("data.source", source, f"has an unsupported type {path.suffix or '(no suffix)'!r}", fix)
+    return path.resolve()
+
+
+def corpus_roots(include_site_packages: bool) -> list[tuple[str, Path]]:
+    paths = sysconfig.get_paths()
+    roots = [("stdlib", Path(paths["stdlib"]))]
+    if include_site_packages:
+        roots.append(("site-packages", Path(paths["purelib"])))
+        if paths["platlib"] != paths["purelib"]:
+            roots.append(("site-packages", Path(paths["platlib"])))
+    return roots
+
+
+def corpus_files(include_site_packages: bool, skip_tests: bool) -> list[tuple[str, Path, str]]:
+    """(source, root, relative path) of every .py file of the built-in corpus, in a stable order."""
+    skip = NEVER_DIRS | (TEST_DIRS if skip_tests else frozenset())
+    out = []
+    for source, root in corpus_roots(include_site_packages):
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.endswith((".dist-info", ".egg-info")))
+            rel_dir = Path(dirpath).relative_to(root)
+            out += [(source, root, (rel_dir / f).as_posix()) for f in sorted(filenames) if f.endswith(".py")]
+    return out
+
+
+def source_fingerprint(cfg: DataConfig) -> str:
+    """A hash that changes when the input changes: file contents for user sources, file stats for the corpus."""
+    path = check_source(cfg.source)
+    if path is not None:
+        return sha256_tree(path)
+    h = hashlib.sha256(f"{sys.version}|{cfg.include_site_packages}|{cfg.skip_tests}".encode())
+    for source, root, rel in corpus_files(cfg.include_site_packages, cfg.skip_tests):
+        st = (root / rel).stat()
+        h.update(f"{source}/{rel}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+# --- the built-in corpus -----------------------------------------------------------
+
+def module_name(rel: str) -> str:
+    parts = rel[: -len(".py")].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts) or "__init__"
+
+
+def signature_of(node: ast.AST, module: str) -> str:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+        prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+        return f"{prefix} {node.name}({ast.unparse(node.args)}){returns}:"
+    if isinstance(node, ast.ClassDef):
+        bases = [ast.unparse(b) for b in node.bases] + [ast.unparse(k) for k in node.keywords]
+        return f"class {node.name}({', '.join(bases)}):" if bases else f"class {node.name}:"
+    return f"module {module}:"
+
+
+def extract_docstrings(source_bytes: bytes, *, source: str, module: str) -> list[dict[str, str]]:
+    """Every docstring of a module's source (module, classes, functions, nested ones) as record fields."""
+    tree = ast.parse(source_bytes)
+    out: list[dict[str, str]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                qualname = prefix + child.name
+                add(child, qualname)
+                inner = ".<locals>." if not isinstance(child, ast.ClassDef) else "."
+                visit(child, qualname + inner)
+            elif isinstance(child, ast.stmt):
+                visit(child, prefix)  # defs under if/try/with at any level
+
+    def add(node: ast.AST, qualname: str) -> None:
+        doc = ast.get_docstring(node, clean=True)  # type: ignore[arg-type]
+        if doc is not None:
+            out.append({"source": source, "module": module, "qualname": qualname,
+                        "signature": signature_of(node, module), "docstring": doc})
+
+    add(tree, "")
+    visit(tree, "")
+    return out
+
+
+def _extract_file(job: tuple[str, str, str]) -> tuple[list[dict[str, str]], float, str | None]:
+    source, root, rel = job
+    path = Path(root) / rel
+    try:
+        data, mtime = path.read_bytes(), path.stat().st_mtime
+        return extract_docstrings(data, source=source, module=module_name(rel)), mtime, None
+    except (SyntaxError, ValueError, OSError, RecursionError) as e:  # Python 2 files, odd encodings
+        return [], 0.0, f"{type(e).__name__}: {e}"
+
+
+def iter_corpus(cfg: DataConfig, *, progress: Progress | None = None, report: dict[str, Any]) -> Iterator[RawItem]:
+    jobs = [(s, str(root), rel) for s, root, rel in corpus_files(cfg.include_site_packages, cfg.skip_tests)]
+    report.update(files=len(jobs), unparseable_files=0, unparseable_examples=[])
+    if cfg.workers > 1 and len(jobs) > 64:
+        # fork, not spawn: spawn re-runs an unguarded __main__ script in every worker. The workers
+        # only parse files with a pure function, so the parent's threads (Prefect's) do not matter.
+        pool = ProcessPoolExecutor(cfg.workers, mp_context=get_context("fork"))
+        results = pool.map(_extract_file, jobs, chunksize=32)
+    else:
+        pool, results = None, map(_extract_file, jobs)
+    try:
+        for (source, _root, rel), (docs, mtime, error) in zip(jobs, results):
+            if error is not None:
+                report["unparseable_files"] += 1
+                if len(report["unparseable_examples"]) < 20:
+                    report["unparseable_examples"].append(f"{source}:{rel}: {error}")
+            for d in docs:
+                yield RawItem(f"{source}:{rel}:{d['qualname'] or '<module>'}", d, mtime, kind="docstring")
+            if progress:
+                progress(1)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+# --- user files --------------------------------------------------------------------
+
+def iter_user_source(path: Path, cfg: DataConfig) -> Iterator[RawItem]:
+    suffix = path.suffix.lower()
+    if path.is_dir():
+        yield from _iter_txt(path, cfg)
+    elif suffix in JSONL_SUFFIXES:
+        yield from _iter_jsonl(path)
+    elif suffix == ".parquet":
+        yield from _iter_parquet(path)
+    else:
+        yield from _iter_csv(path)
+
+
+def _iter_jsonl(path: Path) -> Iterator[RawItem]:
+    mtime = path.stat().st_mtime
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip(b"\r\n")
+            if line.strip():  # a blank line separates nothing and is not a record
+                yield RawItem(f"{path.name}:{n}", line, mtime)
+
+
+def _iter_csv(path: Path) -> Iterator[RawItem]:
+    mtime = path.stat().st_mtime
+    csv.field_size_limit(2**31 - 1)  # a too-long document must reach validation, not crash the reader
+    # surrogateescape keeps undecodable bytes as lone surrogates, which validation reports as invalid_utf8
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        for n, row in enumerate(csv.DictReader(f), 2):
+            yield RawItem(f"{path.name}:{n}", {k: v for k, v in row.items() if k is not None}, mtime)
+
+
+def _iter_parquet(path: Path) -> Iterator[RawItem]:
+    import pyarrow.parquet as pq
+
+    mtime = path.stat().st_mtime
+    n = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            n += 1
+            yield RawItem(f"{path.name}:{n}", row, mtime)
+
+
+def _iter_txt(path: Path, cfg: DataConfig) -> Iterator[RawItem]:
+    v = cfg.validation
+    for p in sorted(path.rglob("*.txt")):
+        rel = p.relative_to(path).as_posix()
+        yield RawItem(rel, {v.id_field: rel, v.text_field: p.read_bytes(), v.group_field: rel[: -len(".txt")]},
+                      p.stat().st_mtime)
+
+
+# --- both ------------------------------------------------------------------------
+
+def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
+    """All raw items of the configured source, sampled down to `max_docs` with the seed."""
+    path = check_source(cfg.source)
+    report: dict[str, Any] = {"source": str(path) if path else "builtin",
+                              "corpus": [s for s, _ in corpus_roots(cfg.include_site_packages)] if path is None else None}
+    try:
+        items = list(iter_corpus(cfg, progress=progress, report=report) if path is None else iter_user_source(path, cfg))
+    except (OSError, csv.Error, UnicodeError) as e:
+        raise UserError("data.source", cfg.source, f"could not be read ({type(e).__name__}: {e})", f"Check that it is {SUPPORTED}") from e
+    except Exception as e:
+        if type(e).__module__.startswith("pyarrow"):
+            raise UserError("data.source", cfg.source, f"is not a readable Parquet file ({e})", f"Check that it is {SUPPORTED}") from e
+        raise
+    report["items_found"] = len(items)
+    if cfg.max_docs is not None and len(items) > cfg.max_docs:
+        keep = sorted(random.Random(cfg.seed).sample(range(len(items)), cfg.max_docs))
+        items = [items[i] for i in keep]
+    report["items_kept"] = len(items)
+    if not items:
+        raise UserError("data.source", cfg.source or "builtin", "holds no records", f"Point it at {SUPPORTED} with at least one record")
+    return Ingested(items, report)
+
+
+def payload_json(item: RawItem) -> dict[str, Any]:
+    """A JSON-able form of a raw item for the quarantine file (bytes as text with escapes)."""
+    p = item.payload
+    if isinstance(p, bytes):
+        return {"raw": p.decode("utf-8", "backslashreplace")}
+    return {k: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v for k, v in p.items()}
+
+
+def raw_excerpt(item: RawItem, limit: int = 200) -> str:
+    text = json.dumps(payload_json(item), ensure_ascii=True, default=str)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,69 @@
+"""A byte-level BPE tokenizer trained with Hugging Face `tokenizers`, and document encoding.
+
+    tok = train_tokenizer(train_texts, TokenizerConfig(vocab_size=4096))
+    save_tokenizer(tok, out_dir)               # tokenizer.json + config, loads with PreTrainedTokenizerFast
+    ids = encode_documents(tok, texts)         # list[list[int]], each ending with the <eos> id
+
+Special tokens, in this order (ids 0-3): <pad> <bos> <eos> <unk>. Byte-level means any
+text round-trips: decode(encode(text)) == text, with no unknown tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from components.sections.data import TokenizerConfig
+
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+PAD, BOS, EOS, UNK = SPECIALS
+ENCODE_BATCH = 2048
+
+
+def train_tokenizer(texts: Sequence[str], cfg: TokenizerConfig) -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                  special_tokens=list(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    assert [tok.token_to_id(s) for s in SPECIALS] == [0, 1, 2, 3]
+    return tok
+
+
+def as_transformers(tok: Tokenizer):  # -> PreTrainedTokenizerFast (imported lazily: transformers is slow to import)
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
+                                   clean_up_tokenization_spaces=False)
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: Path) -> Path:
+    """`PreTrainedTokenizerFast.save_pretrained` output: tokenizer.json, tokenizer_config.json, ..."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    as_transformers(tok).save_pretrained(str(out_dir))
+    assert (out_dir / "tokenizer.json").is_file()
+    return out_dir
+
+
+def load_tokenizer(tok_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
+
+
+def iter_encoded(tok: Tokenizer, texts: Sequence[str], *, progress: Callable[[int], None] | None = None) -> Iterator[list[int]]:
+    """Token ids of each text followed by <eos>, encoded in parallel batches (Rust threads)."""
+    eos = tok.token_to_id(EOS)
+    for start in range(0, len(texts), ENCODE_BATCH):
+        batch = list(texts[start:start + ENCODE_BATCH])
+        for enc in tok.encode_batch_fast(batch, add_special_tokens=False):
+            yield [*enc.ids, eos]
+        if progress:
+            progress(len(batch))
+
+
+def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    return list(iter_encoded(tok, texts))

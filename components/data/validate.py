@@ -1,0 +1,168 @@
+"""Validation with quarantine: every raw item becomes a clean Record or a Quarantined entry.
+
+    result = validate_items(ingested.items, cfg.validation)     # cfg: DataConfig
+    result.clean          # list[Kept]: Record + where it came from
+    result.quarantined    # list[Quarantined]: origin, reason, detail, raw excerpt
+    result.counts()       # {"docs_in", "clean", "quarantined", "quarantined_by_reason"}
+    validate_lines([b'{"text": "ok"}', b"\\xff"], ValidationConfig())   # JSONL lines, for tests and tools
+
+Reason codes: invalid_utf8, invalid_json, control_chars, empty, too_long, missing_field,
+wrong_type, duplicate_id. Records in = clean + quarantined, always.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from components.data.ingest import RawItem, raw_excerpt
+from components.data.records import Record, first_sentence, stable_id
+from components.sections.data import ValidationConfig
+
+REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id")
+
+# C0/C1 controls except tab, newline, carriage return and form feed (which source code uses as a page break)
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class Kept:
+    record: Record
+    origin: str
+    mtime: float
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    origin: str
+    reason: str
+    detail: str
+    excerpt: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class Bad(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+@dataclass
+class ValidationResult:
+    clean: list[Kept]
+    quarantined: list[Quarantined]
+
+    def counts(self) -> dict[str, Any]:
+        by_reason = Counter(q.reason for q in self.quarantined)
+        return {"docs_in": len(self.clean) + len(self.quarantined), "clean": len(self.clean),
+                "quarantined": len(self.quarantined), "quarantined_by_reason": dict(sorted(by_reason.items()))}
+
+
+def validate_items(items: Iterable[RawItem], cfg: ValidationConfig) -> ValidationResult:
+    clean: list[Kept] = []
+    quarantined: list[Quarantined] = []
+    seen_ids: dict[str, str] = {}
+    for item in items:
+        try:
+            record = to_record(item, cfg)
+            if record.id in seen_ids:
+                raise Bad("duplicate_id", f"id {record.id!r} already used by {seen_ids[record.id]}")
+            seen_ids[record.id] = item.origin
+            clean.append(Kept(record, item.origin, item.mtime))
+        except Bad as bad:
+            quarantined.append(Quarantined(item.origin, bad.reason, bad.detail, raw_excerpt(item)))
+    return ValidationResult(clean, quarantined)
+
+
+def validate_lines(lines: Iterable[bytes], cfg: ValidationConfig, *, name: str = "<lines>") -> ValidationResult:
+    return validate_items((RawItem(f"{name}:{n}", line, 0.0) for n, line in enumerate(lines, 1)), cfg)
+
+
+def to_record(item: RawItem, cfg: ValidationConfig) -> Record:
+    """The Record for one raw item, or Bad(reason, detail)."""
+    fields = _decode(item.payload)
+    if item.kind == "docstring":
+        return _docstring_record(fields, cfg)
+    return _document_record(fields, item.origin, cfg)
+
+
+def _decode(payload: bytes | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(payload, bytes):
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise Bad("invalid_utf8", f"byte {e.start}: {e.reason}") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise Bad("invalid_json", f"{e.msg} at column {e.colno}") from None
+        if not isinstance(obj, dict):
+            raise Bad("wrong_type", f"a line must hold a JSON object, not {type(obj).__name__}")
+        return obj
+    out = {}
+    for key, value in payload.items():
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                value = bytes(value).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise Bad("invalid_utf8", f"field {key!r} byte {e.start}: {e.reason}") from None
+        out[key] = value
+    return out
+
+
+def _check_text(name: str, value: str, cfg: ValidationConfig, *, required: bool) -> None:
+    if m := _SURROGATE.search(value):
+        raise Bad("invalid_utf8", f"field {name!r} holds undecodable data at character {m.start()}")
+    if m := _CONTROL.search(value):
+        raise Bad("control_chars", f"field {name!r} holds control character {m.group()!r} at {m.start()}")
+    if required and not value.strip():
+        raise Bad("empty", f"field {name!r} is empty or only whitespace")
+    if len(value) > cfg.max_chars:
+        raise Bad("too_long", f"field {name!r} has {len(value)} characters, more than validation.max_chars={cfg.max_chars}")
+
+
+def _optional_str(fields: dict[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise Bad("wrong_type", f"field {name!r} must be a string, not {type(value).__name__}")
+    return str(value)
+
+
+def _document_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig) -> Record:
+    if fields.get(cfg.text_field) is None:
+        raise Bad("missing_field", f"no {cfg.text_field!r} field (has {sorted(fields)[:8]})")
+    text = fields[cfg.text_field]
+    if not isinstance(text, str):
+        raise Bad("wrong_type", f"field {cfg.text_field!r} must be a string, not {type(text).__name__}")
+    rid, prompt, reference, group = (_optional_str(fields, f) for f in
+                                     (cfg.id_field, cfg.prompt_field, cfg.reference_field, cfg.group_field))
+    _check_text(cfg.text_field, text, cfg, required=True)
+    for name, value in ((cfg.id_field, rid), (cfg.prompt_field, prompt), (cfg.reference_field, reference), (cfg.group_field, group)):
+        if value is not None:
+            _check_text(name, value, cfg, required=False)
+    rid = rid if rid is not None else stable_id(origin)
+    summary = reference if reference is not None else first_sentence(text)
+    return Record(id=rid, source=origin.rsplit(":", 1)[0], module=group if group is not None else rid,
+                  qualname=rid, signature=prompt or "", docstring=text, summary=summary, text=text)
+
+
+def _docstring_record(fields: dict[str, Any], cfg: ValidationConfig) -> Record:
+    for name in ("source", "module", "qualname", "signature", "docstring"):
+        if not isinstance(fields.get(name), str):
+            raise Bad("missing_field", f"docstring record without {name!r}")
+    _check_text("docstring", fields["docstring"], cfg, required=True)
+    _check_text("signature", fields["signature"], cfg, required=False)
+    record = Record.from_parts(**{k: fields[k] for k in ("source", "module", "qualname", "signature", "docstring")})
+    if len(record.text) > cfg.max_chars:
+        raise Bad("too_long", f"text has {len(record.text)} characters, more than validation.max_chars={cfg.max_chars}")
+    return record
