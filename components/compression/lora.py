@@ -21,12 +21,8 @@ from components.errors import UserError
 from components.sections.compression import LoraConfig
 
 
-def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: int = 0) -> nn.Module:
-    """The peft model with adapters on the target modules (A random, B zero: outputs unchanged at first)."""
-    import torch
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
+def check_lora(model: nn.Module, cfg: LoraConfig, model_dir: object) -> dict[str, nn.Linear]:
+    """The layers that get adapters, or a UserError when the config cannot apply to this model."""
     targets = select(require_linear(model, model_dir), cfg.targets)
     if not targets:
         raise UserError("compression.lora.targets", cfg.targets, "match no Linear layer of the model",
@@ -36,6 +32,16 @@ def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: in
         name, limit = min(too_big.items(), key=lambda kv: kv[1])
         raise UserError("compression.lora.r", cfg.r, f"is larger than layer {name} allows ({limit})",
                         f"Use r of at most {limit}")
+    return targets
+
+
+def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: int = 0) -> nn.Module:
+    """The peft model with adapters on the target modules (A random, B zero: outputs unchanged at first)."""
+    import torch
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    targets = check_lora(model, cfg, model_dir)
     torch.manual_seed(seed)
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                               target_modules=sorted({n.rsplit(".", 1)[-1] for n in targets}), bias="none")

@@ -83,8 +83,8 @@ def _budget_ranks(spectra: list[Spectrum], fraction: float) -> dict[str, int]:
     return {sp.name: ranks[k] for k, sp in enumerate(spectra)}
 
 
-def lowrank_variant(model_dir: Path, out_dir: Path, cfg: LowRankConfig) -> Path:
-    model, parent = load_parent(model_dir)
+def check_lowrank(model: torch.nn.Module, cfg: LowRankConfig, model_dir: object) -> dict[str, torch.nn.Linear]:
+    """The target layers, or a UserError when the config cannot apply to this model."""
     targets = select(require_linear(model, model_dir), cfg.targets)
     if not targets:
         raise UserError("compression.lowrank.targets", cfg.targets, "match no Linear layer of the model",
@@ -95,6 +95,12 @@ def lowrank_variant(model_dir: Path, out_dir: Path, cfg: LowRankConfig) -> Path:
         if cfg.rank > limit:
             raise UserError("compression.lowrank.rank", cfg.rank, f"is larger than layer {name} allows ({limit})",
                             f"Use a rank of at most {limit}, or mode = \"energy\" / \"budget\"")
+    return targets
+
+
+def lowrank_variant(model_dir: Path, out_dir: Path, cfg: LowRankConfig) -> Path:
+    model, parent = load_parent(model_dir)
+    targets = check_lowrank(model, cfg, model_dir)
     svds = {n: torch.linalg.svd(m.weight.detach().float(), full_matrices=False) for n, m in targets.items()}
     spectra = [Spectrum(n, m.in_features, m.out_features, svds[n][1]) for n, m in targets.items()]
     ranks = choose_ranks(spectra, cfg)

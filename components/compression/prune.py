@@ -29,15 +29,20 @@ from components.errors import UserError
 from components.sections.compression import ChannelPruneConfig, PruneConfig
 
 
-def prune_variant(model_dir: Path, out_dir: Path, cfg: PruneConfig, *, tuner: Finetuner | None = None) -> Path:
-    if not 0 <= cfg.sparsity < 1:  # a section built with model_construct skips pydantic's check
-        raise UserError("compression.prune.sparsity", cfg.sparsity, "is outside [0, 1)", "Choose e.g. 0.5")
-    _need_tuner("compression.prune.recovery_steps", cfg.recovery_steps, tuner)
-    model, parent = load_parent(model_dir)
+def check_prune(model: nn.Module, cfg: PruneConfig, model_dir: object) -> dict[str, nn.Linear]:
     targets = select(require_linear(model, model_dir), cfg.targets)
     if not targets:
         raise UserError("compression.prune.targets", cfg.targets, "match no Linear layer of the model",
                         "Name module suffixes such as q_proj or down_proj")
+    return targets
+
+
+def prune_variant(model_dir: Path, out_dir: Path, cfg: PruneConfig, *, tuner: Finetuner | None = None) -> Path:
+    if not 0 <= cfg.sparsity < 1:  # a section built with model_construct skips pydantic's check
+        raise UserError("compression.prune.sparsity", cfg.sparsity, "is outside [0, 1)", "Choose e.g. 0.5")
+    need_tuner("compression.prune.recovery_steps", cfg.recovery_steps, tuner)
+    model, parent = load_parent(model_dir)
+    targets = check_prune(model, cfg, model_dir)
     params = [(m, "weight") for m in targets.values()]
     if cfg.scope == "global":
         prune.global_unstructured(params, pruning_method=prune.L1Unstructured, amount=cfg.sparsity)
@@ -83,15 +88,20 @@ def _sliced(linear: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
     return out
 
 
-def prune_channels_variant(model_dir: Path, out_dir: Path, cfg: ChannelPruneConfig, *,
-                           tuner: Finetuner | None = None) -> Path:
-    _need_tuner("compression.channels.recovery_steps", cfg.recovery_steps, tuner)
-    model, parent = load_parent(model_dir)
+def check_channels(model: nn.Module, model_dir: object) -> dict[str, nn.Module]:
     require_linear(model, model_dir)
     mlps = gated_mlps(model)
     if not mlps:
         raise UserError("compression model", model_dir, "has no gated MLP (gate_proj/up_proj/down_proj) to prune",
                         "Disable [compression.channels] for this architecture")
+    return mlps
+
+
+def prune_channels_variant(model_dir: Path, out_dir: Path, cfg: ChannelPruneConfig, *,
+                           tuner: Finetuner | None = None) -> Path:
+    need_tuner("compression.channels.recovery_steps", cfg.recovery_steps, tuner)
+    model, parent = load_parent(model_dir)
+    mlps = check_channels(model, model_dir)
     width = {m.gate_proj.out_features for m in mlps.values()}
     assert len(width) == 1, f"MLP widths differ across layers: {width}"
     before = width.pop()
@@ -109,7 +119,7 @@ def prune_channels_variant(model_dir: Path, out_dir: Path, cfg: ChannelPruneConf
     return save_variant(model, out_dir, parent_dir=parent, technique="prune-channels", recipe=recipe)
 
 
-def _need_tuner(key: str, steps: int, tuner: Finetuner | None) -> None:
+def need_tuner(key: str, steps: int, tuner: Finetuner | None) -> None:
     if steps and tuner is None:
         raise UserError(key, steps, "asks for a fine-tune but no training data was given",
                         "Run the data stage first, or set it to 0")

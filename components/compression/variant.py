@@ -12,9 +12,11 @@ what it decided, e.g. the rank of each layer), `load` (how to rebuild it) and `p
 - `hf`: `from_pretrained` is the whole story (pruned, distilled, merged-LoRA, cast).
 - `int8_dynamic`: the fp weights are stored, and the same deterministic dynamic
   quantization is re-applied at load (quantized tensors have no safetensors form).
-- `lowrank`: config.json describes the dense architecture; `lowrank.safetensors` holds
-  the factors, so a plain `from_pretrained` fails loudly rather than loading random
-  weights; the loader swaps in `LowRankLinear` at the recorded ranks, then loads strictly.
+- `lowrank`: model.safetensors holds the factors, and config.json the dense
+  architecture under `model_type = "lmforge_lowrank"`, so a plain `from_pretrained`
+  fails loudly ("unrecognized model") instead of filling the missing dense weights with
+  random ones; the loader restores the recorded base model type, swaps in
+  `LowRankLinear` at the recorded ranks, then loads the factors strictly.
 
 Nothing is ever unpickled and no stored code runs.
 """
@@ -34,7 +36,8 @@ from components.errors import UserError
 from components.workspace import atomic_dir, atomic_write_json
 
 META = "lmforge.json"
-LOWRANK_WEIGHTS = "lowrank.safetensors"
+WEIGHTS = "model.safetensors"
+LOWRANK_MODEL_TYPE = "lmforge_lowrank"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -66,10 +69,12 @@ def load_variant(model_dir: Path, *, dtype: torch.dtype | None = None) -> nn.Mod
         model = quantize_int8(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
                               skip=load.get("skip", []))
     elif kind == "lowrank":
-        config = AutoConfig.from_pretrained(model_dir)
+        raw = json.loads((model_dir / "config.json").read_text())
+        assert raw.pop("model_type") == LOWRANK_MODEL_TYPE, "a lowrank variant's config.json is marked as such"
+        config = AutoConfig.for_model(load["base_model_type"], **raw)
         model = apply_lowrank(AutoModelForCausalLM.from_config(config, dtype=torch.float32),
                               {k: int(v) for k, v in load["ranks"].items()})
-        missing, unexpected = load_model(model, model_dir / LOWRANK_WEIGHTS, strict=True)
+        missing, unexpected = load_model(model, model_dir / WEIGHTS, strict=True)
         assert not missing and not unexpected, (missing, unexpected)
         if dtype is not None:
             model = model.to(dtype)
@@ -99,10 +104,12 @@ def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique
     parent_meta = read_meta(parent_dir)
     with atomic_dir(Path(out_dir)) as tmp:
         if load["kind"] == "lowrank":
-            model.config.save_pretrained(tmp)
+            config = model.config.to_dict()
+            load = {**load, "base_model_type": config["model_type"]}
+            atomic_write_json(tmp / "config.json", {**config, "model_type": LOWRANK_MODEL_TYPE})
             if getattr(model, "generation_config", None) is not None:
                 model.generation_config.save_pretrained(tmp)
-            save_model(model, str(tmp / LOWRANK_WEIGHTS))  # handles tied embeddings, unlike save_file
+            save_model(model, str(tmp / WEIGHTS))  # handles tied embeddings, unlike save_file
         else:
             model.save_pretrained(tmp, safe_serialization=True)
         for name in TOKENIZER_FILES:

@@ -1,10 +1,11 @@
 import pytest
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
 
 from components.compression.lowrank import Spectrum, choose_ranks, lowrank_variant
 from components.compression.modules import LowRankLinear, linear_layers, select
-from components.compression.variant import LOWRANK_WEIGHTS, load_variant, read_meta
+from components.compression.variant import load_variant, read_meta
 from components.errors import UserError
 from components.sections.compression import DEFAULT_TARGETS, LowRankConfig
 
@@ -53,7 +54,8 @@ def test_lowrank_variant_saves_loads_and_meets_the_budget(tiny_model_dir, tmp_pa
     meta = read_meta(out)
     before, after = meta["recipe"]["target_params"]
     assert after <= 0.5 * before
-    assert (out / LOWRANK_WEIGHTS).is_file() and not (out / "model.safetensors").exists()
+    with pytest.raises(ValueError, match="lmforge_lowrank"):  # a plain load fails loudly, never random weights
+        AutoModelForCausalLM.from_pretrained(out)
     model = load_variant(out)
     assert isinstance(model.get_submodule(next(iter(meta["load"]["ranks"]))), LowRankLinear)
     # Reloading twice gives the same model: the factors, not a random init, are what is stored.

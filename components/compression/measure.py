@@ -1,0 +1,78 @@
+"""Evaluate a variant folder as the evaluation stage does, but loaded with `load_variant`.
+
+    metrics = evaluate_variant(variant_dir, ws.dataset_dir(v), cfg.evaluation)
+    metrics["bpc"], metrics["rougeL"], metrics["tokens_per_s"], metrics["weight_bytes"]
+
+`components.evaluation.evaluate_model_dir` loads folders with a plain `from_pretrained`,
+which would score an int8 variant as the float model it is stored as, and cannot build
+a low-rank one. This runs the same measurements (evaluation's bits_per_character,
+generate, score_texts and latency summary, on the same seeded sample of the split) on
+the model `load_variant` rebuilds, and adds its size: params, bytes on disk, bytes of
+weights in memory. The parent is measured with this too, so every row of the trade-off
+table comes from the same code on the same machine within minutes.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+from components.compression.variant import load_variant, variant_stats
+from components.data.records import extract_summary, generation_prompt
+from components.errors import UserError
+from components.evaluation.bpc import bits_per_character
+from components.evaluation.evaluate import read_split
+from components.evaluation.generation import generate
+from components.evaluation.latency import summarize
+from components.evaluation.text_metrics import score_texts
+from components.sections.evaluation import EvaluationConfig
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) -> dict[str, float]:
+    import torch
+
+    started = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        model = load_variant(Path(model_dir))
+        tokenizer = load_tokenizer(model_dir)
+        heldout = read_split(dataset_dir, cfg.split)
+        if not heldout:
+            raise UserError("dataset", dataset_dir, f"has an empty {cfg.split} split", "Use more documents (data.max_docs)")
+        start_id = tokenizer.eos_token_id
+        context = cfg.context_length or int(getattr(model.config, "max_position_embeddings", 512))
+        rng = random.Random(cfg.seed)
+        texts = [r.text for r in _sample(heldout, cfg.bpc_max_docs, rng)]
+        b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context,
+                               batch_size=cfg.bpc_batch_size)
+        examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
+        gens, wall = generate(model, tokenizer, [generation_prompt(r.signature) for r in examples],
+                              max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, start_id=start_id,
+                              max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature,
+                              seed=cfg.seed)
+        scores = score_texts([extract_summary(g.text) for g in gens], [r.summary for r in examples])
+        latency = summarize([g.timing for g in gens], wall_s=wall)
+        stats = variant_stats(Path(model_dir), model)
+    finally:
+        torch.set_num_threads(old_threads)
+    return {"bpc": b.bpc, "perplexity": b.perplexity, **scores.metrics(), **latency,
+            **{k: float(v) for k, v in stats.items()}, "eval_seconds": round(time.perf_counter() - started, 2)}
+
+
+def _sample(records: list, n: int | None, rng: random.Random) -> list:
+    """The same seeded choice as the evaluation stage makes, so parent and variants see the same text."""
+    if n is None or len(records) <= n:
+        return list(records)
+    return sorted(rng.sample(records, n), key=lambda r: r.id)
