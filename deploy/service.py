@@ -1,0 +1,141 @@
+"""The deployment as a whole: a server for the workspace, the registry's model on it, rollback, stop.
+
+    info = ensure_server(ws, cfg.deploy)                         # reuse the running one, or start and wait
+    version, folder = resolve_model(ws, cfg.registry.model_name, "champion")
+    result = deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name,
+                            version=version, model_dir=folder)  # gated; moves `production` on success
+    rollback_production(ws, cfg.deploy, info, registry_model=cfg.registry.model_name)
+    stop(ws)
+
+flows/deploy.py wraps these in Prefect tasks; `lmforge serve`, `lmforge deploy rollback`
+and `lmforge deploy stop` call them directly.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from components.errors import UserError
+from components.requestlog import now_iso
+from components.sections.deploy import DeployConfig
+from components.workspace import Workspace, atomic_write_json
+from deploy import client
+from deploy.repository import build_version, served_versions
+from deploy.rollout import RolloutResult, rollout
+from deploy.server import (ServerInfo, read_state, running_server, start_server, stop_server, wait_ready,
+                           write_state)
+
+PRODUCTION = "production"
+
+
+def repo_dir(ws: Workspace) -> Path:
+    return ws.triton / "repo"
+
+
+def journal_path(ws: Workspace) -> Path:
+    return ws.triton / "rollouts.jsonl"
+
+
+def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
+    """The workspace's running server, or a new one on loopback, ready to take explicit model loads."""
+    info = running_server(ws)  # running and live; it may be not-ready while a model loads
+    if info is not None:
+        return info
+    info = start_server(repo_dir(ws), cfg, log_path=ws.triton / "server.log")
+    try:
+        wait_ready(info, timeout=cfg.readiness_timeout_s)
+    except BaseException:
+        stop_server(info.pid)
+        raise
+    write_state(ws, info, model=cfg.model_name, version=None)
+    return info
+
+
+def resolve_model(ws: Workspace, registry_model: str, alias: str) -> tuple[int, Path]:
+    """(version, local Hugging Face folder) of the registry's `alias`."""
+    from components.registry import download_model, resolve_version
+
+    version = resolve_version(ws, registry_model, alias)
+    return int(version), download_model(ws, registry_model, version)
+
+
+def shards_for(ws: Workspace, model_dir: Path) -> Path | None:
+    """The training shards of the model's dataset, for the rare-token list; None when unknown."""
+    meta = Path(model_dir) / "lmforge.json"
+    if not meta.is_file():
+        return None
+    dataset = json.loads(meta.read_text()).get("dataset_version")
+    if not dataset:
+        return None
+    shards = ws.training_shards(dataset)
+    return shards if (shards / "index.json").is_file() else None
+
+
+def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str, version: int,
+                   model_dir: Path | None, reason: str = "passed the Triton rollout gate",
+                   action: str = "set") -> RolloutResult:
+    """Roll `version` out through the gate; on success the registry's `production` alias points at it."""
+    from components.registry import set_alias
+
+    repo = repo_dir(ws)
+
+    def build() -> Path:
+        if model_dir is None:
+            folder = resolve_model(ws, registry_model, str(version))[1]
+        else:
+            folder = model_dir
+        return build_version(repo, cfg, version=version, model_dir=folder, shard_dir=shards_for(ws, folder))
+
+    def promote(v: int) -> None:
+        set_alias(ws, registry_model, PRODUCTION, str(v), reason=f"{reason} (Triton model {cfg.model_name})",
+                  action=action)
+
+    try:
+        result = rollout(info.url, repo, cfg, version=version, build=build, promote=promote,
+                         request_log=ws.requests, journal=journal_path(ws))
+    finally:
+        serving = served_versions(repo, cfg.model_name)
+        write_state(ws, info, model=cfg.model_name, version=serving[-1] if serving else None)
+    history = (read_state(ws) or {}).get("history", [])
+    if result.ok and (not history or history[-1]["version"] != version):
+        history.append({"version": version, "at": now_iso(), "reason": reason})
+        write_state(ws, info, model=cfg.model_name, version=version, history=history)
+    return result
+
+
+def rollback_production(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str,
+                        reason: str = "rollback") -> RolloutResult:
+    """Serve the version that held `production` before the current one, through the same gate."""
+    from components.registry.aliases import current, history, holders
+
+    now = current(ws, registry_model, PRODUCTION)
+    stack = holders(history(ws, registry_model, alias=PRODUCTION))
+    if stack and stack[-1] == now:
+        stack.pop()
+    if not stack:
+        raise UserError("deploy rollback", f"{registry_model}@{PRODUCTION}",
+                        f"has had no version before {now}", "There is nothing to roll back to")
+    return deploy_version(ws, cfg, info, registry_model=registry_model, version=int(stack[-1]), model_dir=None,
+                          reason=f"{reason}: from version {now}", action="rollback")
+
+
+def serve_current(ws: Workspace, cfg: DeployConfig, info: ServerInfo) -> list[int]:
+    """Load what config.pbtxt names (the last rollout's result) on a freshly started server."""
+    versions = served_versions(repo_dir(ws), cfg.model_name)
+    if versions and not all(client.ready_versions(info.url, cfg.model_name).get(v) for v in versions):
+        client.load_model(info.url, cfg.model_name, timeout=cfg.readiness_timeout_s)
+    if versions:
+        write_state(ws, info, model=cfg.model_name, version=versions[-1])
+    return versions
+
+
+def stop(ws: Workspace) -> dict[str, Any]:
+    """Stop the workspace's server; the state file keeps the history but no pid."""
+    state = read_state(ws)
+    if not state or "server" not in state:
+        return {"stopped": False, "reason": "no server recorded in this workspace"}
+    stopped = stop_server(int(state["server"]["pid"]))
+    atomic_write_json(ws.triton / "state.json", {**state, "pid": None, "stopped_at": now_iso()})
+    return {"stopped": stopped, "pid": state["server"]["pid"]}

@@ -1,0 +1,151 @@
+"""`lmforge serve`, `lmforge generate` and `lmforge deploy rollback|stop`.
+
+    lmforge serve [--detach]                    # Triton on loopback with the production (or deploy.alias) model
+    lmforge generate "def foo(x):" [--protocol grpc] [--max-new-tokens 16] [--context "..."]
+    lmforge deploy rollback [--reason "bad outputs"]   # the previous production version, through the gate
+    lmforge deploy stop
+    curl -s -o /dev/null -w '%{http_code}' localhost:<port>/v2/health/ready    # 200 while serving
+
+The server's address comes from <workspace>/triton/state.json, written by
+`lmforge serve` or `lmforge run deploy`.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+
+from components.errors import UserError
+from components.workspace import Workspace
+
+console = Console()
+deploy_app = typer.Typer(no_args_is_help=True, help="Manage the Triton deployment: rollback, stop.")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
+
+
+def _cfg(config: Path | None, set_: list[str] | None) -> Any:
+    from components.config import load_config
+
+    return load_config(config, set_ or [])
+
+
+def _running(ws: Workspace) -> Any:
+    from deploy.server import running_server
+
+    info = running_server(ws)
+    if info is None:
+        raise UserError("triton server", ws.triton, "is not running for this workspace",
+                        "Start it with `lmforge serve --detach` or `lmforge run deploy`")
+    return info
+
+
+def serve(
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    detach: Annotated[bool, typer.Option("--detach", help="leave the server running and return")] = False,
+) -> None:
+    """Start Triton on loopback with the last rolled-out version (or roll out deploy.alias), then block."""
+    from deploy import service
+
+    cfg = _cfg(config, set_)
+    ws = Workspace.from_env().ensure()
+    info = service.ensure_server(ws, cfg.deploy)
+    try:
+        versions = service.serve_current(ws, cfg.deploy, info)
+        if not versions:
+            version, folder = service.resolve_model(ws, cfg.registry.model_name, cfg.deploy.alias)
+            service.deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name, version=version,
+                                   model_dir=folder, reason=f"{cfg.deploy.alias} served by `lmforge serve`")
+            versions = [version]
+    except BaseException:
+        if not detach:
+            service.stop(ws)
+        raise
+    console.print(f"serving {cfg.deploy.model_name} v{versions[-1]}: http://{info.url}  grpc {info.grpc_url}  "
+                  f"(ready: curl localhost:{info.http_port}/v2/health/ready; log {info.log})")
+    if detach:
+        return
+    console.print("Ctrl-C stops the server")
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        while not done.wait(1.0):
+            from deploy.server import is_running
+
+            if not is_running(info.pid):
+                raise UserError("tritonserver", info.pid, "exited", f"See {info.log}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        console.print(json.dumps(service.stop(ws)))
+
+
+def generate(
+    prompt: Annotated[str, typer.Argument(help="a signature, e.g. 'def foo(x):'")],
+    protocol: Annotated[str, typer.Option("--protocol", "-p", help="http or grpc")] = "http",
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="default: deploy.max_new_tokens")] = None,
+    context: Annotated[str | None, typer.Option("--context", help="retrieved text placed before the prompt")] = None,
+    version: Annotated[int | None, typer.Option("--version", help="a specific loaded version")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print every output as JSON")] = False,
+) -> None:
+    """Ask the served model for a summary of a signature, over HTTP or gRPC."""
+    from dataclasses import asdict
+
+    from deploy.client import RequestFailed
+    from deploy.client import generate as gen
+    from deploy.server import read_state
+
+    if protocol not in ("http", "grpc"):
+        raise UserError("--protocol", protocol, "is not http or grpc", "Pass --protocol http or --protocol grpc")
+    ws = Workspace.from_env()
+    info = _running(ws)
+    model = (read_state(ws) or {}).get("model", "lmforge")
+    url = info.url if protocol == "http" else info.grpc_url
+    proto: Literal["http", "grpc"] = "http" if protocol == "http" else "grpc"
+    try:
+        out = gen(url, [prompt], protocol=proto, model=model, version=version, max_new_tokens=max_new_tokens,
+                  context=[context] if context is not None else None)[0]
+    except RequestFailed as e:
+        raise UserError("request", repr(prompt), f"was refused by the server: {e}") from None
+    if as_json:
+        console.print_json(json.dumps(asdict(out)))
+    else:
+        console.print(out.summary, soft_wrap=True, highlight=False, markup=False)
+
+
+@deploy_app.command("rollback")
+def rollback(
+    reason: Annotated[str, typer.Option("--reason", help="why; recorded with the alias move")] = "manual rollback",
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+) -> None:
+    """Return to the version that served before the current one (validated like any rollout)."""
+    from deploy import service
+
+    cfg = _cfg(config, set_)
+    ws = Workspace.from_env()
+    result = service.rollback_production(ws, cfg.deploy, _running(ws), registry_model=cfg.registry.model_name,
+                                         reason=reason)
+    console.print_json(json.dumps({"serving": result.serving, "previous": result.previous, "reason": result.reason}))
+
+
+@deploy_app.command("stop")
+def stop() -> None:
+    """Stop the workspace's Triton server."""
+    from deploy import service
+
+    console.print_json(json.dumps(service.stop(Workspace.from_env())))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+    app.command("generate")(generate)
+    app.add_typer(deploy_app, name="deploy")
