@@ -46,3 +46,12 @@ def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_ver
     if not found:
         return Rag(None, "retrieval returned no examples (is the vector store built for this dataset?)")
     return Rag(augment)
+
+
+def release() -> None:
+    """Let go of the vector store (a local-mode Qdrant folder admits one process at a time)."""
+    try:
+        from components.vectors.index import close_clients
+    except ImportError:
+        return
+    close_clients()

@@ -1,0 +1,108 @@
+"""`lmforge registry list|history|rollback|promote`: the model registry from the command line.
+
+    lmforge registry list                                  # versions, aliases, key metrics, decisions
+    lmforge registry history [--alias champion] [--json]   # every alias move: when, who, alias, from, to, why
+    lmforge registry rollback --reason "regression on prod traffic"   # champion back to its previous holder
+    lmforge registry promote 3 --alias champion --reason "manual override after review"
+
+The model is `[registry] model_name` of the config (--config/--set), or --model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from components.workspace import Workspace
+
+app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
+console = Console()
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
+ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="registered model name (default: [registry] model_name)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+
+
+def _model(model: str | None, config: Path | None, set_: list[str] | None) -> str:
+    if model:
+        return model
+    from components.config import load_config
+
+    return load_config(config, set_ or []).registry.model_name
+
+
+def _fmt(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+@app.command("list")
+def list_(model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Every version, newest first: aliases, BPC, ROUGE-L, BLEU, the promotion decision, lineage."""
+    from components.registry import list_versions
+
+    name = _model(model, config, set_)
+    rows = list_versions(Workspace.from_env(), name)
+    if as_json:
+        console.print_json(json.dumps(rows, default=str))
+        return
+    table = Table(title=f"{name}: {len(rows)} versions", title_justify="left")
+    for col in ("version", "aliases", "bpc", "unigram_bpc", "rougeL", "bleu", "decision", "parent", "dataset", "training run"):
+        table.add_column(col)
+    for r in rows:
+        m, t = r["metrics"], r["tags"]
+        table.add_row(r["version"], ",".join(r["aliases"]), _fmt(m.get("bpc")), _fmt(m.get("unigram_bpc")), _fmt(m.get("rougeL")),
+                      _fmt(m.get("bleu")), t.get("decision", ""), t.get("parent_version", ""), t.get("dataset_version", ""),
+                      t.get("run_name", ""))
+    console.print(table)
+
+
+@app.command()
+def history(alias: Annotated[str | None, typer.Option(help="only this alias")] = None, model: ModelOpt = None,
+            config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Every alias move, oldest first: when, who, alias, from, to, why."""
+    from components.registry import history as read_history
+
+    name = _model(model, config, set_)
+    moves = read_history(Workspace.from_env(), name, alias=alias)
+    if as_json:
+        console.print_json(json.dumps([m.to_dict() for m in moves]))
+        return
+    table = Table(title=f"{name}: alias history", title_justify="left")
+    for col in ("when (UTC)", "who", "alias", "action", "from", "to", "why"):
+        table.add_column(col, overflow="fold")
+    for m in moves:
+        table.add_row(m.when[:19], m.who, m.alias, m.action, m.from_version or "-", m.to_version or "-", m.why)
+    console.print(table)
+
+
+@app.command()
+def rollback(reason: Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit trail)")],
+             alias: Annotated[str, typer.Option(help="the alias to move back")] = "champion",
+             model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Move an alias (champion by default) back to its previous holder, recording why."""
+    from components.registry import rollback as do_rollback
+
+    name = _model(model, config, set_)
+    move = do_rollback(Workspace.from_env(), name, reason=reason, alias=alias)
+    console.print(f"{name}@{alias}: version {move.from_version} -> {move.to_version} ({move.why}; by {move.who})")
+
+
+@app.command()
+def promote(version: Annotated[str, typer.Argument(help="the version to point the alias at")],
+            reason: Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit trail)")],
+            alias: Annotated[str, typer.Option(help="the alias to move")] = "champion",
+            model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+    """Point an alias at a version by hand (bypassing the gate), recording why."""
+    from components.registry import resolve_version, set_alias
+
+    name = _model(model, config, set_)
+    ws = Workspace.from_env()
+    v = resolve_version(ws, name, version)
+    move = set_alias(ws, name, alias, v, reason=reason, action="promote")
+    console.print(f"{name}@{alias}: version {move.from_version or '-'} -> {move.to_version} ({move.why}; by {move.who})")

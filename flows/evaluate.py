@@ -1,0 +1,117 @@
+"""The evaluate stage: score the latest training run, register it, gate its promotion.
+
+    lmforge run evaluate                     # latest run's export on the latest dataset's test split
+    evaluate_flow(load_config("configs/demo.toml"))   # {"version", "decision", "summary", ...}
+
+Everything lands in the MLflow experiment `evaluation`: one run per evaluation with the
+metrics, the report (markdown, JSON, a ROUGE-L histogram) and the registered model.
+The model becomes `challenger`; it becomes `champion` when the registry rules pass
+(components/registry/gate.py). When the champion was scored on another dataset
+version, it is scored again on this one first (registry.reevaluate_champion), so the
+two sides compare on the same text. Evaluation, registration and promotion are never
+cached: latency is measured anew, and the registry is state.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+
+from components.config import PipelineConfig, as_config, config_hash
+from components.errors import UserError
+from components.evaluation import EvalResult, evaluate_model_dir
+from components.evaluation.rag import Rag, build_rag, release
+from components.evaluation.report import write_report
+from components.registry import current, download_model, gate, register_model, version_tags
+from components.registry.gate import CHAMPION
+from components.tracking import start_run
+from components.workspace import Workspace, sha256_file
+
+
+@task(name="evaluate-model", persist_result=False)
+def evaluate_task(model_dir: str, dataset_version: str, cfg: PipelineConfig, use_rag: bool) -> dict[str, Any]:
+    ws = Workspace.from_env()
+    rag: Rag | None = None
+    if use_rag and cfg.evaluation.rag:
+        rag = build_rag(ws, cfg.vectors, cfg.features, k=cfg.evaluation.rag_k, dataset_version=dataset_version)
+    try:
+        return evaluate_model_dir(Path(model_dir), ws.dataset_dir(dataset_version), cfg.evaluation, rag=rag).to_dict()
+    finally:
+        release()
+
+
+@task(name="register-model", retries=2, retry_delay_seconds=2, persist_result=False)
+def register_task(model_dir: str, cfg: PipelineConfig, metrics: dict[str, float], tags: dict[str, str]) -> str:
+    return register_model(Workspace.from_env(), cfg.registry, Path(model_dir), metrics=metrics, tags=tags)
+
+
+@task(name="gate-promotion", persist_result=False)
+def gate_task(cfg: PipelineConfig, version: str, metrics: dict[str, float],
+              champion_metrics: dict[str, float] | None) -> dict[str, Any]:
+    return gate(Workspace.from_env(), cfg.registry, version, metrics, champion_metrics=champion_metrics).to_dict()
+
+
+def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str) -> tuple[dict[str, float] | None, str]:
+    """The champion's metrics on `dataset_version`: re-scored when it was scored on another one."""
+    holder = current(ws, cfg.registry.model_name, CHAMPION)
+    if holder is None:
+        return None, "no champion"
+    tags = version_tags(ws, cfg.registry.model_name, holder)
+    if tags.get("dataset_version") == dataset_version or not cfg.registry.reevaluate_champion:
+        return None, f"champion v{holder}: registered metrics"
+    path = download_model(ws, cfg.registry.model_name, holder)
+    result = evaluate_task.with_options(name="evaluate-champion")(str(path), dataset_version, cfg, False)
+    return result["metrics"], f"champion v{holder}: re-scored on dataset {dataset_version}"
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
+    """Evaluate ws.latest_run() on ws.latest_dataset(), register, gate. Returns {"version", "decision", "summary"}."""
+    cfg = as_config(cfg)
+    ws = Workspace.from_env().ensure()
+    version = ws.latest_dataset()
+    if version is None:
+        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
+    run = ws.latest_run()
+    if run is None:
+        raise UserError("training run", ws.runs, "has no exported model yet", "Run the train stage first: lmforge run train")
+    model_dir = ws.run_dir(run) / "export"
+    meta_path = model_dir / "lmforge.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+
+    result = EvalResult.from_dict(evaluate_task(str(model_dir), version, cfg, True))
+    champion, champion_source = champion_metrics_on(ws, cfg, version)
+    tags = {"dataset_version": version, "dataset_manifest_hash": sha256_file(ws.dataset_dir(version) / "manifest.json"),
+            "evaluation_config_hash": config_hash(cfg.evaluation), "rag": result.rag.get("status", "off")}
+    with start_run(ws, "evaluation", run_name=f"eval-{run}") as mlrun:
+        import mlflow
+
+        mlflow.set_tags({"training_run": run, "dataset_version": version, "training_run_id": meta.get("mlflow_run_id", "")})
+        mlflow.log_params({f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump().items()})
+        mlflow.log_metrics({k: v for k, v in result.metrics.items() if v == v})  # NaN (e.g. no TPOT) is not loggable
+        model_version = register_task(str(model_dir), cfg, result.metrics, tags)
+        decision = gate_task(cfg, model_version, result.metrics, champion)
+        decision["champion_metrics_source"] = champion_source
+        mlflow.set_tags({"registered_version": model_version, "decision": decision["outcome"]})
+        with tempfile.TemporaryDirectory() as tmp:
+            write_report(result, Path(tmp), n=cfg.evaluation.report_examples,
+                         title=f"Evaluation of {run} (model version {model_version})", decision=decision)
+            (Path(tmp) / "decision.json").write_text(json.dumps(decision, indent=2))
+            mlflow.log_artifacts(tmp, artifact_path="report")
+        eval_run_id = mlrun.info.run_id
+
+    m = result.metrics
+    print(f"model {cfg.registry.model_name} v{model_version}: {decision['outcome'].upper()}: {decision['reason']}")
+    print(f"  BPC {m['bpc']:.4f} (unigram {m['unigram_bpc']:.4f}), ROUGE-L {m['rougeL']:.4f}, BLEU {m['bleu']:.2f}, "
+          f"{m['tokens_per_s']:.1f} tokens/s; RAG {result.rag.get('status')}"
+          + (f" (ROUGE-L {result.rag['delta']['rougeL']:+.4f})" if result.rag.get("status") == "ok" else
+             f": {result.rag.get('reason', '')}"))
+    summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
+               "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
+               "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
+    return {"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
+            "rag": result.rag, "summary": summary}
