@@ -1,0 +1,96 @@
+"""The Triton model repository: config.pbtxt parses as Triton's ModelConfig; version folders are complete."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from components.config import validate_config
+from components.data.shards import write_shards
+from components.errors import UserError
+from components.sections.deploy import DeployConfig
+from deploy import repository
+
+
+def parse(text: str) -> model_config_pb2.ModelConfig:
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def test_config_pbtxt_is_a_valid_triton_model_config(tmp_path):
+    cfg = DeployConfig(max_batch_size=16, preferred_batch_sizes=[4, 16], max_queue_delay_us=5000, instance_count=2)
+    mc = parse(repository.config_pbtxt(cfg, versions=[3, 2], request_log=tmp_path / "requests"))
+    assert (mc.name, mc.backend, mc.max_batch_size) == ("lmforge", "python", 16)
+    assert list(mc.version_policy.specific.versions) == [2, 3]
+    assert list(mc.dynamic_batching.preferred_batch_size) == [4, 16]
+    assert mc.dynamic_batching.max_queue_delay_microseconds == 5000
+    assert [(g.kind, g.count) for g in mc.instance_group] == [(model_config_pb2.ModelInstanceGroup.KIND_CPU, 2)]
+    inputs = {i.name: i for i in mc.input}
+    assert inputs["PROMPT"].data_type == model_config_pb2.TYPE_STRING and not inputs["PROMPT"].optional
+    assert list(inputs["PROMPT"].dims) == [1]
+    assert inputs["MAX_NEW_TOKENS"].data_type == model_config_pb2.TYPE_INT32 and inputs["MAX_NEW_TOKENS"].optional
+    assert inputs["CONTEXT"].optional
+    outputs = {o.name: o.data_type for o in mc.output}
+    assert outputs == {"SUMMARY": model_config_pb2.TYPE_STRING, "COMPLETION": model_config_pb2.TYPE_STRING,
+                       "OUTPUT_TOKENS": model_config_pb2.TYPE_INT32, "MEAN_LOGPROB": model_config_pb2.TYPE_FP32,
+                       "FIRST_TOKEN_MS": model_config_pb2.TYPE_FP32, "DECODE_MS": model_config_pb2.TYPE_FP32}
+    assert mc.parameters["request_log"].string_value == str(tmp_path / "requests")
+    assert mc.parameters["max_prompt_tokens"].string_value == str(cfg.max_prompt_tokens)
+
+
+def test_dynamic_batching_can_be_switched_off():
+    off = parse(repository.config_pbtxt(DeployConfig(), versions=[1], request_log=None, dynamic_batching=False))
+    assert not off.HasField("dynamic_batching")
+    gpu = parse(repository.config_pbtxt(DeployConfig(instance_kind="gpu"), versions=[1], request_log=None))
+    assert gpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
+
+
+def test_served_versions_round_trip(tmp_path):
+    cfg = DeployConfig()
+    assert repository.served_versions(tmp_path, cfg.model_name) == []
+    repository.write_config(tmp_path, cfg, versions=[7, 12], request_log=None)
+    assert repository.served_versions(tmp_path, cfg.model_name) == [7, 12]
+
+
+def test_build_version_copies_runtime_and_safetensors_only(tmp_path, tiny_model_dir):
+    src = tmp_path / "export"
+    shutil.copytree(tiny_model_dir, src)
+    (src / "pytorch_model.bin").write_bytes(b"a pickle that must never reach the server")
+    shards = tmp_path / "shards"
+    write_shards(shards, {"train": [[5, 5, 5, 9], [5, 2]]}, vocab_size=12)
+    cfg = DeployConfig(rare_token_min_count=2)
+    folder = repository.build_version(tmp_path / "repo", cfg, version=4, model_dir=src, shard_dir=shards)
+    assert folder == tmp_path / "repo" / "lmforge" / "4"
+    assert (folder / "model.py").read_text().startswith('"""The Triton python-backend model')
+    assert {p.name for p in (folder / "lmforge_runtime").iterdir()} >= {"__init__.py", "processing.py",
+                                                                         "records.py", "requestlog.py"}
+    assert (folder / "model" / "model.safetensors").is_file()
+    assert not (folder / "model" / "pytorch_model.bin").exists()
+    rare = json.loads((folder / "rare_tokens.json").read_text())
+    assert rare["ids"] == [i for i in range(12) if i != 5]  # only 5 is seen twice or more; unseen ids are rare
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["version"] == 4 and len(meta["model_sha256"]) == 64
+    assert repository.built_versions(tmp_path / "repo", "lmforge") == [4]
+
+
+def test_build_version_refuses_a_folder_without_safetensors(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="safetensors"):
+        repository.build_version(tmp_path / "repo", DeployConfig(), version=1, model_dir=tmp_path / "m")
+    assert not (tmp_path / "repo" / "lmforge" / "1").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("deploy, match", [
+    ({"preferred_batch_sizes": [4, 32], "max_batch_size": 8}, "preferred_batch_sizes"),
+    ({"max_new_tokens": 64, "max_new_tokens_limit": 32}, "max_new_tokens"),
+    ({"http_port": 9000, "grpc_port": 9000}, "must differ"),
+    ({"instance_kind": "tpu"}, "instance_kind"),
+    ({"unknown": 1}, "not a known option"),
+])
+def test_bad_deploy_config_fails_at_load(deploy, match):
+    with pytest.raises(UserError, match=match):
+        validate_config({"deploy": deploy})
