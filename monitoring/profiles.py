@@ -7,7 +7,7 @@
     views = {start: profile(frame) for start, frame in frames.items()}
     merged = rollup(views.values())                     # whylogs profiles merge, so windows roll up
 
-`featurize(signature) -> {"prompt_chars", "prompt_tokens", "rare_token_rate"}` is handed
+`featurize(signatures) -> [{"prompt_chars", "prompt_tokens", "rare_token_rate"}, ...]` is handed
 in by the caller (flows/monitor.py builds it from deploy/processing.py and the dataset
 tokenizer), so the reference and the request log measure prompts the same way.
 """
@@ -37,7 +37,7 @@ REFERENCE_COLUMNS = (*NUMERIC_COLUMNS, "status")
 # The request-log columns profiled per window (the timestamp only places a row in its window).
 SERVING_COLUMNS = tuple(c for c in COLUMNS if c != "ts")
 
-Featurize = Callable[[str], dict[str, float]]
+Featurize = Callable[[list[str]], list[dict[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,12 @@ def rollup(views: Iterable[DatasetProfileView]) -> DatasetProfileView | None:
     return merged
 
 
-def reference_rows(signatures: Iterable[str], featurize: Featurize) -> pd.DataFrame:
+def reference_rows(signatures: list[str], featurize: Featurize) -> pd.DataFrame:
     """One row of request-shaped features per prompt, with the status a served request would log."""
-    rows = []
-    for sig in signatures:
-        feats = featurize(sig)
-        rows.append({**{c: feats[c] for c in NUMERIC_COLUMNS}, "status": "ok"})
-    frame = pd.DataFrame(rows, columns=list(REFERENCE_COLUMNS))
+    feats = featurize(list(signatures))
+    assert len(feats) == len(signatures), (len(feats), len(signatures))
+    frame = pd.DataFrame([{c: f[c] for c in NUMERIC_COLUMNS} for f in feats], columns=list(NUMERIC_COLUMNS))
+    frame["status"] = "ok"
     return frame.astype({"prompt_chars": "int64", "prompt_tokens": "int64", "rare_token_rate": "float64"})
 
 

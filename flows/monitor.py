@@ -1,0 +1,227 @@
+"""The monitor stage: profile the request log against the training reference, decide, report, retrain on drift.
+
+    lmforge run monitor                         # on the latest dataset and the workspace's request log
+    monitor_flow(load_config("configs/demo.toml"))   # {"decision", "report", "summary", ...}
+
+Monitoring decides (monitoring/), this flow acts: on "drift: retrain", outside the
+cool-down, it starts the training deployment (`monitoring.training_deployment`) with
+`run_deployment` when a Prefect server is configured (PREFECT_API_URL), or runs
+flows.train.train_flow directly in the embedded default. Every trigger is recorded in
+<workspace>/monitoring/triggers.jsonl; the report and its summary go to
+<workspace>/monitoring/reports/<time>/ and to the MLflow experiment `monitoring`.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.states import Cancelled
+
+from components.config import PipelineConfig, as_config, config_hash
+from components.errors import UserError
+from components.requestlog import RequestLog
+from components.sections.monitoring import MonitoringConfig
+from components.tracking import start_run
+from components.workspace import Workspace, atomic_write_text, sha256_tree
+from flows.lateness import too_late
+from monitoring.assess import Assessment, assess
+from monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
+from monitoring.report import write_report
+from monitoring.trigger import STARTED, plan_trigger, read_triggers, record_trigger
+
+# The options that change the reference profile (the calibration has its own key).
+REFERENCE_KEYS = ("reference_split", "reference_max_rows", "calibration_holdout", "seed")
+
+
+def serving_featurizer(tokenizer_dir: Path, rare_ids: frozenset[int]) -> Any:
+    """Request features of signatures, computed as deploy/model.py computes them for the request log."""
+    from transformers import AutoTokenizer
+
+    from deploy import processing
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+    def featurize(signatures: list[str]) -> list[dict[str, float]]:
+        ids = tok(list(signatures))["input_ids"] if signatures else []
+        return [{"prompt_chars": len(sig), "prompt_tokens": len(i),
+                 "rare_token_rate": processing.rare_token_rate(i, rare_ids, tok.unk_token_id)}
+                for sig, i in zip(signatures, ids)]
+
+    return featurize
+
+
+def reference_folder(ws: Workspace, version: str, cfg: MonitoringConfig, rare_min_count: int) -> Path:
+    key = config_hash(MonitoringConfig(**{k: getattr(cfg, k) for k in REFERENCE_KEYS}))
+    return ws.monitoring / "reference" / f"{version}-{key}-rare{rare_min_count}"
+
+
+@task(name="monitor-reference", cache_policy=INPUTS + TASK_SOURCE, persist_result=True,
+      retries=1, retry_delay_seconds=2)
+def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_count: int) -> str:
+    """Build and save the reference profile of a dataset version (once per version and options)."""
+    from deploy.repository import rare_token_ids
+
+    ws = Workspace(Path(ws_root))
+    folder = reference_folder(ws, version, cfg, rare_min_count)
+    if (folder / "reference.json").is_file():
+        return str(folder)
+    data = ws.dataset_dir(version)
+    records = data / "records" / f"{cfg.reference_split}.jsonl"
+    if not records.is_file():
+        raise UserError("monitoring.reference_split", cfg.reference_split, f"has no records in {data}",
+                        "Re-run the data stage (lmforge run data) or choose another split")
+    with open(records, encoding="utf-8") as f:
+        signatures = [json.loads(line)["signature"] for line in f if line.strip()]
+    shards = ws.training_shards(version)
+    rare_ids = frozenset(rare_token_ids(shards, rare_min_count))
+    featurize = serving_featurizer(data / "tokenizer", rare_ids)
+    rows = reference_rows(signatures, featurize)
+    if len(rows) < 2 * 10:
+        raise UserError("monitoring.reference_split", cfg.reference_split,
+                        f"has only {len(rows)} prompts in dataset {version}", "Use a larger dataset or another split")
+    ref = build_reference(rows, cfg)
+    meta = {"dataset_version": version, "split": cfg.reference_split, "signatures": len(signatures),
+            "rare_token_min_count": rare_min_count, "rare_ids": len(rare_ids), "shards": str(shards),
+            "tokenizer_hash": sha256_tree(data / "tokenizer"), "created_at": datetime.now(timezone.utc).isoformat(),
+            "options": {k: getattr(cfg, k) for k in REFERENCE_KEYS}}
+    save_reference(folder, ref, meta)
+    with start_run(Workspace(Path(ws_root)), "monitoring", run_name=f"reference-{version[:8]}"):
+        import mlflow
+
+        mlflow.set_tags({"stage": "monitor", "kind": "reference", "dataset_version": version})
+        mlflow.log_params({"split": cfg.reference_split, "rare_token_min_count": rare_min_count, **meta["options"]})
+        mlflow.log_metrics({"reference_rows": ref.rows, "pool_rows": len(ref.pool)})
+        mlflow.log_artifacts(str(folder), artifact_path="reference")
+    return str(folder)
+
+
+@task(name="monitor-assess", persist_result=False)
+def assess_task(ws_root: str, ref_folder: str, cfg: MonitoringConfig, now: datetime) -> Assessment:
+    ws = Workspace(Path(ws_root))
+    ref = load_reference(Path(ref_folder))
+    return assess(ref, Path(ref_folder), RequestLog(ws.requests), cfg, now=now, windows_folder=ws.monitoring / "windows")
+
+
+def start_retraining(cfg: PipelineConfig) -> dict[str, Any]:
+    """Start the training deployment on a Prefect server, or the train flow right here in the embedded default."""
+    from prefect.settings import PREFECT_API_URL
+
+    name = cfg.monitoring.training_deployment
+    api_url = PREFECT_API_URL.value()   # the environment's, or a `temporary_settings` override
+    if api_url:
+        from prefect.deployments import run_deployment
+        from prefect.exceptions import ObjectNotFound
+
+        try:
+            run = run_deployment(name=name, parameters={"cfg": cfg.model_dump(mode="json")}, timeout=0,
+                                 tags=["lmforge", "trigger:drift"])
+        except ObjectNotFound:
+            raise UserError("monitoring.training_deployment", name,
+                            f"is not a deployment on the Prefect server at {api_url}",
+                            "Register the deployments (lmforge prefect deploy) or set training_deployment") from None
+        return {"started": True, "via": "deployment", "deployment": name, "flow_run_id": str(run.id),
+                "flow_run_name": run.name}
+    from flows.pipeline import available_stages, stage_flow
+
+    if "train" not in available_stages():
+        raise UserError("monitor", "drift", "needs the training stage to retrain, and flows/train.py is missing",
+                        "Install the full lmforge, or set monitoring.retrain=false")
+    result = stage_flow("train")(cfg)
+    brief = result.get("summary", result) if isinstance(result, dict) else result
+    return {"started": True, "via": "flow", "flow": "train", "result": brief}
+
+
+def _summary(cfg: PipelineConfig, version: str, ref_meta: dict[str, Any], a: Assessment, trigger: dict[str, Any],
+             now: datetime) -> dict[str, Any]:
+    m = cfg.monitoring
+    return {
+        "created_at": now.isoformat(), "decision": trigger["decision"], "window": a.window,
+        "drift": a.result.to_dict(), "tests": dict(m.columns),
+        "calibration": a.calibration.to_dict() if a.calibration else None,
+        "log": {"requests_read": a.requests_read, "corrupt_lines_skipped": a.corrupt_lines,
+                "window_minutes": m.window_minutes, "decision_windows": m.decision_windows},
+        "reference": {"dataset_version": version, "split": m.reference_split, "rows": ref_meta["rows"],
+                      "pool_rows": ref_meta["pool_rows"]},
+        "trigger": trigger,
+    }
+
+
+def _log_mlflow(ws: Workspace, summary: dict[str, Any], report_dir: Path) -> str:
+    with start_run(ws, "monitoring", run_name=f"monitor-{summary['created_at'][:16]}") as run:
+        import mlflow
+
+        drift = summary["drift"]
+        mlflow.set_tags({"stage": "monitor", "decision": summary["decision"],
+                         "action": summary["trigger"]["action"],
+                         "dataset_version": summary["reference"]["dataset_version"]})
+        metrics = {"rows": drift["rows"], "corrupt_lines_skipped": summary["log"]["corrupt_lines_skipped"],
+                   "drifted_columns": len(drift["drifted"]), "drift": float(drift["status"] == "drift")}
+        if summary["calibration"]:
+            metrics["aa_false_alarm_rate"] = summary["calibration"]["false_alarm_rate"]
+        for column, c in drift["columns"].items():
+            if c["score"] is not None:
+                metrics[f"score.{column}"] = c["score"]
+            if c["threshold"] is not None:
+                metrics[f"threshold.{column}"] = c["threshold"]
+        mlflow.log_metrics(metrics)
+        mlflow.log_artifacts(str(report_dir), artifact_path="drift_report")
+        return run.info.run_id
+
+
+@flow(name="monitor", log_prints=True)
+def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: float | None = None,
+                 now: datetime | None = None) -> Any:
+    """Profiles, drift, report; on drift outside the cool-down, retraining. Returns {"decision", "report", "summary"}."""
+    reason = too_late(max_lateness_minutes)
+    if reason:
+        return Cancelled(message=reason)
+    cfg = as_config(cfg)
+    m = cfg.monitoring
+    ws = Workspace.from_env().ensure()
+    if not m.enabled:
+        return {"decision": None, "report": None, "summary": "monitoring disabled (monitoring.enabled=false)"}
+    version = ws.latest_dataset()
+    if version is None:
+        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
+    now = now or datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        raise UserError("now", now, "has no time zone", "Pass a timezone-aware datetime (UTC)")
+
+    ref_folder = reference_task(str(ws.root), version, m, cfg.deploy.rare_token_min_count)
+    if not (Path(ref_folder) / "reference.json").is_file():  # a cached result whose folder was removed since
+        ref_folder = reference_task.with_options(refresh_cache=True)(str(ws.root), version, m,
+                                                                     cfg.deploy.rare_token_min_count)
+    ref_meta = json.loads((Path(ref_folder) / "reference.json").read_text())
+    a = assess_task(str(ws.root), ref_folder, m, now)
+
+    plan = plan_trigger(a.result.status, history=read_triggers(ws.monitoring), cfg=m, now=now)
+    trigger: dict[str, Any] = plan.to_record(window=a.window, drifted=a.result.drifted, started=False)
+    if plan.action == STARTED:
+        try:
+            trigger.update(start_retraining(cfg))
+        except Exception as e:
+            trigger.update(started=False, error=f"{type(e).__name__}: {e}")
+            record_trigger(ws.monitoring, trigger)
+            raise
+    if plan.action != "none":
+        record_trigger(ws.monitoring, trigger)
+
+    summary = _summary(cfg, version, ref_meta, a, trigger, now)
+    report_dir = ws.monitoring / "reports" / now.strftime("%Y%m%dT%H%M%S")
+    paths = write_report(report_dir, summary, reference=load_reference(Path(ref_folder)).view, current=a.current,
+                         over_time=a.over_time)
+    run_id = _log_mlflow(ws, summary, report_dir)
+    atomic_write_text(ws.monitoring / "reports" / "LATEST", report_dir.name + "\n")
+
+    brief = {"decision": summary["decision"], "rows": a.result.rows, "drifted": a.result.drifted,
+             "action": trigger["action"], "corrupt_lines_skipped": a.corrupt_lines,
+             "false_alarm_rate": a.calibration.false_alarm_rate if a.calibration else None}
+    print(f"monitor: {summary['decision']} ({a.result.reason}); trigger: {trigger['action']}; report {paths['html']}")
+    return {"decision": summary["decision"], "report": paths["html"], "summary": brief, "reason": a.result.reason,
+            "trigger": {k: v for k, v in trigger.items() if k != "result"}, "mlflow_run_id": run_id,
+            "dataset_version": version}
