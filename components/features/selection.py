@@ -43,14 +43,24 @@ def read_ids(ws: Workspace, version: str, split: str) -> list[str]:
         return [json.loads(line)["id"] for line in f if line.strip()]
 
 
-def historical_features(ws: Workspace, cfg: FeaturesConfig, doc_ids: list[str], as_of: pd.Timestamp) -> pd.DataFrame:
-    """training_v1 features of `doc_ids` as of `as_of` (point in time), one row per id, in input order."""
+def historical_features(ws: Workspace, cfg: FeaturesConfig, entities: pd.DataFrame) -> pd.DataFrame:
+    """training_v1 features for each (doc_id, event_timestamp) row of `entities`: one row each, in order.
+
+    Point in time: the newest feature row with event time in [t - ttl, t] that was also
+    written (created_timestamp) by t, so a later backfill never changes a past selection.
+    Feast's file store leaves out an entity row whose only feature rows fell outside the
+    ttl, and merges repeated rows; merging back onto `entities` restores them (as nulls).
+    """
     store = open_store(ws, cfg)
-    entity_df = pd.DataFrame({"doc_id": doc_ids, "event_timestamp": as_of})
-    job = store.get_historical_features(entity_df=entity_df, features=store.get_feature_service(SERVICE))
-    df = job.to_df().drop(columns=["event_timestamp"])
-    assert df["doc_id"].is_unique, "the entity frame holds each document once"
-    return df.set_index("doc_id").reindex(doc_ids)
+    keys = entities[["doc_id", "event_timestamp"]].copy()
+    keys["event_timestamp"] = pd.to_datetime(keys["event_timestamp"], utc=True).astype("datetime64[ns, UTC]")
+    job = store.get_historical_features(entity_df=keys.drop_duplicates(), features=store.get_feature_service(SERVICE),
+                                        filter_by_created_timestamp=True)
+    got = job.to_df()
+    got["event_timestamp"] = pd.to_datetime(got["event_timestamp"], utc=True).astype("datetime64[ns, UTC]")
+    out = keys.merge(got, on=["doc_id", "event_timestamp"], how="left", validate="many_to_one")
+    assert len(out) == len(keys)
+    return out
 
 
 def quality_filter(df: pd.DataFrame, cfg: FeaturesConfig) -> pd.Series:
@@ -73,7 +83,7 @@ def select_training_set(ws: Workspace, version: str, cfg: FeaturesConfig) -> dic
     ids = read_ids(ws, version, "train")
     feats = read_dataset_features(ws, version)
     as_of = feats["created_timestamp"].max() if len(feats) else pd.Timestamp.now(tz="UTC")
-    joined = historical_features(ws, cfg, ids, as_of)
+    joined = historical_features(ws, cfg, pd.DataFrame({"doc_id": ids, "event_timestamp": as_of}))
     reason = quality_filter(joined, cfg)
     keep = (reason == "").to_numpy()
     by_reason = dict(Counter(r for r in reason if r))

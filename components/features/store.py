@@ -75,7 +75,7 @@ def check_repo_config(yaml_file: Path) -> Any:
         return RepoConfig(**raw)
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = _full_key(raw, ".".join(str(p) for p in err["loc"])) or "(top level)"
         raise UserError(f"{yaml_file}: {key}", repr(err.get("input"))[:80], f"is invalid: {err['msg'].lower()}",
                         "Fix that key (see https://docs.feast.dev/reference/feature-repository/feature-store-yaml)") from e
     except Exception as e:  # Feast raises its own errors for unknown store types and the like
@@ -151,6 +151,14 @@ def _import_file(path: Path) -> ModuleType:
     finally:
         sys.modules.pop(name, None)
     return module
+
+
+def _full_key(raw: dict[str, Any], key: str) -> str:
+    """Feast validates the store sections on their own, so pydantic's location loses its parent; find it."""
+    if not key or key.split(".")[0] in raw:
+        return key
+    matches = [k for k, _ in _leaves(raw) if k.endswith("." + key) or ("." + key + ".") in k]
+    return matches[0][: matches[0].index(key) + len(key)] if matches else key
 
 
 def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
