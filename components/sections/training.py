@@ -1,14 +1,130 @@
-"""The [training] table: model, recipe and parallel layout."""
+"""The [training] table: model, recipe and parallel layout.
+
+    [training]
+    max_steps = 200
+    micro_batch_size = 8
+    [training.model]
+    preset = "demo"            # tiny | demo | 125m | 1b; any size key below overrides the preset
+    [training.parallel]
+    strategy = "zero2"         # ddp | zero1 | zero2 | zero3
+    [training.parallel.pipeline]
+    stages = 1
+    [training.parallel.tensor]
+    autotp_size = 1
+
+The batch arithmetic is global_batch = micro_batch_size x grad_accum_steps x data-parallel
+ranks, where data-parallel ranks = world size / (pipeline stages x autotp_size). Whether a
+layout fits the model and the world size is checked before launch
+(components/training/layout.py), because it needs the dataset's vocabulary and the rank count.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from ._base import Section
 
+PRESETS: dict[str, dict[str, int]] = {
+    # hidden, layers, heads, kv heads, MLP width; the vocabulary comes from the dataset's tokenizer
+    "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 4, "intermediate_size": 128},
+    "demo": {"hidden_size": 256, "num_layers": 4, "num_heads": 8, "num_kv_heads": 8, "intermediate_size": 688},
+    "125m": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 12, "intermediate_size": 2048},
+    "1b": {"hidden_size": 2048, "num_layers": 22, "num_heads": 32, "num_kv_heads": 4, "intermediate_size": 5632},
+}
+
+
+class ModelConfig(Section):
+    """A LlamaForCausalLM: a preset, optionally with some sizes overridden."""
+
+    preset: Literal["tiny", "demo", "125m", "1b"] = Field("demo", description="base sizes: tiny (tests), demo (~5M, CPU), 125m, 1b (GPUs)")
+    hidden_size: int | None = Field(None, ge=8, description="overrides the preset's hidden size")
+    num_layers: int | None = Field(None, ge=1, description="overrides the preset's decoder layer count")
+    num_heads: int | None = Field(None, ge=1, description="overrides the preset's attention heads")
+    num_kv_heads: int | None = Field(None, ge=1, description="overrides the preset's key/value heads (grouped-query attention)")
+    intermediate_size: int | None = Field(None, ge=8, description="overrides the preset's MLP width")
+    rope_theta: float = Field(10000.0, gt=0, description="rotary embedding base")
+    tie_embeddings: bool = Field(False, description="share the input embedding with the output head")
+
+    def sizes(self) -> dict[str, int]:
+        """The preset's sizes with this table's overrides applied."""
+        out = dict(PRESETS[self.preset])
+        for key in out:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class PipelineParallelConfig(Section):
+    """deepspeed.pipe: the decoder split into stages, run with the 1F1B schedule."""
+
+    stages: int = Field(1, ge=1, description="pipeline stages; 1 = no pipeline")
+    micro_batches: int | None = Field(None, ge=1, description="micro-batches per step (the 1F1B depth); unset = grad_accum_steps")
+    partition: str = Field("type:DecoderBlock", description="deepspeed partition_method: parameters | uniform | type:<regex>")
+
+
+class TensorParallelConfig(Section):
+    """DeepSpeed AutoTP: attention and MLP projections sharded across ranks."""
+
+    autotp_size: int = Field(1, ge=1, description="tensor-parallel degree; 1 = off; must divide the attention heads")
+
+
+class ParallelConfig(Section):
+    """How the model and the optimizer are spread over the ranks."""
+
+    strategy: Literal["ddp", "zero1", "zero2", "zero3"] = Field("zero2", description="ddp = ZeRO stage 0; zeroN = ZeRO stage N")
+    offload_optimizer: bool = Field(False, description="optimizer states on the host, stepped by DeepSpeedCPUAdam (zero2/zero3)")
+    offload_param: bool = Field(False, description="parameters on the host between uses (zero3)")
+    pipeline: PipelineParallelConfig = PipelineParallelConfig()
+    tensor: TensorParallelConfig = TensorParallelConfig()
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "ParallelConfig":
+        stage = self.zero_stage
+        if self.offload_optimizer and stage < 2:
+            raise ValueError(f"offload_optimizer needs zero2 or zero3, not {self.strategy}")
+        if self.offload_param and stage != 3:
+            raise ValueError(f"offload_param needs zero3, not {self.strategy}")
+        if self.pipeline.stages > 1 and stage > 1:
+            raise ValueError(f"pipeline parallelism runs with ddp or zero1, not {self.strategy}")
+        if self.tensor.autotp_size > 1 and stage > 2:
+            raise ValueError(f"AutoTP runs with ddp, zero1 or zero2, not {self.strategy}")
+        if self.tensor.autotp_size > 1 and self.pipeline.stages > 1:
+            raise ValueError("pipeline and AutoTP together are not supported by DeepSpeed's pipeline engine")
+        return self
+
+    @property
+    def zero_stage(self) -> int:
+        return 0 if self.strategy == "ddp" else int(self.strategy[-1])
+
 
 class TrainingConfig(Section):
-    """A LlamaForCausalLM trained with DeepSpeed."""
+    """A LlamaForCausalLM trained from scratch with DeepSpeed on the dataset's training shards."""
 
-    seed: int = 0
-    num_ranks: int = Field(2, ge=1, description="local ranks for the deepspeed launcher")
+    seed: int = Field(0, description="seeds the weights and the data order (a function of seed, rank and step)")
+    model: ModelConfig = ModelConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    num_ranks: int = Field(2, ge=1, description="local ranks for the deepspeed launcher (GPUs, or CPU processes)")
+    hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs; unset = this machine only")
+    master_port: int | None = Field(None, ge=1024, le=65535, description="rendezvous port; unset = a free one")
+    seq_len: int = Field(128, ge=8, description="tokens per training window")
+    micro_batch_size: int = Field(8, ge=1, description="windows per rank per forward pass")
+    grad_accum_steps: int = Field(1, ge=1, description="micro-batches accumulated per optimizer step")
+    global_batch_size: int | None = Field(None, ge=1, description="if set, must equal micro x accum x data-parallel ranks (a check)")
+    max_steps: int = Field(100, ge=1, description="optimizer steps")
+    lr: float = Field(3e-3, gt=0, lt=1, description="peak learning rate (at reference_batch_size when lr_scaling is on)")
+    lr_scaling: bool = Field(False, description="scale lr linearly with global_batch / reference_batch_size")
+    reference_batch_size: int = Field(16, ge=1, description="the global batch size that lr is tuned for")
+    warmup_steps: int = Field(10, ge=1, description="linear warmup steps, then cosine decay to min_lr_ratio x lr")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the cosine floor as a fraction of the peak lr")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
+    grad_clip: float = Field(1.0, ge=0, description="gradient norm clip; 0 = off")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where the accelerator supports it, else fp32")
+    activation_checkpointing: bool = Field(False, description="recompute decoder activations in backward to save memory")
+    save_every: int = Field(50, ge=1, description="save a DeepSpeed checkpoint every N steps (and at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept; older ones are deleted")
+    log_every: int = Field(1, ge=1, description="log metrics every N steps")
+    run_name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="unset = <config name>-<UTC time>; --resume picks the newest run")
+    log_model_artifact: bool = Field(True, description="copy the exported model folder into MLflow as an artifact")

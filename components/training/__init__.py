@@ -1,0 +1,8 @@
+"""Training: a LlamaForCausalLM trained with DeepSpeed (DDP, ZeRO-1/2/3, offload, pipeline, AutoTP).
+
+    layout = check_layout(cfg.training, vocab_size, world_size)     # components/training/layout.py
+    ds_config = deepspeed_config(cfg.training, layout)               # components/training/strategies.py
+    result = launch(request)                                         # components/training/launcher.py
+
+The rank entry point is `python -m components.training.rank` (run by the deepspeed launcher).
+"""

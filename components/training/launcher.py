@@ -1,0 +1,216 @@
+"""Run the `deepspeed` launcher as a subprocess: N local ranks, rank-prefixed output, failures named.
+
+    result = launch(LaunchRequest(run_dir=..., request={...}, num_ranks=2),
+                    on_line=lambda rank, line: print(f"[rank{rank}] {line}"),
+                    on_event=lambda ev: print(ev["step"], ev["loss"]))
+    result.events          # the step events rank 0 emitted, in order
+
+The backend is DeepSpeed's accelerator's (gloo on CPU, NCCL on CUDA), so the same command
+runs on both. Threads per rank = cores / local ranks, so that ranks x threads = cores. A
+hostfile is passed through for multi-node. Each rank writes its own log
+(`--enable_each_rank_log`); they are tailed and streamed with a rank prefix. When a rank
+fails, LaunchFailed carries that rank's last lines; a UserError raised inside a rank
+(say, a truncated checkpoint) comes back as the same UserError.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.errors import UserError
+from components.workspace import atomic_write_json
+
+EVENT_PREFIX = "LMFORGE_EVENT "
+USER_ERROR_PREFIX = "LMFORGE_USER_ERROR "
+_RANK_LOG = re.compile(r"_rank(\d+)\.log$")
+
+
+class LaunchFailed(RuntimeError):
+    """A rank died: the message names it and quotes its last lines."""
+
+    def __init__(self, message: str, rank: int | None, last_lines: list[str], returncode: int) -> None:
+        super().__init__(message)
+        self.rank, self.last_lines, self.returncode = rank, last_lines, returncode
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    run_dir: Path
+    request: dict[str, Any]          # what components.training.rank reads (config, layout, paths)
+    num_ranks: int = 2
+    hostfile: str | None = None
+    master_port: int | None = None
+    timeout_s: float | None = None
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    seconds: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+    log_dir: Path | None = None
+    backend: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def threads_per_rank(local_ranks: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+
+
+def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int) -> list[str]:
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(port),
+           "--module", "--no_local_rank", "--enable_each_rank_log", str(log_dir)]
+    if req.hostfile:
+        cmd += ["--hostfile", req.hostfile]
+    else:
+        cmd += ["--num_gpus", str(req.num_ranks)]
+    return cmd + ["components.training.rank", "--request", str(request_path)]
+
+
+def backend_name() -> str:
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+class _Tail:
+    """Follows one rank's log file, handing complete lines to a callback."""
+
+    def __init__(self, path: Path, rank: int, sink: Callable[[int, str], None]) -> None:
+        self.path, self.rank, self.sink = path, rank, sink
+        self.pos, self.buf = 0, ""
+        self.last: collections.deque[str] = collections.deque(maxlen=25)
+
+    def poll(self) -> None:
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            f.seek(self.pos)
+            chunk = f.read()
+            self.pos = f.tell()
+        self.buf += chunk
+        *lines, self.buf = self.buf.split("\n")
+        for line in lines:
+            self.last.append(line)
+            self.sink(self.rank, line)
+
+    def flush(self) -> None:
+        self.poll()
+        if self.buf:
+            self.last.append(self.buf)
+            self.sink(self.rank, self.buf)
+            self.buf = ""
+
+
+def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = None,
+           on_event: Callable[[dict[str, Any]], None] | None = None) -> LaunchResult:
+    """Run the job to the end; raise LaunchFailed (or a rank's UserError) when it fails."""
+    run_dir = Path(req.run_dir)
+    attempt = int(req.request.get("attempt", 0))
+    log_dir = run_dir / "logs" / f"attempt-{attempt}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    request_path = atomic_write_json(run_dir / f"request-{attempt}.json", req.request)
+    port = req.master_port or free_port()
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads_per_rank(req.num_ranks)), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")])))
+    events: list[dict[str, Any]] = []
+    user_errors: list[dict[str, Any]] = []
+    lines_out = on_line or (lambda rank, line: print(f"[rank{rank}] {line}", flush=True))
+
+    def sink(rank: int, line: str) -> None:
+        if line.startswith(EVENT_PREFIX):
+            event = json.loads(line[len(EVENT_PREFIX):])
+            events.append(event)
+            if on_event:
+                on_event(event)
+            return
+        if line.startswith(USER_ERROR_PREFIX):
+            user_errors.append(json.loads(line[len(USER_ERROR_PREFIX):]))
+        lines_out(rank, line)
+
+    start = time.perf_counter()
+    launcher_log = open(log_dir / "launcher.log", "w", encoding="utf-8")
+    proc = subprocess.Popen(command(req, request_path, log_dir, port), env=env, stdout=launcher_log,
+                            stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+    tails: dict[Path, _Tail] = {}
+    launcher_tail = _Tail(log_dir / "launcher.log", -1, lambda _r, line: lines_out(-1, line))
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.is_set():
+            for path in log_dir.glob("*_rank*.log"):
+                m = _RANK_LOG.search(path.name)
+                if m and path not in tails:
+                    tails[path] = _Tail(path, int(m.group(1)), sink)
+            for tail in [launcher_tail, *tails.values()]:
+                tail.poll()
+            stop.wait(0.1)
+
+    follower = threading.Thread(target=follow, name="rank-logs", daemon=True)
+    follower.start()
+    try:
+        rc = proc.wait(timeout=req.timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        rc = -9
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        stop.set()
+        follower.join()
+        launcher_log.close()
+        for tail in [launcher_tail, *tails.values()]:
+            tail.flush()
+    seconds = time.perf_counter() - start
+    if rc == 0:
+        return LaunchResult(0, seconds, events, log_dir, backend_name())
+    if user_errors:
+        e = user_errors[0]
+        raise UserError(e["what"], e.get("value"), e.get("problem", ""), e.get("fix", ""))
+    rank, last = _failed_rank({t.rank: list(t.last) for t in tails.values()})
+    where = f"rank {rank}" if rank is not None else "a rank (none printed a traceback; killed?)"
+    quoted = "\n".join(f"  [rank{rank}] {line}" for line in last[-12:])
+    raise LaunchFailed(f"training failed: {where} exited, launcher code {rc}. Its last lines:\n{quoted}\n"
+                       f"(all rank logs: {log_dir})", rank, last, rc)
+
+
+def _failed_rank(last: dict[int, list[str]]) -> tuple[int | None, list[str]]:
+    """The rank that printed a traceback (the one that failed first); else the lowest rank."""
+    for rank in sorted(last):
+        if any(line.startswith("Traceback") or line.startswith(USER_ERROR_PREFIX) for line in last[rank]):
+            return rank, last[rank]
+    if not last:
+        return None, []
+    rank = min(last)
+    return None, last[rank]
+
+
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()

@@ -1,0 +1,108 @@
+"""The parallel layout of a run, checked before launch: each broken rule is named.
+
+    layout = check_layout(cfg.training, vocab_size=4096, world_size=2)
+    layout.dp, layout.pp, layout.tp, layout.accum, layout.global_batch, layout.lr
+
+world_size = dp x pp x tp. A layout DeepSpeed would reject minutes into a launch (or,
+worse, accept and run wrongly) is refused here with the rule it broke and a fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from components.errors import UserError
+from components.sections.training import TrainingConfig
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    dp: int
+    pp: int
+    tp: int
+    zero_stage: int
+    micro: int
+    accum: int
+    global_batch: int
+    lr: float
+    bf16: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def world_size_of(cfg: TrainingConfig) -> int:
+    """Ranks in the job: the hostfile's slots when there is one, else num_ranks."""
+    if cfg.hostfile is None:
+        return cfg.num_ranks
+    from pathlib import Path
+
+    path = Path(cfg.hostfile)
+    if not path.is_file():
+        raise UserError("training.hostfile", path, "does not exist", "Point it at a DeepSpeed hostfile (lines of `host slots=N`)")
+    total = 0
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        slots = [p.split("=", 1)[1] for p in line.split()[1:] if p.startswith("slots=")]
+        if not slots or not slots[0].isdigit():
+            raise UserError("training.hostfile", path, f"has a line without slots=N: {line!r}", "Write lines like `worker-1 slots=8`")
+        total += int(slots[0])
+    return total
+
+
+def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_supported: bool = True) -> Layout:
+    par = cfg.parallel
+    sizes = cfg.model.sizes()
+    pp, tp = par.pipeline.stages, par.tensor.autotp_size
+    heads, kv_heads, layers = sizes["num_heads"], sizes["num_kv_heads"], sizes["num_layers"]
+
+    def broken(key: str, value: Any, rule: str, fix: str) -> UserError:
+        return UserError(key, value, f"breaks the layout rule: {rule}", fix)
+
+    if world_size % (pp * tp):
+        raise broken("training.num_ranks", world_size,
+                     f"world size must be divisible by pipeline stages x autotp_size = {pp} x {tp}",
+                     f"Use a multiple of {pp * tp} ranks, or change training.parallel")
+    if sizes["hidden_size"] % heads:
+        raise broken("training.model.num_heads", heads, f"hidden_size {sizes['hidden_size']} must be divisible by the heads",
+                     "Pick a head count that divides hidden_size")
+    if heads % kv_heads:
+        raise broken("training.model.num_kv_heads", kv_heads, f"attention heads {heads} must be divisible by the key/value heads",
+                     "Pick a divisor of num_heads")
+    if tp > 1:
+        if heads % tp or kv_heads % tp:
+            raise broken("training.parallel.tensor.autotp_size", tp,
+                          f"attention heads ({heads}) and key/value heads ({kv_heads}) must be divisible by the TP degree",
+                          "Use a TP degree that divides both")
+        if sizes["intermediate_size"] % tp:
+            raise broken("training.parallel.tensor.autotp_size", tp,
+                          f"intermediate_size {sizes['intermediate_size']} must be divisible by the TP degree", "Use a divisor")
+    if pp > layers:
+        raise broken("training.parallel.pipeline.stages", pp, f"more pipeline stages than decoder layers ({layers})",
+                     f"Use at most {layers} stages")
+    if pp > 1 and cfg.model.tie_embeddings:
+        raise broken("training.model.tie_embeddings", True, "a pipeline puts the embedding and the head on different stages",
+                      "Set tie_embeddings = false for pipeline runs")
+    if pp > 1 and not par.pipeline.partition.startswith(("type:", "parameters", "uniform")):
+        raise broken("training.parallel.pipeline.partition", par.pipeline.partition,
+                     "the partition method is parameters, uniform or type:<regex>", "Use one of those")
+    dp = world_size // (pp * tp)
+    accum = par.pipeline.micro_batches if pp > 1 and par.pipeline.micro_batches else cfg.grad_accum_steps
+    global_batch = cfg.micro_batch_size * accum * dp
+    if cfg.global_batch_size is not None and cfg.global_batch_size != global_batch:
+        raise broken("training.global_batch_size", cfg.global_batch_size,
+                     f"global batch = micro_batch_size x accumulation x data-parallel ranks = "
+                     f"{cfg.micro_batch_size} x {accum} x {dp} = {global_batch}",
+                     "Change one of them, or unset global_batch_size")
+    if cfg.warmup_steps > cfg.max_steps:
+        raise broken("training.warmup_steps", cfg.warmup_steps, f"warmup must not exceed max_steps ({cfg.max_steps})",
+                     "Lower warmup_steps")
+    lr = cfg.lr * global_batch / cfg.reference_batch_size if cfg.lr_scaling else cfg.lr
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported)
+    assert vocab_size > 0
+    return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
+                  accum=accum, global_batch=global_batch, lr=lr, bf16=bf16)

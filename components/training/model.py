@@ -1,0 +1,83 @@
+"""A Hugging Face LlamaForCausalLM built from the [training.model] table and the dataset's tokenizer.
+
+    tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
+    model = build_model(cfg.training.model, tok, seq_len=cfg.training.seq_len, seed=cfg.training.seed)
+    n = count_params(model)
+    flops = train_flops_per_token(cfg.training.model, vocab_size=len(tok), seq_len=128)
+
+Attention is PyTorch SDPA (causal through `is_causal`, no mask tensor). The weights are
+seeded, so every strategy starts from the same model for the same seed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from components.errors import UserError
+from components.sections.training import ModelConfig
+
+
+def load_tokenizer(path: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    if not (Path(path) / "tokenizer.json").is_file():
+        raise UserError("tokenizer", path, "has no tokenizer.json", "Run the data stage first: lmforge run data")
+    return PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
+    from transformers import LlamaConfig
+
+    s = cfg.sizes()
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=s["hidden_size"],
+        intermediate_size=s["intermediate_size"],
+        num_hidden_layers=s["num_layers"],
+        num_attention_heads=s["num_heads"],
+        num_key_value_heads=s["num_kv_heads"],
+        max_position_embeddings=max(seq_len, 256),
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attn_implementation="sdpa",
+        use_cache=False,
+        dtype=str(dtype).removeprefix("torch."),
+    )
+
+
+def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int) -> Any:
+    """A freshly initialised model in fp32 (DeepSpeed casts it for bf16 training)."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(llama_config(cfg, tokenizer, seq_len=seq_len))
+    return model.float()
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def param_count(cfg: ModelConfig, *, vocab_size: int) -> int:
+    """Parameters of the configured model, from its sizes (no model built)."""
+    s = cfg.sizes()
+    h, layers, inter = s["hidden_size"], s["num_layers"], s["intermediate_size"]
+    kv = h // s["num_heads"] * s["num_kv_heads"]
+    attn = 2 * h * h + 2 * h * kv
+    mlp = 3 * h * inter
+    per_layer = attn + mlp + 2 * h
+    head = 0 if cfg.tie_embeddings else vocab_size * h
+    return vocab_size * h + layers * per_layer + h + head
+
+
+def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) -> float:
+    """Forward + backward FLOPs per token: 6N for the weights plus the attention scores (PaLM appendix B)."""
+    s = cfg.sizes()
+    n = param_count(cfg, vocab_size=vocab_size) - vocab_size * s["hidden_size"]  # the embedding lookup is no matmul
+    return 6.0 * n + 12.0 * s["num_layers"] * s["hidden_size"] * seq_len

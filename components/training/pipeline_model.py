@@ -1,0 +1,97 @@
+"""The Llama model as a deepspeed.pipe.PipelineModule: embedding, decoder blocks, norm + head.
+
+    pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock", loss_fn=lm_loss)
+    loss = engine.train_batch(iter(micro_batches))          # 1F1B over the micro-batches
+    hf_state = stage_hf_state(pipe)                          # this stage's weights under HF names
+
+Only hidden states travel between stages, so each decoder block carries its own rotary
+embedding and builds the position ids itself; attention is SDPA with `is_causal`, so no
+mask crosses a stage boundary. The blocks reuse the modules of a built LlamaForCausalLM,
+so a pipeline run starts from exactly the weights of the other strategies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class EmbedBlock(nn.Module):
+    hf_prefix = "model."
+
+    def __init__(self, embed_tokens: nn.Embedding) -> None:
+        super().__init__()
+        self.embed_tokens = embed_tokens
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+
+class DecoderBlock(nn.Module):
+    def __init__(self, layer: nn.Module, rotary: nn.Module, index: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.rotary = rotary
+        self.hf_prefix = f"model.layers.{index}."
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0).expand(hidden.shape[0], -1)
+        cos_sin = self.rotary(hidden, positions)
+        out = self.layer(hidden, attention_mask=None, position_ids=positions, position_embeddings=cos_sin)
+        return out[0] if isinstance(out, tuple) else out
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        return {self.hf_prefix + k: v for k, v in self.layer.state_dict().items()}
+
+
+class NormHeadBlock(nn.Module):
+    def __init__(self, norm: nn.Module, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.norm = norm
+        self.lm_head = lm_head
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        return {"model.norm.weight": self.norm.weight, "lm_head.weight": self.lm_head.weight}
+
+
+def _embed_state(block: EmbedBlock) -> dict[str, torch.Tensor]:
+    return {"model.embed_tokens.weight": block.embed_tokens.weight}
+
+
+EmbedBlock.hf_state = _embed_state  # type: ignore[attr-defined]
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy, in fp32 whatever the compute precision."""
+    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def pipeline_layers(model: Any) -> list[nn.Module]:
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    inner = model.model
+    blocks: list[nn.Module] = [EmbedBlock(inner.embed_tokens)]
+    blocks += [DecoderBlock(layer, LlamaRotaryEmbedding(model.config), i) for i, layer in enumerate(inner.layers)]
+    blocks.append(NormHeadBlock(inner.norm, model.lm_head))
+    return blocks
+
+
+def build_pipeline(model: Any, *, stages: int, partition: str, activation_checkpoint_interval: int = 0) -> Any:
+    from deepspeed.pipe import PipelineModule
+
+    return PipelineModule(layers=pipeline_layers(model), num_stages=stages, partition_method=partition,
+                          loss_fn=lm_loss, activation_checkpoint_interval=activation_checkpoint_interval)
+
+
+def stage_hf_state(pipe: Any) -> dict[str, torch.Tensor]:
+    """This stage's weights under Hugging Face names, on CPU."""
+    out: dict[str, torch.Tensor] = {}
+    for layer in pipe.forward_funcs:
+        if hasattr(layer, "hf_state"):
+            out.update({k: v.detach().cpu() for k, v in layer.hf_state().items()})
+    return out

@@ -1,0 +1,125 @@
+"""The DeepSpeed config of a run, built by separate, ordered, gated functions (torchtitan style).
+
+    layout = check_layout(cfg.training, vocab_size=4096, world_size=2)
+    ds = deepspeed_config(cfg.training, layout)      # a JSON-able dict for deepspeed.initialize
+
+Order: base recipe -> apply_zero -> apply_offload -> apply_pipeline -> apply_tensor_parallel
+-> apply_activation_checkpointing. Each function returns a new dict and leaves it unchanged
+when its feature is off, so a layout reads as the list of what was applied (`applied(ds)`).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from components.sections.training import ParallelConfig, TrainingConfig
+from components.training.layout import Layout
+
+APPLIED = "lmforge_applied"  # a key DeepSpeed ignores; lists the gates that fired, for the run's record
+
+
+def base_config(cfg: TrainingConfig, layout: Layout) -> dict[str, Any]:
+    """Batch arithmetic, AdamW, warmup + cosine LR, clipping and precision."""
+    ds: dict[str, Any] = {
+        "train_batch_size": layout.global_batch,
+        "train_micro_batch_size_per_gpu": layout.micro,
+        "gradient_accumulation_steps": layout.accum,
+        "steps_per_print": 10 ** 9,  # lmforge logs its own metrics; DeepSpeed's throughput lines only add noise
+        "wall_clock_breakdown": False,
+        # torch's AdamW: DeepSpeed's FusedAdam is a JIT-built op, a long first build on CPU for no gain here.
+        "optimizer": {"type": "AdamW", "params": {"lr": layout.lr, "betas": list(cfg.betas), "eps": 1e-8,
+                                                   "weight_decay": cfg.weight_decay, "torch_adam": True}},
+        "scheduler": {"type": "WarmupCosineLR", "params": {
+            "total_num_steps": cfg.max_steps, "warmup_num_steps": cfg.warmup_steps, "warmup_type": "linear",
+            "warmup_min_ratio": 0.0, "cos_min_ratio": cfg.min_lr_ratio}},
+        "gradient_clipping": cfg.grad_clip,
+        "bf16": {"enabled": layout.bf16},
+        "zero_optimization": {"stage": 0},
+        APPLIED: ["base"],
+    }
+    return ds
+
+
+def _with(ds: dict[str, Any], name: str) -> dict[str, Any]:
+    out = copy.deepcopy(ds)
+    out[APPLIED] = [*ds[APPLIED], name]
+    return out
+
+
+def apply_zero(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
+    """ZeRO stage 1/2/3: partition optimizer states, then gradients, then parameters."""
+    if par.zero_stage == 0:
+        return ds
+    out = _with(ds, f"zero{par.zero_stage}")
+    zero: dict[str, Any] = {"stage": par.zero_stage, "overlap_comm": False, "contiguous_gradients": True,
+                            "reduce_bucket_size": 5e7, "allgather_bucket_size": 5e7}
+    if par.zero_stage == 3:
+        # Export needs the full 16-bit weights gathered on rank 0 at save time.
+        zero.update({"stage3_gather_16bit_weights_on_model_save": True, "stage3_param_persistence_threshold": 1e4,
+                     "stage3_prefetch_bucket_size": 5e7})
+    out["zero_optimization"] = zero
+    return out
+
+
+def apply_offload(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
+    """Optimizer states (DeepSpeedCPUAdam) and, under ZeRO-3, parameters on the host."""
+    if not (par.offload_optimizer or par.offload_param):
+        return ds
+    out = _with(ds, "offload")
+    zero = out["zero_optimization"]
+    if par.offload_optimizer:
+        del out["optimizer"]["params"]["torch_adam"]  # the host optimizer is DeepSpeedCPUAdam
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+    if par.offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+    return out
+
+
+def apply_pipeline(ds: dict[str, Any], par: ParallelConfig, layout: Layout) -> dict[str, Any]:
+    """deepspeed.pipe: stages and partition method (read by the rank when it builds the PipelineModule)."""
+    if layout.pp == 1:
+        return ds
+    out = _with(ds, "pipeline")
+    out["pipeline"] = {"stages": layout.pp, "partition": par.pipeline.partition, "micro_batches": layout.accum,
+                       "activation_checkpoint_interval": 0}
+    return out
+
+
+def apply_tensor_parallel(ds: dict[str, Any], par: ParallelConfig, layout: Layout) -> dict[str, Any]:
+    """DeepSpeed AutoTP: the linear layers sharded over `autotp_size` ranks."""
+    if layout.tp == 1:
+        return ds
+    out = _with(ds, "tensor_parallel")
+    out["tensor_parallel"] = {"autotp_size": layout.tp}
+    return out
+
+
+def apply_activation_checkpointing(ds: dict[str, Any], cfg: TrainingConfig, layout: Layout) -> dict[str, Any]:
+    """Recompute each decoder layer in backward (the rank applies it to the model or the pipeline)."""
+    if not cfg.activation_checkpointing:
+        return ds
+    out = _with(ds, "activation_checkpointing")
+    if layout.pp > 1:
+        out["pipeline"]["activation_checkpoint_interval"] = 1
+    out["activation_checkpointing"] = {"partition_activations": False, "contiguous_memory_optimization": False}
+    return out
+
+
+def deepspeed_config(cfg: TrainingConfig, layout: Layout) -> dict[str, Any]:
+    ds = base_config(cfg, layout)
+    ds = apply_zero(ds, cfg.parallel)
+    ds = apply_offload(ds, cfg.parallel)
+    ds = apply_pipeline(ds, cfg.parallel, layout)
+    ds = apply_tensor_parallel(ds, cfg.parallel, layout)
+    ds = apply_activation_checkpointing(ds, cfg, layout)
+    return ds
+
+
+def applied(ds: dict[str, Any]) -> list[str]:
+    return list(ds.get(APPLIED, []))
+
+
+def for_deepspeed(ds: dict[str, Any]) -> dict[str, Any]:
+    """The config as handed to deepspeed.initialize: lmforge's own bookkeeping removed."""
+    return {k: v for k, v in ds.items() if k != APPLIED}

@@ -1,0 +1,62 @@
+"""A small real dataset for training tests: a BPE tokenizer and shards, built without the data stage.
+
+    version = make_dataset(ws)        # writes datasets/<v>/{tokenizer,shards,manifest.json}, sets LATEST
+
+Standard-library docstrings (read with ast, never imported) give real English text; the
+format is exactly what components/data/shards.py writes and the data stage produces.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+from components.data.records import Record
+from components.data.shards import write_shards
+from components.workspace import Workspace, atomic_write_json
+
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+MODULES = ["json/__init__.py", "argparse.py", "textwrap.py", "shutil.py", "pathlib.py", "inspect.py", "typing.py"]
+
+
+def stdlib_records(limit: int = 600) -> list[Record]:
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out: list[Record] = []
+    for rel in MODULES:
+        tree = ast.parse((root / rel).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+                sig = f"def {node.name}(...)" if isinstance(node, ast.FunctionDef) else f"class {node.name}"
+                out.append(Record.from_parts(source="stdlib", module=rel, qualname=node.name, signature=sig,
+                                             docstring=ast.get_docstring(node) or ""))
+    return out[:limit]
+
+
+def make_dataset(ws: Workspace, *, vocab_size: int = 512, version: str = "testdata0001") -> str:
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    records = stdlib_records()
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([r.text for r in records], vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>", unk_token="<unk>")
+    d = ws.dataset_dir(version)
+    tok.save_pretrained(d / "tokenizer")
+    ids = [tok(r.text)["input_ids"] + [tok.eos_token_id] for r in records]
+    n_val = max(2, len(ids) // 10)
+    write_shards(d / "shards", {"train": ids[n_val:], "validation": ids[:n_val], "test": ids[:n_val]}, vocab_size=len(tok))
+    atomic_write_json(d / "manifest.json", {"version": version, "vocab_size": len(tok),
+                                            "counts": {"train": len(ids) - n_val, "validation": n_val}})
+    ws.set_latest_dataset(version)
+    return version
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(make_dataset(Workspace(Path(sys.argv[1])).ensure()))
+    print(json.dumps(json.loads((Workspace(Path(sys.argv[1])).dataset_dir("testdata0001") / "shards" / "index.json").read_text())))
