@@ -1,0 +1,158 @@
+"""The train stage: the latest dataset's training shards to an exported Hugging Face model.
+
+    lmforge run train                                   # configs/demo.toml: ZeRO-2, 2 CPU ranks, bf16
+    lmforge run train --resume                          # continue the newest run from its last complete checkpoint
+    lmforge run train --set training.parallel.strategy=zero3 --set training.max_steps=50
+    train_flow(cfg) -> {"run": name, "export": path, "summary": {...}}
+
+One MLflow run per training run in experiment `training` (a resume continues it): the
+resolved config, the generated DeepSpeed config, the dataset manifest hash, per-step loss,
+lr, tokens/s, MFU and per-rank memory, the loss curve and the exported folder. Training
+never caches and never retries: a failed launch names the rank and its last lines.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from components.config import PipelineConfig, config_hash
+from components.errors import UserError
+from components.tracking import start_run
+from components.training.job import Job, prepare_job
+from components.training.launcher import launch
+from components.training.report import loss_curve_png, read_steps
+from components.training.strategies import applied
+from components.workspace import Workspace, atomic_write_json, sha256_file
+
+console = Console(stderr=True)
+RUN_FILE = "run.json"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).resolve().parent.parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def _pick_run(ws: Workspace, cfg: PipelineConfig, resume: bool) -> str:
+    if cfg.training.run_name:
+        return cfg.training.run_name
+    if not resume:
+        return f"{cfg.name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
+    started = sorted(ws.runs.glob(f"*/{RUN_FILE}"), key=lambda p: json.loads(p.read_text())["created_at"])
+    if not started:
+        raise UserError("--resume", ws.runs, "holds no training run to resume", "Train without --resume to start fresh")
+    return started[-1].parent.name
+
+
+def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = obj
+    return out
+
+
+@task(name="train-launch", retries=0, cache_policy=NO_CACHE, persist_result=False)
+def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -> dict[str, Any]:
+    """Run the deepspeed launcher; stream ranks; drive a progress bar and MLflow metrics from rank 0's steps."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient()
+    with Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeElapsedColumn(), console=console) as bar:
+        tid = bar.add_task("train", total=max_steps, completed=start_step, info="starting ranks")
+
+        def on_event(ev: dict[str, Any]) -> None:
+            bar.update(tid, completed=ev["step"],
+                       info=f"loss {ev['loss']:.3f}  {ev['tokens_per_s']:.0f} tok/s  MFU {ev['mfu']:.1%}")
+            values = {"loss": ev["loss"], "lr": ev["lr"], "tokens_per_s": ev["tokens_per_s"], "mfu": ev["mfu"]}
+            for r, mem in enumerate(ev["memory"]):
+                values[f"model_state_mb_rank{r}"] = mem["total"] / 2 ** 20
+                values[f"rss_mb_rank{r}"] = mem["rss"] / 2 ** 20
+            ts = int(dt.datetime.now().timestamp() * 1000)
+            client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in values.items()])
+
+        def on_line(rank: int, line: str) -> None:
+            if line.strip():
+                bar.console.print(f"[dim]{'[launcher]' if rank < 0 else f'[rank{rank}]'}[/dim] {line}",
+                                  markup=True, highlight=False, soft_wrap=True)
+
+        result = launch(job.launch, on_line=on_line, on_event=on_event)
+    return {"seconds": result.seconds, "backend": result.backend, "steps_logged": len(result.events)}
+
+
+@flow(name="train", log_prints=True)
+def train_flow(cfg: PipelineConfig, resume: bool = False) -> dict[str, Any]:
+    ws = Workspace.from_env().ensure()
+    version = ws.latest_dataset()
+    if version is None:
+        raise UserError("dataset", ws.datasets, "holds no complete dataset", "Run the data stage first: lmforge run data")
+    name = _pick_run(ws, cfg, resume)
+    run_dir = ws.run_dir(name)
+    run_file = run_dir / RUN_FILE
+    if resume and not run_file.is_file():
+        raise UserError("--resume", run_dir, "is not a training run", "Train without --resume to start fresh")
+    if not resume and run_dir.exists():
+        # A fresh run under a reused name must not leave checkpoints a later --resume could mistake for its own.
+        shutil.rmtree(run_dir)
+    info = json.loads(run_file.read_text()) if resume else {
+        "run_name": name, "dataset_version": version, "config_hash": config_hash(cfg.training),
+        "created_at": dt.datetime.now(dt.UTC).isoformat()}
+    if resume and info["dataset_version"] != version:
+        console.print(f"note: resuming {name} on its own dataset {info['dataset_version']} (latest is {version})")
+        version = info["dataset_version"]
+    manifest = ws.dataset_dir(version) / "manifest.json"
+    tc = cfg.training
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"dataset_version": version, "config_hash": config_hash(tc), "strategy": tc.parallel.strategy,
+            "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": _git_commit(), "run_name": name}
+    # Checked before any MLflow run opens, so a bad layout or a missing checkpoint leaves no trace but its message.
+    job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
+                      run_dir=run_dir, resume=resume, meta=meta)
+    run_kwargs = {"run_id": info["mlflow_run_id"]} if resume else {"run_name": name}
+    with start_run(ws, "training", **run_kwargs) as run:
+        import mlflow
+
+        info["mlflow_run_id"] = meta["mlflow_run_id"] = run.info.run_id
+        atomic_write_json(run_file, info)
+        attempt = job.launch.request["attempt"]
+        if attempt == 0:
+            mlflow.log_params({k: str(v)[:500] for k, v in _flat("", tc.model_dump(mode="json"), {}).items()})
+            mlflow.log_dict(cfg.model_dump(mode="json"), "config/resolved_config.json")
+        mlflow.log_dict(job.ds_config, f"config/deepspeed_config-{attempt}.json")
+        mlflow.set_tags({"dataset_version": version, "dataset_manifest_sha256": sha256_file(manifest) if manifest.exists() else "",
+                         "strategy": tc.parallel.strategy, "applied": ",".join(applied(job.ds_config)),
+                         "layout": json.dumps(job.layout.to_dict()), "git_commit": meta["git_commit"] or ""})
+        launched = launch_task(job, run.info.run_id, job.start_step, tc.max_steps)
+        steps = read_steps(run_dir)
+        curve = loss_curve_png(steps, run_dir / "loss_curve.png", title=name)
+        mlflow.log_artifact(str(curve))
+        export = run_dir / "export"
+        if tc.log_model_artifact:
+            mlflow.log_artifacts(str(export), "model")
+        first, last = steps[0], steps[-1]
+        mlflow.log_metrics({"final_loss": last["loss"], "train_seconds": launched["seconds"]})
+    ws.set_latest_run(name)
+    summary = {"run": name, "strategy": tc.parallel.strategy, "applied": applied(job.ds_config), "dataset": version,
+               "steps": last["step"], "resumed_from": job.start_step if resume else None,
+               "first_loss": round(first["loss"], 4), "final_loss": round(last["loss"], 4),
+               "tokens_per_s": round(sum(e["tokens_per_s"] for e in steps[-5:]) / min(5, len(steps)), 1),
+               "mfu": round(sum(e["mfu"] for e in steps[-5:]) / min(5, len(steps)), 4),
+               "seconds": round(launched["seconds"], 1), "backend": launched["backend"]}
+    return {"run": name, "export": str(export), "mlflow_run_id": info["mlflow_run_id"], "summary": summary}
