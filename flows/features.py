@@ -14,6 +14,7 @@ so a re-run converges to the same state.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from prefect import flow, task
@@ -44,8 +45,8 @@ def apply_task(ws: Workspace, cfg: FeaturesConfig, version: str) -> dict[str, An
 
 
 @task(name="feast-materialize", **_io)
-def materialize_task(ws: Workspace, cfg: FeaturesConfig) -> dict[str, Any]:
-    return materialize(ws, cfg)
+def materialize_task(ws: Workspace, cfg: FeaturesConfig, since: str | None) -> dict[str, Any]:
+    return materialize(ws, cfg, since=datetime.fromisoformat(since) if since else None)
 
 
 @task(name="feast-select")
@@ -75,7 +76,7 @@ def features_flow(cfg: PipelineConfig) -> dict[str, Any]:
     summary = {"selected": None, "rejected": None, "missing_features": None, "indexed": None, "semantic_near_dups": None}
     if cfg.features.enabled:
         result["apply"] = apply_task(ws, cfg.features, version)
-        result["materialize"] = materialize_task(ws, cfg.features)
+        result["materialize"] = materialize_task(ws, cfg.features, result["apply"]["offline"]["min_event"])
         selection = select_task(ws, cfg.features, version)
         result["selection"] = {k: v for k, v in selection.items() if k != "shards"}
         summary.update(selected=selection["selected"], rejected=selection["rejected"],

@@ -76,4 +76,5 @@ def publish_offline(ws: Workspace, version: str) -> dict[str, Any]:
     df = read_dataset_features(ws, version)
     path = write_offline(ws, version, df)
     return {"rows": len(df), "path": str(path),
+            "min_event": df["event_timestamp"].min().isoformat() if len(df) else None,
             "max_created": df["created_timestamp"].max().isoformat() if len(df) else None}

@@ -2,7 +2,7 @@
 
     store = open_store(ws, cfg)                 # a feast.FeatureStore on <ws>/features
     apply_repo(ws, cfg)                         # `feast apply` for feature_repo/feature_definitions.py
-    materialize(ws, cfg)                        # incremental: offline rows since the last run -> SQLite
+    materialize(ws, cfg, since=oldest_event)    # incremental: offline rows since the last run -> SQLite
 
 feature_store.yaml takes its paths from $LMFORGE_HOME, so this module pins that variable to
 the workspace it is given (and refuses a different one already set). A broken
@@ -132,12 +132,27 @@ def apply_repo(ws: Workspace, cfg: FeaturesConfig) -> dict[str, list[str]]:
     }
 
 
-def materialize(ws: Workspace, cfg: FeaturesConfig, *, end: datetime | None = None) -> dict[str, str]:
-    """Load offline rows newer than the last materialisation (first time: within the ttl) into SQLite."""
+def materialize(ws: Workspace, cfg: FeaturesConfig, *, end: datetime | None = None,
+                since: datetime | None = None) -> dict[str, Any]:
+    """Load offline rows newer than the last materialisation into the online store (incremental).
+
+    Incremental materialisation starts where the last one ended, or at now - ttl the first
+    time. Event times here are source-file times, which can be older than that start; pass
+    `since` (the dataset's oldest event time) and the gap [since, start) is loaded as well.
+    """
     store = open_store(ws, cfg)
     end = end or datetime.now(timezone.utc)
+    view = store.get_feature_view(VIEW)
+    start = view.most_recent_end_time
+    if start is None:
+        start = end - view.ttl
+    start = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
     store.materialize_incremental(end_date=end, feature_views=[VIEW])
-    return {"materialized_until": end.isoformat()}
+    report: dict[str, Any] = {"incremental_from": start.isoformat(), "materialized_until": end.isoformat(), "backfilled_from": None}
+    if since is not None and since < start:
+        store.materialize(start_date=since, end_date=start, feature_views=[VIEW])
+        report["backfilled_from"] = since.isoformat()
+    return report
 
 
 def _import_file(path: Path) -> ModuleType:

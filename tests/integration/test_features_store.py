@@ -30,6 +30,7 @@ TTL = timedelta(days=365)          # as declared in feature_repo/feature_definit
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 T = NOW - timedelta(days=30)       # the reference time; rows "after" it are still in the past
 DAY = timedelta(days=1)
+BUILT = NOW - 400 * DAY            # the fake dataset's source time
 
 
 def pit_rows() -> pd.DataFrame:
@@ -67,7 +68,8 @@ def stage(tmp_path_factory):
         mp.setenv("LMFORGE_HOME", str(root))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         ws = Workspace(root).ensure()
-        version, records = make_dataset(ws, n_train=40, n_val=8, n_test=8, built=NOW - timedelta(minutes=5), drop_features_for=2)
+        # Event times are source-file times, often older than the ttl: materialisation must backfill them.
+        version, records = make_dataset(ws, n_train=40, n_val=8, n_test=8, built=BUILT, drop_features_for=2)
         rows = pit_rows()
         write_offline(ws, "pit", rows)
         from flows.features import features_flow
@@ -107,6 +109,7 @@ def test_flow_selects_a_quality_filtered_training_set(stage):
     assert report["feature_selection"]["selected"] == len(expected) and report["counts"]["train"] == n_train
     assert report["semantic_near_duplicates"]["pairs_found"] == summary["semantic_near_dups"] > 0
     assert summary["indexed"] == sum(len(r) for r in records.values())
+    assert result["materialize"]["backfilled_from"] == BUILT.isoformat()
 
 
 def test_historical_features_match_a_brute_force_as_of_join(stage):
@@ -128,21 +131,24 @@ def test_historical_features_match_a_brute_force_as_of_join(stage):
     assert {None, 0.11, 0.22, 0.27, 0.33, 0.44, 0.55, 0.66} <= outcomes
 
 
-def test_online_values_equal_offline_as_of_now(stage):
+def test_online_values_equal_offline_after_materialisation(stage):
+    """Online = the newest materialised row; offline as of a time after every row of that document."""
     from components.features.online import online_features
     from components.features.selection import historical_features
 
     ws, cfg, records = stage["ws"], stage["cfg"].features, stage["records"]
-    ids = [r.id for recs in records.values() for r in recs] + ["pit-a", "pit-b", "pit-c", "never-seen"]
+    dataset_ids = [r.id for recs in records.values() for r in recs]
+    ids = dataset_ids + ["pit-a", "pit-b", "pit-c", "never-seen"]
     online, missing = online_features(ws, cfg, ids)
     now = pd.Timestamp(datetime.now(timezone.utc))
-    offline = historical_features(ws, cfg, pd.DataFrame({"doc_id": ids, "event_timestamp": now})).set_index("doc_id")
+    times = [BUILT + timedelta(minutes=1)] * len(dataset_ids) + [now] * 4
+    offline = historical_features(ws, cfg, pd.DataFrame({"doc_id": ids, "event_timestamp": times})).set_index("doc_id")
     assert set(missing) == {i for i in ids if pd.isna(offline.loc[i, "quality_score"])}
-    assert {"pit-b", "never-seen", records["train"][-1].id} <= set(missing)
+    assert set(missing) == {"pit-b", "never-seen", *(r.id for r in records["train"][-2:])}
     for doc_id, values in online.items():
         assert values["quality_score"] == pytest.approx(offline.loc[doc_id, "quality_score"])
         assert (values["split"], values["module"]) == (offline.loc[doc_id, "split"], offline.loc[doc_id, "module"])
-    assert online["pit-a"]["quality_score"] == pytest.approx(0.44)
+    assert online["pit-a"]["quality_score"] == pytest.approx(0.44) and len(online) == len(ids) - 4
 
 
 def test_retrieve_ranks_training_examples_by_online_quality(stage):
