@@ -106,6 +106,8 @@ class CompressionConfig(Section):
     source_alias: str = Field("champion", description="registry alias of the parent model")
     max_bpc_increase: float = Field(0.05, ge=0, description="policy: largest relative BPC increase vs the parent (0.05 = +5%)")
     max_rouge_l_drop: float = Field(0.05, ge=0, le=1, description="policy: largest absolute ROUGE-L drop vs the parent")
+    eval_max_examples: int | None = Field(None, ge=1, description="generation examples per variant; unset = [evaluation] max_examples")
+    eval_bpc_docs: int | None = Field(None, ge=1, description="held-out documents for BPC per variant; unset = [evaluation] bpc_max_docs")
     finetune: FinetuneConfig = FinetuneConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     prune: PruneConfig = PruneConfig()
