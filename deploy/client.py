@@ -153,6 +153,21 @@ def ready_versions(url: str, model: str) -> dict[int, bool]:
             if m.get("name") == model and m.get("version")}
 
 
+def wait_settled(url: str, model: str, *, timeout: float) -> dict[int, str]:
+    """Wait until no version of `model` is LOADING or UNLOADING (Triton unloads in the background); {version: state}."""
+    deadline = time.monotonic() + timeout
+    while True:
+        client = make_client(url, "http", timeout=10.0)
+        try:
+            states = {int(m["version"]): m.get("state", "") for m in client.get_model_repository_index()
+                      if m.get("name") == model and m.get("version")}
+        finally:
+            client.close()
+        if not any(s in ("LOADING", "UNLOADING") for s in states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.25)
+
+
 def batch_sizes(url: str, model: str, version: int | None = None) -> dict[int, int]:
     """{batch size: executions} from the server's statistics: shows what the dynamic batcher formed."""
     client = make_client(url, "http", timeout=10.0)

@@ -3,7 +3,6 @@
     result = rollout(server_url, repo, cfg, version=4, build=lambda: build_version(...),
                      promote=lambda v: set_production(v), request_log=ws.requests, journal=ws.triton / "rollouts.jsonl")
     result.serving          # [4]: the old version was unloaded only after the gate passed
-    previous_version(state["history"], current=4)    # what `lmforge deploy rollback` returns to
 
 The gate, in order: build the version folder; pre-flight it in this process (safetensors
 only, a short generation) so a broken export never reaches the server; ask Triton to
@@ -138,16 +137,9 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
 
     write_config(repo, cfg, versions=[version], request_log=request_log)
     client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # unloads the old version
+    client.wait_settled(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # strict readiness is back
     result = RolloutResult(version, current, [version], True, "passed the gate", checks)
     return _record(journal, result, start)
-
-
-def previous_version(history: list[dict[str, Any]], *, current: int | None) -> int | None:
-    """The most recent version served before `current`, from the state file's history."""
-    for entry in reversed(history):
-        if entry.get("version") != current:
-            return int(entry["version"])
-    return None
 
 
 def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], request_log: Path | None) -> None:
@@ -155,6 +147,7 @@ def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], reques
     if current:
         write_config(repo, cfg, versions=current, request_log=request_log)
         client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
+        client.wait_settled(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
     else:
         client.unload_model(url, cfg.model_name)
         (model_root(repo, cfg.model_name) / "config.pbtxt").unlink(missing_ok=True)

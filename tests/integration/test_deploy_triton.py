@@ -1,0 +1,192 @@
+"""The real tritonserver on loopback: serving, the bad-input list, the rollout gate and rollback.
+
+One server for the module (started once, always stopped); the tests run in order and
+each leaves version 1 or its successor serving. The last test breaks readiness on
+purpose (a version that fails to load in Triton), so it stays last.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from components.requestlog import RequestLog
+from components.sections.deploy import DeployConfig
+from deploy import client, processing, repository, server
+from deploy.rollout import RolloutRefused, rollout
+from tests.conftest import build_tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+class Deployment:
+    def __init__(self, root: Path, cfg: DeployConfig, info: server.ServerInfo) -> None:
+        self.root, self.cfg, self.info = root, cfg, info
+        self.repo, self.requests, self.journal = root / "repo", root / "requests", root / "rollouts.jsonl"
+        self.promoted: list[int] = []
+
+    def rollout(self, version: int, model_dir: Path | None, cfg: DeployConfig | None = None):
+        cfg = cfg or self.cfg
+        build = (lambda: repository.build_version(self.repo, cfg, version=version, model_dir=model_dir)) \
+            if model_dir is not None else None
+        return rollout(self.info.url, self.repo, cfg, version=version, build=build, promote=self.promoted.append,
+                       request_log=self.requests, journal=self.journal)
+
+    def serving(self) -> list[int]:
+        return repository.served_versions(self.repo, self.cfg.model_name)
+
+
+def broken_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "model.safetensors").write_bytes(b"\x00" * 64)  # not a safetensors file: loading must fail
+    return dst
+
+
+@pytest.fixture(scope="module")
+def dep(tmp_path_factory, tiny_model_dir):
+    root = tmp_path_factory.mktemp("triton")
+    cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_new_tokens=6, max_batch_size=8,
+                       preferred_batch_sizes=[8], max_queue_delay_us=200_000, validation_prompts=2,
+                       readiness_timeout_s=240, max_prompt_chars=1000, max_prompt_tokens=64)
+    info = server.start_server(root / "repo", cfg, log_path=root / "server.log")
+    try:
+        server.wait_ready(info, timeout=60)
+        d = Deployment(root, cfg, info)
+        first = d.rollout(1, tiny_model_dir)
+        assert first.ok and first.serving == [1] and d.promoted == [1]
+        yield d
+    finally:
+        assert server.stop_server(info.pid), "the server should still have been running"
+        assert not server.is_running(info.pid)
+
+
+def test_serves_over_http_and_grpc_and_reports_ready(dep):
+    with urllib.request.urlopen(f"http://{dep.info.url}/v2/health/ready", timeout=5) as r:
+        assert r.status == 200
+    (http,) = client.generate(dep.info.url, ["def foo(x):"])
+    (grpc,) = client.generate(dep.info.grpc_url, ["def foo(x):"], protocol="grpc")
+    assert processing.is_well_formed(http.as_result()) is None
+    assert (http.completion, http.output_tokens) == (grpc.completion, grpc.output_tokens)  # greedy: same answer
+    assert 1 <= http.output_tokens <= dep.cfg.max_new_tokens
+    two = client.generate(dep.info.url, ["def a(x):", "class B:"], max_new_tokens=3, context=["", "retrieved"])
+    assert len(two) == 2 and all(g.output_tokens <= 3 for g in two)
+    rows, skipped = RequestLog(dep.requests).read()
+    assert skipped == 0 and any(r["status"] == "ok" and r["prompt_chars"] == len("def foo(x):") for r in rows)
+
+
+def _refused(fn) -> str:
+    with pytest.raises(client.RequestFailed) as e:
+        fn()
+    return str(e.value)
+
+
+def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
+    import tritonclient.http as httpclient
+
+    c = httpclient.InferenceServerClient(dep.info.url, concurrency=12, network_timeout=120)
+
+    def send(inputs):
+        return client.infer(c, dep.cfg.model_name, inputs)
+
+    def tensor(name, arr, dtype):
+        t = httpclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        return t
+
+    good = np.array([[b"def foo(x):"]], dtype=np.object_)
+    msgs = {
+        "missing": _refused(lambda: send([tensor("MAX_NEW_TOKENS", np.array([[4]], dtype=np.int32), "INT32")])),
+        "dtype": _refused(lambda: send([tensor("PROMPT", np.array([[1]], dtype=np.int32), "INT32")])),
+        "shape": _refused(lambda: send([tensor("PROMPT", np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")])),
+        "empty": _refused(lambda: send(client.build_inputs([""]))),
+        "chars": _refused(lambda: send(client.build_inputs(["def f(x):" + "x" * 2000]))),
+        "tokens": _refused(lambda: send(client.build_inputs(["def f(" + ", ".join(f"a{i}" for i in range(80)) + "):"]))),
+        "utf8": _refused(lambda: send(client.build_inputs([b"def caf\xc3\x28(x):"]))),
+        "max_new": _refused(lambda: send([tensor("PROMPT", good, "BYTES"),
+                                          tensor("MAX_NEW_TOKENS", np.array([[0]], dtype=np.int32), "INT32")])),
+    }
+    assert "PROMPT" in msgs["missing"]
+    assert "data-type" in msgs["dtype"] or "datatype" in msgs["dtype"].lower()
+    assert "shape" in msgs["shape"]
+    assert "is empty" in msgs["empty"]
+    assert "characters" in msgs["chars"]
+    assert "tokens" in msgs["tokens"]
+    assert "UTF-8" in msgs["utf8"]
+    assert "MAX_NEW_TOKENS[0] is 0" in msgs["max_new"]
+
+    # A dynamic batch mixing good and bad requests: each gets its own answer or its own error.
+    before = client.batch_sizes(dep.info.url, dep.cfg.model_name)
+    prompts = ["def a(x):", "", "def b(y):", b"\xff\xfe", "def c(z):", "   ", "class D:", "def e():"]
+    from tritonclient.utils import InferenceServerException
+
+    pending = [c.async_infer(dep.cfg.model_name, client.build_inputs([p])) for p in prompts]  # all in flight at once
+    outcomes = []
+    for req in pending:
+        try:
+            outcomes.append(("ok", client.parse_result(req.get_result(), 0.0)[0]))
+        except InferenceServerException as e:
+            outcomes.append(("error", e.message()))
+    kinds = [k for k, _ in outcomes]
+    assert kinds == ["ok", "error", "ok", "error", "ok", "error", "ok", "ok"]
+    assert all(processing.is_well_formed(g.as_result()) is None for k, g in outcomes if k == "ok")
+    after = client.batch_sizes(dep.info.url, dep.cfg.model_name)
+    grew = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+    assert max(grew) > 1, f"the batcher never grouped the concurrent requests: {grew}"
+    c.close()
+
+    assert server.is_live(dep.info) and server.is_ready(dep.info)
+    statuses = {r["status"] for r in RequestLog(dep.requests).read()[0]}
+    assert {"ok", "empty_prompt", "invalid_utf8", "prompt_too_long", "bad_max_new_tokens"} <= statuses
+
+
+def test_gate_refuses_a_broken_export_and_the_old_version_keeps_serving(dep, tiny_model_dir, tmp_path):
+    bad = broken_copy(tiny_model_dir, tmp_path / "bad")
+    with pytest.raises(RolloutRefused, match="version 2 was refused: pre-flight failed"):
+        dep.rollout(2, bad)
+    assert dep.serving() == [1] and dep.promoted == [1]
+    assert not (dep.repo / dep.cfg.model_name / "2").exists()
+    assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
+    last = json.loads(dep.journal.read_text().splitlines()[-1])
+    assert last["version"] == 2 and not last["ok"] and "SafetensorError" in last["reason"]
+
+
+def test_gate_refuses_a_version_that_fails_validation(dep, tiny_model_dir):
+    strict = dep.cfg.model_copy(update={"validation_latency_ms": 0.01})
+    with pytest.raises(RolloutRefused, match="exceeds the bound"):
+        dep.rollout(3, tiny_model_dir, cfg=strict)
+    assert dep.serving() == [1] and dep.promoted == [1]
+    assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)
+    assert server.is_ready(dep.info)  # the candidate was unloaded cleanly
+
+
+def test_rollout_of_a_new_version_then_rollback(dep, tmp_path):
+    other = build_tiny_model(tmp_path / "other", seed=1)
+    result = dep.rollout(4, other)
+    assert result.ok and result.previous == [1] and result.serving == [4] and dep.promoted == [1, 4]
+    ready = client.ready_versions(dep.info.url, dep.cfg.model_name)
+    assert ready.get(4) and not ready.get(1)  # the old version was unloaded after the gate passed
+    assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
+
+    back = dep.rollout(1, None)  # rollback: version 1's folder is still in the repository
+    assert back.ok and back.serving == [1] and dep.promoted == [1, 4, 1]
+    assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)
+    assert server.is_ready(dep.info)
+
+
+def test_a_version_that_fails_to_load_leaves_the_server_live_and_the_others_serving(dep):
+    folder = repository.version_dir(dep.repo, dep.cfg.model_name, 5)
+    shutil.copytree(repository.version_dir(dep.repo, dep.cfg.model_name, 1), folder)
+    (folder / "model" / "model.safetensors").write_bytes(b"\x00" * 64)
+    repository.write_config(dep.repo, dep.cfg, versions=[1, 5], request_log=dep.requests)
+    message = _refused(lambda: client.load_model(dep.info.url, dep.cfg.model_name, timeout=240))
+    assert "version 5" in message
+    assert server.is_live(dep.info)
+    ready = client.ready_versions(dep.info.url, dep.cfg.model_name)
+    assert ready[1] and not ready[5]
+    assert client.generate(dep.info.url, ["def foo(x):"], version=1)[0].output_tokens >= 1
+    assert client.generate(dep.info.grpc_url, ["def foo(x):"], protocol="grpc")[0].output_tokens >= 1
