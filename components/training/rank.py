@@ -124,23 +124,29 @@ def main(argv: list[str] | None = None) -> int:
         lr = float(engine.get_lr()[0])
         t0 = time.perf_counter()
         micro = windows.micro_batches(step, dp_rank=dp_rank, dp_size=dp_size, micro=layout["micro"], accum=layout["accum"])
+        done = step + 1
+        logging_step = done % cfg.log_every == 0 or done == cfg.max_steps or done == start + 1
+        mem: dict[str, int] = {}
         if pp > 1:
             loss = engine.train_batch(iter([(x.to(device), y.to(device)) for x, y in micro])).detach().float()
         else:
             total = torch.zeros((), device=device)
-            for x, y in micro:
+            for i, (x, y) in enumerate(micro):
                 out = engine(input_ids=x.to(device))
                 mb_loss = lm_loss(out.logits, y.to(device))
                 engine.backward(mb_loss)
+                if logging_step and i == len(micro) - 1:
+                    # Measured between the last backward and the step: gradients are all alive here,
+                    # which is the moment the ZeRO paper's model-state count describes.
+                    mem = model_state_bytes(engine)
                 engine.step()
                 total += mb_loss.detach().float()
             loss = total / len(micro)
         dist.all_reduce(loss)
         loss_val = float(loss.item()) / world
         dt = time.perf_counter() - t0
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.max_steps or done == start + 1:
-            mem = model_state_bytes(engine)
+        if logging_step:
+            mem = mem or model_state_bytes(engine)
             mem.update(rss=host_rss_bytes(), device_peak=device_peak_bytes() or 0)
             per_rank: list[Any] = [None] * world
             dist.all_gather_object(per_rank, mem)

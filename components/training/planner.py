@@ -1,0 +1,155 @@
+"""Per-device memory of each training strategy, from the ZeRO paper's formulas, and the cheapest that fits.
+
+    plan = make_plan(PlanInput(params=7e9, devices=8, memory_gb=80, precision="bf16"))
+    plan.rows[0].model_states_gb     # DDP: 16 bytes/param = 112 GB for 7B
+    plan.inference_gb                # bf16 inference: 2 bytes/param = 14 GB
+    plan.recommended                 # the first strategy, in order of communication cost, that fits
+
+Model states per device for Psi parameters over N data-parallel devices (Rajbhandari et al.,
+2020, with mixed-precision Adam: 2 bytes of bf16 weights, 2 of bf16 gradients, K = 12 of fp32
+master weights + two moments; fp32 training is 4 + 4 + 8):
+
+    DDP    (P + G + K) Psi          = 16 Psi
+    ZeRO-1  P + G + K Psi / N       = 4 Psi + 12 Psi / N
+    ZeRO-2  P + (G + K) Psi / N     = 2 Psi + 14 Psi / N
+    ZeRO-3  (P + G + K) Psi / N     = 16 Psi / N
+
+Optimizer offload moves the K part to host memory; parameter offload (ZeRO-3) moves P too.
+Activations per decoder layer (Korthikanti et al., 2022): s b h (34 + 5 a s / h) bytes at 16
+bits, or 2 s b h with activation checkpointing (plus one layer recomputed), plus the logits.
+Pipeline and tensor parallelism divide the model first: Psi / (pp x tp) per device.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from components.errors import UserError
+
+GB = 1e9  # decimal, as in the paper's and the rule of thumb's "112 GB for 7B"
+
+# Known Llama shapes, so that activations use the real hidden size and depth.
+KNOWN_SHAPES: dict[str, dict[str, int]] = {
+    "7b": {"hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 32000},
+    "13b": {"hidden_size": 5120, "num_layers": 40, "num_heads": 40, "vocab_size": 32000},
+    "70b": {"hidden_size": 8192, "num_layers": 80, "num_heads": 64, "vocab_size": 32000},
+}
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2+offload_optimizer", "zero3+offload_optimizer+offload_param")
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    params: float
+    devices: int
+    memory_gb: float
+    precision: str = "bf16"
+    hidden_size: int = 4096
+    num_layers: int = 32
+    num_heads: int = 32
+    vocab_size: int = 32000
+    seq_len: int = 2048
+    micro_batch: int = 1
+    activation_checkpointing: bool = False
+    pp: int = 1
+    tp: int = 1
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    strategy: str
+    params_gb: float
+    grads_gb: float
+    optimizer_gb: float
+    activations_gb: float
+    host_gb: float
+    fits: bool
+
+    @property
+    def model_states_gb(self) -> float:
+        return self.params_gb + self.grads_gb + self.optimizer_gb
+
+    @property
+    def total_gb(self) -> float:
+        return self.model_states_gb + self.activations_gb
+
+
+@dataclass(frozen=True)
+class Plan:
+    input: PlanInput
+    dp: int
+    rows: list[PlanRow] = field(default_factory=list)
+    inference_gb: float = 0.0
+    recommended: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"input": asdict(self.input), "dp": self.dp, "inference_gb": self.inference_gb,
+                "recommended": self.recommended,
+                "rows": [{**asdict(r), "model_states_gb": r.model_states_gb, "total_gb": r.total_gb} for r in self.rows]}
+
+
+def bytes_per_param(precision: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) bytes per parameter for Adam."""
+    return (2, 2, 12) if precision in ("bf16", "fp16") else (4, 4, 8)
+
+
+def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str) -> dict[str, float]:
+    """Device and host bytes of weights, gradients and optimizer states for one strategy (per device)."""
+    p, g, k = (b * params for b in bytes_per_param(precision))
+    stage = 0 if strategy.startswith("ddp") else int(strategy[4])
+    out = {"params": p / dp if stage >= 3 else p, "grads": g / dp if stage >= 2 else g,
+           "optimizer": k / dp if stage >= 1 else k, "host": 0.0}
+    if "offload_optimizer" in strategy:
+        out["host"] += out["optimizer"]
+        out["optimizer"] = 0.0
+    if "offload_param" in strategy:
+        out["host"] += out["params"]
+        out["params"] = 0.0
+    return out
+
+
+def activation_bytes(inp: PlanInput) -> float:
+    s, b, h, a, layers = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.num_heads, inp.num_layers
+    per_layer = 2 * s * b * h if inp.activation_checkpointing else s * b * h * (34 + 5 * a * s / h)
+    recompute = s * b * h * (34 + 5 * a * s / h) if inp.activation_checkpointing else 0.0
+    # 1F1B keeps up to pp micro-batches in flight on the first stage, each holding layers/pp layers' worth.
+    layers_held = layers / inp.pp * min(inp.pp, layers)
+    logits = s * b * inp.vocab_size * (2 + 4 + 4)  # bf16 logits, fp32 copy for the loss, fp32 gradient
+    return (per_layer * layers_held + recompute) / inp.tp + logits / inp.tp
+
+
+def make_plan(inp: PlanInput) -> Plan:
+    if inp.devices % (inp.pp * inp.tp):
+        raise UserError("--devices", inp.devices, f"is not divisible by pp x tp = {inp.pp * inp.tp}",
+                        "Use a multiple of pp x tp devices")
+    dp = inp.devices // (inp.pp * inp.tp)
+    local = inp.params / (inp.pp * inp.tp)
+    act = activation_bytes(inp)
+    rows = []
+    for strategy in STRATEGIES:
+        st = model_state_bytes(local, strategy=strategy, dp=dp, precision=inp.precision)
+        row = PlanRow(strategy, st["params"] / GB, st["grads"] / GB, st["optimizer"] / GB, act / GB, st["host"] / GB,
+                      fits=False)
+        rows.append(PlanRow(**{**asdict(row), "fits": row.total_gb <= inp.memory_gb}))
+    recommended = next((r.strategy for r in rows if r.fits), None)
+    return Plan(inp, dp, rows, inference_gb=2 * inp.params / GB, recommended=recommended)
+
+
+def parse_size(text: str) -> float:
+    """'7b', '125M', '1.3e9', '7000000000' -> parameters."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*", text.lower())
+    if not m:
+        raise UserError("--model", text, "is not a model size or preset", "Write e.g. 7b, 125m, 1.3e9, or a preset: tiny, demo, 125m, 1b")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def shape_for(text: str, params: float) -> dict[str, int]:
+    """A Llama shape for the size: a known one, else hidden/layers = 128 (as in Llama-7B) and 128-wide heads."""
+    if text.lower() in KNOWN_SHAPES:
+        return KNOWN_SHAPES[text.lower()]
+    hidden = max(128, round((params * 128 / 12) ** (1 / 3) / 128) * 128)
+    return {"hidden_size": hidden, "num_layers": max(1, round(hidden / 128)), "num_heads": max(1, hidden // 128),
+            "vocab_size": 32000}
