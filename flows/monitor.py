@@ -35,7 +35,7 @@ from monitoring.report import write_report
 from monitoring.trigger import STARTED, plan_trigger, read_triggers, record_trigger
 
 # The options that change the reference profile (the calibration has its own key).
-REFERENCE_KEYS = ("reference_split", "reference_max_rows", "calibration_holdout", "seed")
+REFERENCE_KEYS = ("reference_split", "reference_max_rows", "seed")
 
 
 def serving_featurizer(tokenizer_dir: Path, rare_ids: frozenset[int]) -> Any:
@@ -76,11 +76,12 @@ def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_c
         raise UserError("monitoring.reference_split", cfg.reference_split, f"has no records in {data}",
                         "Re-run the data stage (lmforge run data) or choose another split")
     with open(records, encoding="utf-8") as f:
-        signatures = [json.loads(line)["signature"] for line in f if line.strip()]
+        parsed = [json.loads(line) for line in f if line.strip()]
+    signatures = [r["signature"] for r in parsed]
     shards = ws.training_shards(version)
     rare_ids = frozenset(rare_token_ids(shards, rare_min_count))
     featurize = serving_featurizer(data / "tokenizer", rare_ids)
-    rows = reference_rows(signatures, featurize)
+    rows = reference_rows(signatures, featurize, [r.get("module", "-") for r in parsed])
     if len(rows) < 2 * 10:
         raise UserError("monitoring.reference_split", cfg.reference_split,
                         f"has only {len(rows)} prompts in dataset {version}", "Use a larger dataset or another split")
@@ -95,7 +96,7 @@ def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_c
 
         mlflow.set_tags({"stage": "monitor", "kind": "reference", "dataset_version": version})
         mlflow.log_params({"split": cfg.reference_split, "rare_token_min_count": rare_min_count, **meta["options"]})
-        mlflow.log_metrics({"reference_rows": ref.rows, "pool_rows": len(ref.pool)})
+        mlflow.log_metrics({"reference_rows": len(ref.rows), "reference_modules": int(ref.rows["module"].nunique())})
         mlflow.log_artifacts(str(folder), artifact_path="reference")
     return str(folder)
 
@@ -146,7 +147,7 @@ def _summary(cfg: PipelineConfig, version: str, ref_meta: dict[str, Any], a: Ass
         "log": {"requests_read": a.requests_read, "corrupt_lines_skipped": a.corrupt_lines,
                 "window_minutes": m.window_minutes, "decision_windows": m.decision_windows},
         "reference": {"dataset_version": version, "split": m.reference_split, "rows": ref_meta["rows"],
-                      "pool_rows": ref_meta["pool_rows"]},
+                      "modules": ref_meta["modules"]},
         "trigger": trigger,
     }
 

@@ -55,7 +55,7 @@ def _decide(view: DatasetProfileView | None, ref: Reference, ref_folder: Path,
     rows = 0 if view is None else rows_in(view, list(cfg.columns))
     calibration = None
     if rows >= cfg.min_rows:
-        calibration = cached_calibration(ref_folder, ref.pool, ref.view, calibration_rows(rows, cfg.min_rows), cfg)
+        calibration = cached_calibration(ref_folder, ref.rows, calibration_rows(rows, cfg.min_rows), cfg)
     return decide(view, ref.view, calibration, cfg), calibration
 
 

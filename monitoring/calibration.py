@@ -1,13 +1,16 @@
 """Thresholds from an A/A bootstrap over the reference, so that false alarms stay at or below a target.
 
-    cal = calibrate(ref.pool, ref.view, rows=200, cfg=cfg)     # bootstrap_splits A/A windows of 200 rows
+    cal = calibrate(ref.rows, rows=200, cfg=cfg)                # bootstrap_splits A/A windows of 200 rows
     cal.thresholds                 # {"prompt_chars": 1.9, ...}: score above which a column drifts
     cal.false_alarm_rate           # dataset-level A/A rate at those thresholds (<= cfg.false_alarm_target)
     rate = false_alarm_rate(aa_scores(...), list(cfg.columns), cal.thresholds)   # on fresh A/A windows
 
-Each A/A split draws a window of `rows` requests (with replacement) from the held-out
-reference pool, profiles it and scores it against the reference profile, exactly as a
-serving window is scored; nothing has drifted, so every alarm is a false one. Per-column
+Each A/A split halves the reference rows at random, by module (`calibration_by`):
+serving traffic is code the reference has not seen either, and prompts of one module are
+alike, so halving by row would understate how much two sets of the same kind of code
+differ. One half is profiled as the reference; a window of `rows` requests is drawn (with
+replacement) from the other half, profiled and scored against it, exactly as a serving
+window is scored. Nothing has drifted, so every alarm is a false one. Per-column
 thresholds are then set to the k-th largest A/A score of each column, with the largest k
 for which "any column alarms" happens in at most `false_alarm_target` of the splits. That
 is one common per-column tail level, corrected for testing several columns at once.
@@ -23,7 +26,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -35,12 +38,9 @@ from components.workspace import atomic_write_json
 from monitoring.drift import column_scores
 from monitoring.profiles import profile
 
-if TYPE_CHECKING:
-    from whylogs.core.view.dataset_profile_view import DatasetProfileView
-
 # The options that change a calibration; a cached calibration is reused only when they match.
 CALIBRATION_KEYS = ("columns", "hellinger_threshold", "hellinger_buckets", "false_alarm_target",
-                    "bootstrap_splits", "seed", "reference_max_rows", "calibration_holdout", "reference_split")
+                    "bootstrap_splits", "seed", "reference_max_rows", "calibration_by", "reference_split")
 
 
 @dataclass(frozen=True)
@@ -69,20 +69,34 @@ def calibration_rows(n: int, min_rows: int) -> int:
     return min(n, int(round(min_rows * 2 ** (j / 2))))
 
 
-def aa_scores(pool: pd.DataFrame, reference: DatasetProfileView, rows: int, cfg: MonitoringConfig,
-              *, splits: int, seed: int) -> np.ndarray:
-    """A (splits x columns) array of A/A scores, columns in cfg.columns order."""
-    if len(pool) < 2:
-        raise UserError("monitoring.calibration_holdout", cfg.calibration_holdout,
-                        f"leaves {len(pool)} reference prompt(s) for the A/A pool",
-                        "Raise calibration_holdout or use a dataset with more prompts in the reference split")
-    rng = np.random.default_rng([seed, rows])
+def _halves(rows: pd.DataFrame, cfg: MonitoringConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Row positions of the two halves of one A/A split."""
+    modules = rows["module"].to_numpy()
+    names = np.unique(modules)
+    if cfg.calibration_by == "module" and len(names) >= 4:
+        first = rng.permutation(names)[: len(names) // 2]
+        mask = np.isin(modules, first)
+    else:
+        mask = np.zeros(len(rows), dtype=bool)
+        mask[rng.permutation(len(rows))[: len(rows) // 2]] = True
+    return np.flatnonzero(mask), np.flatnonzero(~mask)
+
+
+def aa_scores(rows: pd.DataFrame, n: int, cfg: MonitoringConfig, *, splits: int, seed: int) -> np.ndarray:
+    """A (splits x columns) array of A/A scores for windows of n requests, columns in cfg.columns order."""
+    if len(rows) < 4:
+        raise UserError("monitoring.reference_split", cfg.reference_split,
+                        f"has {len(rows)} prompt(s), too few to calibrate on",
+                        "Use a dataset with more prompts in that split, or another split")
+    rng = np.random.default_rng([seed, n])
     columns = list(cfg.columns)
-    watched = pool[columns]          # an unwatched string column would triple the profiling time
+    watched = rows[columns]          # an unwatched string column would triple the profiling time
     out = np.empty((splits, len(columns)))
     for b in range(splits):
-        window = watched.iloc[rng.integers(0, len(watched), size=rows)]
-        scores = column_scores(profile(window), reference, cfg)
+        ref_pos, win_pos = _halves(rows, cfg, rng)
+        reference = profile(watched.iloc[ref_pos], lean=True)
+        window = watched.iloc[win_pos[rng.integers(0, len(win_pos), size=n)]]
+        scores = column_scores(profile(window, lean=True), reference, cfg)
         for j, c in enumerate(columns):
             s = scores[c]
             assert s is not None, f"A/A window has no score for {c}"
@@ -128,9 +142,10 @@ def choose_thresholds(scores: np.ndarray, columns: list[str], fixed: dict[str, f
     return at(best)
 
 
-def calibrate(pool: pd.DataFrame, reference: DatasetProfileView, rows: int, cfg: MonitoringConfig) -> Calibration:
+def calibrate(reference_rows: pd.DataFrame, rows: int, cfg: MonitoringConfig) -> Calibration:
+    """Thresholds for windows of `rows` requests, from cfg.bootstrap_splits A/A splits of the reference rows."""
     columns = list(cfg.columns)
-    scores = aa_scores(pool, reference, rows, cfg, splits=cfg.bootstrap_splits, seed=cfg.seed)
+    scores = aa_scores(reference_rows, rows, cfg, splits=cfg.bootstrap_splits, seed=cfg.seed)
     fixed = {c: cfg.hellinger_threshold for c, t in cfg.columns.items()
              if t == "hellinger" and cfg.hellinger_threshold is not None}
     thresholds = choose_thresholds(scores, columns, fixed, cfg.false_alarm_target)
@@ -144,12 +159,11 @@ def calibration_key(cfg: MonitoringConfig) -> str:
     return config_hash(MonitoringConfig(**{k: getattr(cfg, k) for k in CALIBRATION_KEYS}))
 
 
-def cached_calibration(folder: Path, pool: pd.DataFrame, reference: DatasetProfileView, rows: int,
-                       cfg: MonitoringConfig) -> Calibration:
+def cached_calibration(folder: Path, reference_rows: pd.DataFrame, rows: int, cfg: MonitoringConfig) -> Calibration:
     """The calibration for `rows` stored beside the reference, computed and recorded the first time."""
     path = Path(folder) / f"calibration-{calibration_key(cfg)}-n{rows}.json"
     if path.is_file():
         return Calibration.from_dict(json.loads(path.read_text()))
-    cal = calibrate(pool, reference, rows, cfg)
+    cal = calibrate(reference_rows, rows, cfg)
     atomic_write_json(path, cal.to_dict())
     return cal

@@ -32,11 +32,13 @@ class MonitoringConfig(Section):
 
     # The reference: request-shaped features of a dataset split, computed as serving does.
     reference_split: Literal["train", "validation", "test"] = Field(
-        "train", description="the dataset split whose prompts make the reference profile")
+        "validation", description="the dataset split whose prompts make the reference profile; validation holds "
+                                  "modules training never saw, as serving traffic does (on the train split the "
+                                  "rare-token rate is biased low: rare tokens are counted on it)")
     reference_max_rows: int = Field(20_000, ge=50, description="cap on reference prompts (a seeded sample above it)")
-    calibration_holdout: float = Field(0.3, gt=0, lt=0.9,
-                                       description="share of reference prompts kept out of the reference profile "
-                                                   "and used as the pool the A/A windows are drawn from")
+    calibration_by: Literal["module", "row"] = Field(
+        "module", description="how an A/A split halves the reference: by module (new code of the same kind, as "
+                              "serving sees) or by row; module falls back to row with fewer than 4 modules")
 
     # Windows over the request log.
     window_minutes: int = Field(60, ge=1, le=24 * 60, description="length of one serving profile window")

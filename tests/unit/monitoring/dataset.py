@@ -28,7 +28,10 @@ from monitoring.traffic import _signature
 TRAIN_MODULES = ("argparse", "logging/__init__", "pathlib/_local", "inspect", "socket", "ast", "json/encoder",
                  "json/decoder", "shutil", "tarfile", "zipfile/__init__", "configparser", "subprocess",
                  "threading", "typing", "dataclasses", "enum", "functools", "collections/__init__")
-TEST_MODULES = ("email/message", "http/client", "urllib/parse", "csv", "difflib", "textwrap", "calendar", "gzip")
+VALIDATION_MODULES = ("email/message", "http/client", "urllib/parse", "csv", "difflib", "textwrap", "calendar",
+                      "gzip", "heapq", "bisect", "imaplib", "smtplib", "ftplib", "pprint", "string", "random")
+TEST_MODULES = ("http/server", "urllib/request", "email/utils", "statistics", "fractions", "decimal", "datetime",
+                "sched", "shlex", "optparse", "poplib", "locale", "codecs", "mailbox", "tempfile", "fileinput")
 
 
 def stdlib_records(modules: tuple[str, ...]) -> list[Record]:
@@ -50,7 +53,7 @@ def stdlib_records(modules: tuple[str, ...]) -> list[Record]:
 def make_dataset(ws: Workspace, tokenizer_dir: Path, *, version: str = "monv1") -> str:
     from transformers import AutoTokenizer
 
-    splits = {"train": stdlib_records(TRAIN_MODULES), "validation": stdlib_records(("heapq", "bisect")),
+    splits = {"train": stdlib_records(TRAIN_MODULES), "validation": stdlib_records(VALIDATION_MODULES),
               "test": stdlib_records(TEST_MODULES)}
     ds = ws.dataset_dir(version)
     for split, recs in splits.items():
@@ -70,9 +73,13 @@ def make_dataset(ws: Workspace, tokenizer_dir: Path, *, version: str = "monv1") 
     return version
 
 
-def signatures(ws: Workspace, version: str, split: str) -> list[str]:
+def split_records(ws: Workspace, version: str, split: str) -> list[dict]:
     path = ws.dataset_dir(version) / "records" / f"{split}.jsonl"
-    return [json.loads(line)["signature"] for line in path.read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def signatures(ws: Workspace, version: str, split: str) -> list[str]:
+    return [r["signature"] for r in split_records(ws, version, split)]
 
 
 def write_requests(log: RequestLog, prompts: list[str], featurize, *, ts: datetime, seed: int = 0,

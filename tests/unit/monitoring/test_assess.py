@@ -14,7 +14,7 @@ from monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
 from monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
 from monitoring.report import write_report
 from monitoring.traffic import shifted_prompts
-from tests.unit.monitoring.dataset import signatures, write_requests
+from tests.unit.monitoring.dataset import signatures, split_records, write_requests
 
 NOW = datetime(2025, 3, 1, 10, 40, tzinfo=timezone.utc)
 CFG = MonitoringConfig(min_rows=60, lookback_windows=3)
@@ -25,8 +25,9 @@ def reference(monitor_data):
     """Shared by the tests of this module, and so are the calibrations cached beside it."""
     d = monitor_data
     folder = d.ws.monitoring / "reference" / d.version
-    save_reference(folder, build_reference(reference_rows(signatures(d.ws, d.version, "train"), d.featurize), CFG),
-                   {"dataset_version": d.version})
+    recs = split_records(d.ws, d.version, "validation")
+    rows = reference_rows([r["signature"] for r in recs], d.featurize, [r["module"] for r in recs])
+    save_reference(folder, build_reference(rows, CFG), {"dataset_version": d.version})
     return folder
 
 
@@ -100,7 +101,7 @@ def test_report_has_html_summary_and_plots(monitor_data, reference, log, tmp_pat
     summary = {"created_at": NOW.isoformat(), "decision": "drift: retrain", "window": a.window,
                "drift": a.result.to_dict(), "tests": dict(CFG.columns), "calibration": a.calibration.to_dict(),
                "log": {"corrupt_lines_skipped": a.corrupt_lines}, "trigger": {"action": "retrain", "reason": "test"},
-               "reference": {"dataset_version": d.version, "split": "train", "rows": 1, "pool_rows": 1}}
+               "reference": {"dataset_version": d.version, "split": "validation", "rows": 1, "modules": 1}}
     paths = write_report(tmp_path / "report", summary, reference=load_reference(reference).view, current=a.current,
                          over_time=a.over_time)
     html = (tmp_path / "report" / "report.html").read_text()

@@ -28,8 +28,8 @@ def population(rng: np.random.Generator, n: int) -> pd.DataFrame:
 def test_aa_false_alarm_rate_is_within_target_on_fresh_windows():
     cfg = MonitoringConfig(min_rows=60)
     rng = np.random.default_rng(1)
-    ref = build_reference(population(rng, 6000), cfg)
-    cal = calibrate(ref.pool, ref.view, 60, cfg)
+    ref = build_reference(population(rng, 1500), cfg)
+    cal = calibrate(ref.rows, 60, cfg)
     assert cal.splits >= 200 and cal.false_alarm_rate <= cfg.false_alarm_target
     assert set(cal.thresholds) == set(COLUMNS) and all(t is not None for t in cal.thresholds.values())
 
@@ -43,9 +43,9 @@ def test_aa_false_alarm_rate_is_within_target_on_fresh_windows():
 def test_half_sigma_shift_in_prompt_length_is_detected():
     cfg = MonitoringConfig(min_rows=100)
     rng = np.random.default_rng(2)
-    base = population(rng, 6000)
+    base = population(rng, 1500)
     ref = build_reference(base, cfg)
-    cal = calibrate(ref.pool, ref.view, 100, cfg)
+    cal = calibrate(ref.rows, 100, cfg)
     sd = base["prompt_chars"].std()
     hits = []
     for _ in range(40):
@@ -72,9 +72,9 @@ def test_thresholds_are_the_loosest_within_target():
 def test_a_fixed_hellinger_threshold_that_alone_breaks_the_target_is_refused():
     cfg = MonitoringConfig(hellinger_threshold=0.01, min_rows=60)
     rng = np.random.default_rng(3)
-    ref = build_reference(population(rng, 3000), cfg)
+    ref = build_reference(population(rng, 600), cfg)
     with pytest.raises(UserError, match="hellinger_threshold"):
-        calibrate(ref.pool, ref.view, 60, cfg)
+        calibrate(ref.rows, 60, cfg)
 
 
 def test_calibration_rows_round_down_on_a_sqrt2_grid():
