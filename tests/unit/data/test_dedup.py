@@ -1,7 +1,7 @@
 from components.data.dedup import deduplicate, shingles
 from components.sections.data import DedupConfig
 
-from .conftest import good_rows
+from .corpus import good_rows
 
 BASE = ("Return a new socket object for the given address family and type. The socket is created in "
         "blocking mode and must be closed by the caller when it is no longer needed, otherwise the "

@@ -12,7 +12,7 @@ from components.data.shards import open_offsets, open_shard, read_index
 from components.data.store import read_quarantine, read_records
 from components.sections.data import DataConfig
 
-from .conftest import BAD_LINES
+from .corpus import BAD_LINES
 
 
 def build(tmp_path, source):

@@ -3,7 +3,7 @@ from transformers import PreTrainedTokenizerFast
 from components.data.tokenizer import SPECIALS, encode_documents, save_tokenizer, train_tokenizer
 from components.sections.data import TokenizerConfig
 
-from .conftest import good_rows
+from .corpus import good_rows
 
 TEXTS = [r["text"] for r in good_rows(200)]
 ODD = 'def f(x):\n    """Ünïcödé — tabs\tand  double  spaces, emoji 🐍, CJK 漢字."""\n'

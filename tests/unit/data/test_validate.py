@@ -9,7 +9,7 @@ from components.data.ingest import RawItem, ingest
 from components.data.validate import REASONS, validate_items, validate_lines
 from components.sections.data import DataConfig, ValidationConfig
 
-from .conftest import BAD_LINES, good_rows
+from .corpus import BAD_LINES, good_rows
 
 GOOD = json.dumps({"id": "g", "text": "A good document."}).encode()
 
