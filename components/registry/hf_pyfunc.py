@@ -35,7 +35,8 @@ class LmforgeTextGenerator(mlflow.pyfunc.PythonModel):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> list[str]:
+    # No type hints here: MLflow would derive a second signature from them; the logged one is the contract.
+    def predict(self, context, model_input, params=None):  # type: ignore[no-untyped-def]
         import torch
 
         prompts = _as_strings(model_input)

@@ -36,7 +36,7 @@ from components.errors import UserError
 from components.registry.loading import check_model_dir, pickle_files
 from components.registry.retry import with_retries
 from components.sections.registry import RegistryConfig
-from components.tracking import ensure_experiment, use_workspace
+from components.tracking import ensure_experiment, external_uri, use_workspace
 from components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
 
 METRIC_PREFIX = "metric."
@@ -61,8 +61,34 @@ def model_tags(model_dir: Path, metrics: Mapping[str, float], tags: Mapping[str,
     return out
 
 
+def init_store(ws: Workspace) -> None:
+    """Open the workspace's SQLite store once under a file lock.
+
+    The first process to open a new store creates and migrates its tables; MLflow's
+    migrations fail when several processes run them at once ("duplicate column name").
+    Later opens find the schema current and return at once.
+    """
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    if external_uri() not in (None, ws.mlflow_uri):
+        return  # a tracking server migrates its own database
+    ws.ensure()
+    with open(ws.root / ".mlflow-init.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            use_workspace(ws)
+            client = MlflowClient()
+            client.search_experiments(max_results=1)
+            client.search_registered_models(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @contextlib.contextmanager
 def _run(ws: Workspace, cfg: RegistryConfig, run_name: str) -> Iterator[str]:
+    init_store(ws)
     mlflow = use_workspace(ws)
     active = mlflow.active_run()
     if active is not None:

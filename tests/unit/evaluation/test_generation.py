@@ -1,0 +1,77 @@
+"""Batched generation: same tokens as one-by-one and as transformers' greedy generate; stops; latency."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.data.records import generation_prompt
+from components.evaluation.generation import generate
+from components.evaluation.latency import RowTiming, summarize
+from components.registry.loading import load_causal_lm
+
+PROMPTS = [generation_prompt(s) for s in ("def dumps(obj, *, indent=None)", "def f(x)",
+                                           "def join(a, *paths)", "class JSONDecoder(object)", "def g()")]
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(tiny_model_dir):
+    return load_causal_lm(tiny_model_dir)
+
+
+def _gen(model, tok, prompts, **kw):
+    args = dict(max_new_tokens=12, batch_size=8, start_id=tok.eos_token_id, max_prompt_tokens=200, stop_strings=())
+    return generate(model, tok, prompts, **{**args, **kw})[0]
+
+
+def test_batched_left_padded_equals_one_by_one_equals_hf_greedy(model_and_tok):
+    model, tok = model_and_tok
+    batched = _gen(model, tok, PROMPTS, batch_size=5)
+    single = _gen(model, tok, PROMPTS, batch_size=1)
+    assert [g.token_ids for g in batched] == [g.token_ids for g in single]
+    for p, g in zip(PROMPTS, single):
+        ids = torch.tensor([[tok.eos_token_id, *tok(p, add_special_tokens=False)["input_ids"]]])
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        assert list(g.token_ids) == ref[0, ids.shape[1]:].tolist()[: g.tokens]
+        assert g.tokens == 12 or ref[0, ids.shape[1] + g.tokens] == tok.eos_token_id
+
+
+def test_stops_at_a_stop_string_and_cuts_it_off(model_and_tok):
+    model, tok = model_and_tok
+    full = _gen(model, tok, PROMPTS[:1])[0]
+    assert len(full.text) > 6
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    cut = _gen(model, tok, PROMPTS[:1], stop_strings=(stop,))[0]
+    assert cut.text == full.text[: full.text.find(stop)]
+    assert cut.tokens < full.tokens
+
+
+def test_stops_at_eos(model_and_tok):
+    model, tok = model_and_tok
+    eos_model = type(model)(model.config).eval()
+    eos_model.load_state_dict(model.state_dict())
+    head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=True)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[tok.eos_token_id] = 1.0  # eos is always the most likely token
+    eos_model.lm_head = head
+    gens = _gen(eos_model, tok, PROMPTS, batch_size=3)
+    assert [g.tokens for g in gens] == [0] * len(PROMPTS)
+    assert all(g.text == "" for g in gens)
+
+
+def test_sampling_is_reproducible_with_a_seed(model_and_tok):
+    model, tok = model_and_tok
+    a = _gen(model, tok, PROMPTS, temperature=1.0, seed=7)
+    b = _gen(model, tok, PROMPTS, temperature=1.0, seed=7)
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_latency_summary_from_hand_timings():
+    rows = [RowTiming(ttft_s=0.1, total_s=0.5, tokens=5), RowTiming(ttft_s=0.1, total_s=0.1, tokens=1)]
+    s = summarize(rows, wall_s=0.6)
+    assert s["ttft_ms"] == pytest.approx(100.0)
+    assert s["tpot_ms"] == pytest.approx(100.0)  # (0.5 - 0.1) / 4; the one-token row has no TPOT
+    assert s["tokens_per_s"] == pytest.approx(10.0)
