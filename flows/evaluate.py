@@ -15,11 +15,13 @@ cached: latency is measured anew, and the registry is state.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from components.config import PipelineConfig, as_config, config_hash
 from components.errors import UserError
@@ -32,7 +34,7 @@ from components.tracking import start_run
 from components.workspace import Workspace, sha256_file
 
 
-@task(name="evaluate-model", persist_result=False)
+@task(name="evaluate-model", cache_policy=NO_CACHE, persist_result=False)
 def evaluate_task(model_dir: str, dataset_version: str, cfg: PipelineConfig, use_rag: bool) -> dict[str, Any]:
     ws = Workspace.from_env()
     rag: Rag | None = None
@@ -44,12 +46,12 @@ def evaluate_task(model_dir: str, dataset_version: str, cfg: PipelineConfig, use
         release()
 
 
-@task(name="register-model", retries=2, retry_delay_seconds=2, persist_result=False)
+@task(name="register-model", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE, persist_result=False)
 def register_task(model_dir: str, cfg: PipelineConfig, metrics: dict[str, float], tags: dict[str, str]) -> str:
     return register_model(Workspace.from_env(), cfg.registry, Path(model_dir), metrics=metrics, tags=tags)
 
 
-@task(name="gate-promotion", persist_result=False)
+@task(name="gate-promotion", cache_policy=NO_CACHE, persist_result=False)
 def gate_task(cfg: PipelineConfig, version: str, metrics: dict[str, float],
               champion_metrics: dict[str, float] | None) -> dict[str, Any]:
     return gate(Workspace.from_env(), cfg.registry, version, metrics, champion_metrics=champion_metrics).to_dict()
@@ -92,7 +94,7 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
 
         mlflow.set_tags({"training_run": run, "dataset_version": version, "training_run_id": meta.get("mlflow_run_id", "")})
         mlflow.log_params({f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump().items()})
-        mlflow.log_metrics({k: v for k, v in result.metrics.items() if v == v})  # NaN (e.g. no TPOT) is not loggable
+        mlflow.log_metrics({k: v for k, v in result.metrics.items() if math.isfinite(v)})  # e.g. no TPOT: nothing to log
         model_version = register_task(str(model_dir), cfg, result.metrics, tags)
         decision = gate_task(cfg, model_version, result.metrics, champion)
         decision["champion_metrics_source"] = champion_source
@@ -113,5 +115,16 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
                "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
                "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
-    return {"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
-            "rag": result.rag, "summary": summary}
+    return json_safe({"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
+                      "rag": result.rag, "summary": summary})
+
+
+def json_safe(obj: Any) -> Any:
+    """NaN and infinities (e.g. TPOT when every answer was one token) become None: they are not JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
