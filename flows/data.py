@@ -100,7 +100,8 @@ def clean_task(ingested: dict[str, Any]) -> dict[str, Any]:
 
 @task(name="data-dedup", **_cached)
 def dedup_task(cleaned: dict[str, Any], cfg: DedupConfig) -> dict[str, Any]:
-    n = sum(1 for _ in open(cleaned["kept"], "rb"))
+    with open(cleaned["kept"], "rb") as f:
+        n = sum(1 for _ in f)
     out = _out(Path(cleaned["kept"]).parent.parent, "dedup", cleaned["kept_sha256"], cfg.model_dump(mode="json"))
     with _progress("dedup: exact + MinHash LSH (docs)", n) as advance:
         return steps.run_dedup(cleaned["kept"], cfg, out, progress=advance)
