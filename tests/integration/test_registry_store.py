@@ -35,27 +35,28 @@ def test_gate_both_ways_then_rollback_and_history(workspace, tiny_model_dir, mon
     assert not d1.promote and "unigram" in d1.reason and current(workspace, "gated", "champion") is None
     v2, d2 = candidate({"bpc": 3.0, "unigram_bpc": 3.9, "rougeL": 0.1})   # no champion, beats the baseline
     assert d2.promote and current(workspace, "gated", "champion") == v2
-    v3, d3 = candidate({"bpc": 2.99, "unigram_bpc": 3.9, "rougeL": 0.1})  # with a champion, gain under the margin
-    assert not d3.promote and d3.champion_version == v2 and d3.champion["bpc"] == 3.0
-    assert (current(workspace, "gated", "challenger"), current(workspace, "gated", "champion")) == (v3, v2)
-    v4, d4 = candidate({"bpc": 2.5, "unigram_bpc": 3.9, "rougeL": 0.1})   # with a champion, clearly better
-    assert d4.promote and current(workspace, "gated", "champion") == v4
-    assert len({v1, v2, v3, v4}) == 4
+    v3, d3 = candidate({"bpc": 2.5, "unigram_bpc": 3.9, "rougeL": 0.1})   # with a champion, clearly better
+    assert d3.promote and d3.champion_version == v2 and d3.champion["bpc"] == 3.0
+    assert current(workspace, "gated", "champion") == v3
+    d1b = gate(workspace, cfg, v1, {"bpc": 2.48, "unigram_bpc": 3.9, "rougeL": 0.1})  # with a champion, gain under the margin
+    assert not d1b.promote and "below the margin" in d1b.reason and d1b.champion_version == v3
+    assert (current(workspace, "gated", "challenger"), current(workspace, "gated", "champion")) == (v1, v3)
+    assert len({v1, v2, v3}) == 3
 
     move = rollback(workspace, "gated", reason="bad answers in production")
-    assert (move.from_version, move.to_version, current(workspace, "gated", "champion")) == (v4, v2, v2)
+    assert (move.from_version, move.to_version, current(workspace, "gated", "champion")) == (v3, v2, v2)
     with pytest.raises(UserError, match="no holder before"):
         rollback(workspace, "gated", reason="again")
 
     champ = [(m.action, m.from_version, m.to_version, m.who) for m in history(workspace, "gated", alias="champion")]
-    assert champ == [("promote", None, v2, "tester"), ("promote", v2, v4, "tester"), ("rollback", v4, v2, "tester")]
+    assert champ == [("promote", None, v2, "tester"), ("promote", v2, v3, "tester"), ("rollback", v3, v2, "tester")]
     assert history(workspace, "gated")[-1].why == "bad answers in production"
-    assert [m.to_version for m in history(workspace, "gated", alias="challenger")] == [v1, v2, v3, v4]
+    assert [m.to_version for m in history(workspace, "gated", alias="challenger")] == [v1, v2, v3, v1]
     rows = {r["version"]: r for r in list_versions(workspace, "gated")}
-    assert rows[v4]["tags"]["decision"] == "promoted" and rows[v3]["tags"]["decision"] == "declined"
+    assert rows[v3]["tags"]["decision"] == "promoted" and rows[v1]["tags"]["decision"] == "declined"
     assert rows[v1]["tags"]["dataset_manifest_hash"] == "m0" and len(rows[v1]["tags"]["model_sha256"]) == 64
     assert rows[v1]["metrics"]["bpc"] == 4.0
-    assert rows[v2]["aliases"] == ["champion"] and rows[v4]["aliases"] == ["challenger"]
+    assert rows[v2]["aliases"] == ["champion"] and rows[v1]["aliases"] == ["challenger"]
 
 
 CHILD = textwrap.dedent("""
