@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import sqlite3
 import uuid
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,25 @@ def close_clients() -> None:
 
 # Closing at interpreter exit, rather than in QdrantClient.__del__ during shutdown, releases the lock cleanly.
 atexit.register(close_clients)
+
+
+def tune_local_storage(client: Any) -> bool:
+    """Let Qdrant local mode commit a point without a full fsync; False when the client is not local.
+
+    Local mode stores every point in its own SQLite transaction: ~30 ms each with the default
+    full sync on this machine's disk, over 10 minutes for the stdlib corpus. WAL with
+    synchronous=NORMAL keeps every commit atomic and survives a crash of the process (a power
+    cut may lose the last commits, and the index is rebuilt idempotently) at ~0.2 ms a commit.
+    """
+    collections = getattr(getattr(client, "_client", None), "collections", None)
+    if not isinstance(collections, dict):
+        return False
+    for collection in collections.values():
+        conn = getattr(getattr(collection, "storage", None), "storage", None)
+        if isinstance(conn, sqlite3.Connection):
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+    return True
 
 
 def collection_name(cfg: VectorsConfig, version: str, embedder: Embedder) -> str:
@@ -141,6 +161,7 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
     client = qdrant_client(ws, cfg)
     name = collection_name(cfg, version, embedder)
     created = ensure_collection(client, name, embedder, server=cfg.url is not None)
+    fast_writes = cfg.url is None and tune_local_storage(client)
     upsert_points(client, name, items, vectors, cfg.batch_size)
     deleted = delete_stale(client, name, {point_id(r.id) for _, r in items})
     points = client.count(name, exact=True).count
@@ -150,4 +171,4 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
         max_pairs=cfg.max_reported_pairs, details={r.id: {"module": r.module, "qualname": r.qualname, "summary": r.summary}
                                                    for _, r in items})
     return {"collection": name, "location": cfg.url or str(Path(ws.qdrant)), "embedder": embedder.name,
-            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "near_duplicates": dups}
+            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "local_wal": fast_writes, "near_duplicates": dups}

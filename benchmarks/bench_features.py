@@ -1,0 +1,211 @@
+"""Feature store and vector database latencies, each against a plain baseline in the same run.
+
+    .venv/bin/python benchmarks/bench_features.py                  # ~4-6 min on 2 cores
+    .venv/bin/python benchmarks/bench_features.py --rows 20000 --points 2000 20000
+
+Feast (the project's feature_repo, applied to a temporary workspace, local provider):
+- get_online_features p50/p99 for 1 and 100 entities (serving_v1, SQLite online store),
+  against a raw sqlite3 SELECT of the same keys from Feast's own online table;
+- get_historical_features wall time for 10k and 100k entity rows over an offline source of
+  `--rows` documents (with our point-in-time semantics: ttl and created-time cutoff),
+  against pandas.merge_asof computing the same join.
+Qdrant local mode (on disk, WAL as in the pipeline): search p50/p99 for the top 10 at 10k and 100k
+points (384-dim, like all-MiniLM-L6-v2), against exact numpy brute force, plus
+Qdrant's recall@10 against that exact answer.
+
+Writes benchmarks/results/features.json and features.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sqlite3
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks._report import write_results  # noqa: E402
+
+
+def pct(samples: list[float]) -> tuple[float, float]:
+    a = np.asarray(samples) * 1000
+    return float(np.percentile(a, 50)), float(np.percentile(a, 99))
+
+
+def synthetic_rows(n: int, now: datetime, rng: np.random.Generator) -> pd.DataFrame:
+    """n documents, each with two versions of its features (an older and a newer event)."""
+    ids = [f"doc{i:07d}" for i in range(n)]
+    frames = []
+    for age_days in (40, 5):
+        event = now - timedelta(days=age_days)
+        frames.append(pd.DataFrame({
+            "doc_id": ids, "split": rng.choice(["train", "validation", "test"], n, p=[0.9, 0.05, 0.05]),
+            "module": [f"mod{i % 500}" for i in range(n)], "event_timestamp": event, "created_timestamp": event,
+            "n_chars": rng.integers(20, 4000, n), "n_words": rng.integers(3, 600, n), "n_lines": rng.integers(1, 80, n),
+            "alpha_ratio": rng.random(n), "digit_ratio": rng.random(n) * 0.1, "punct_ratio": rng.random(n) * 0.2,
+            "cluster_size": rng.integers(1, 4, n), "quality_score": rng.random(n)}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def bench_feast(rows: int, entity_sizes: list[int], repeats: int, root: Path) -> dict:
+    os.environ["LMFORGE_HOME"] = str(root)
+    from components.features.offline import write_offline
+    from components.features.selection import historical_features
+    from components.features.store import apply_repo, materialize, open_store
+    from components.sections.features import FeaturesConfig
+    from components.workspace import Workspace
+
+    ws, cfg = Workspace(root).ensure(), FeaturesConfig()
+    rng = np.random.default_rng(0)
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    data = synthetic_rows(rows, now, rng)
+    write_offline(ws, "bench", data)
+    t0 = time.perf_counter()
+    apply_repo(ws, cfg)
+    t_apply = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    materialize(ws, cfg)
+    t_mat = time.perf_counter() - t0
+    store = open_store(ws, cfg)
+    service = store.get_feature_service("serving_v1")
+    ids = data["doc_id"].unique()
+    out: dict = {"rows": len(data), "documents": rows, "apply_s": round(t_apply, 2), "materialize_s": round(t_mat, 2),
+                 "online": {}, "historical": {}}
+
+    db = sqlite3.connect(str(ws.features / "online_store.db"))
+    table = next(r[0] for r in db.execute("select name from sqlite_master where type='table'") if "document_quality" in r[0])
+    from feast.infra.key_encoding_utils import serialize_entity_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    def raw_keys(batch):
+        return [serialize_entity_key(EntityKey(join_keys=["doc_id"], entity_values=[Value(string_val=i)]),
+                                     entity_key_serialization_version=3) for i in batch]
+
+    for n in (1, 100):
+        feast_t, raw_t = [], []
+        for _ in range(repeats):
+            batch = list(rng.choice(ids, n, replace=False))
+            t0 = time.perf_counter()
+            res = store.get_online_features(features=service, entity_rows=[{"doc_id": i} for i in batch]).to_dict()
+            feast_t.append(time.perf_counter() - t0)
+            assert all(v is not None for v in res["quality_score"])
+            t0 = time.perf_counter()
+            keys = raw_keys(batch)
+            got = db.execute(f"select entity_key, feature_name, value from {table} where entity_key in "
+                             f"({','.join('?' * len(keys))})", keys).fetchall()
+            raw_t.append(time.perf_counter() - t0)
+            assert len({g[0] for g in got}) == n
+        out["online"][n] = {"feast_ms": pct(feast_t), "sqlite_ms": pct(raw_t)}
+
+    for n in entity_sizes:
+        entity = pd.DataFrame({"doc_id": rng.choice(ids, n, replace=True),
+                               "event_timestamp": now - pd.to_timedelta(rng.integers(0, 60 * 86400, n), unit="s")})
+        t0 = time.perf_counter()
+        got = historical_features(ws, cfg, entity)
+        t_feast = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ref = as_of_pandas(data, entity, ttl=timedelta(days=365))
+        t_pandas = time.perf_counter() - t0
+        agree = np.allclose(got["quality_score"].to_numpy(dtype=float), ref["quality_score"].to_numpy(dtype=float), equal_nan=True)
+        out["historical"][n] = {"feast_s": round(t_feast, 3), "pandas_s": round(t_pandas, 3), "agree": bool(agree)}
+    db.close()
+    return out
+
+
+def as_of_pandas(data: pd.DataFrame, entity: pd.DataFrame, *, ttl: timedelta) -> pd.DataFrame:
+    """The same point-in-time join with merge_asof: newest event <= t, within the ttl, created <= t."""
+    left = entity.reset_index().assign(t=lambda d: pd.to_datetime(d["event_timestamp"], utc=True).astype("datetime64[ns, UTC]"))
+    right = data.assign(t=data["event_timestamp"].astype("datetime64[ns, UTC]"),
+                        ev=data["event_timestamp"].astype("datetime64[ns, UTC]"),
+                        cr=data["created_timestamp"].astype("datetime64[ns, UTC]"))
+    right = right.sort_values(["t", "cr"])
+    merged = pd.merge_asof(left.sort_values("t"), right[["t", "doc_id", "ev", "cr", "quality_score"]], on="t", by="doc_id",
+                           direction="backward")
+    stale = (merged["ev"] < merged["t"] - ttl) | (merged["cr"] > merged["t"])
+    merged.loc[stale, "quality_score"] = np.nan
+    return merged.sort_values("index").reset_index(drop=True)
+
+
+def bench_qdrant(sizes: list[int], queries: int, dim: int, root: Path) -> dict:
+    from qdrant_client import QdrantClient, models
+
+    from components.vectors.index import tune_local_storage
+
+    rng = np.random.default_rng(1)
+    out: dict = {}
+    for n in sizes:
+        # Clustered data, as embeddings are: 200 centres plus noise.
+        centres = rng.normal(size=(200, dim)).astype(np.float32)
+        vecs = centres[rng.integers(0, 200, n)] + 0.6 * rng.normal(size=(n, dim)).astype(np.float32)
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        qs = centres[rng.integers(0, 200, queries)] + 0.6 * rng.normal(size=(queries, dim)).astype(np.float32)
+        qs /= np.linalg.norm(qs, axis=1, keepdims=True)
+        client = QdrantClient(path=str(root / f"qdrant-{n}"))
+        client.create_collection("bench", vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE))
+        assert tune_local_storage(client)  # as the pipeline does: WAL, no fsync per point
+        t0 = time.perf_counter()
+        for s in range(0, n, 2000):
+            client.upsert("bench", points=models.Batch(ids=list(range(s, min(s + 2000, n))), vectors=vecs[s:s + 2000].tolist()),
+                          wait=True)
+        t_up = time.perf_counter() - t0
+        q_t, np_t, recall = [], [], []
+        for q in qs:
+            t0 = time.perf_counter()
+            hits = client.query_points("bench", query=q.tolist(), limit=10).points
+            q_t.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            sims = vecs @ q
+            top = np.argpartition(-sims, 10)[:10]
+            top = top[np.argsort(-sims[top])]
+            np_t.append(time.perf_counter() - t0)
+            recall.append(len({h.id for h in hits} & set(top.tolist())) / 10)
+        client.close()
+        out[n] = {"upsert_s": round(t_up, 2), "qdrant_ms": pct(q_t), "numpy_ms": pct(np_t), "recall_at_10": float(np.mean(recall))}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=100_000, help="documents in the offline source (2 versions each)")
+    ap.add_argument("--entities", type=int, nargs="+", default=[10_000, 100_000], help="entity rows for get_historical_features")
+    ap.add_argument("--points", type=int, nargs="+", default=[10_000, 100_000], help="Qdrant collection sizes")
+    ap.add_argument("--repeats", type=int, default=200, help="online lookups per size")
+    ap.add_argument("--queries", type=int, default=100, help="Qdrant queries per size")
+    ap.add_argument("--dim", type=int, default=384)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-features-") as tmp:
+        feast_res = bench_feast(args.rows, args.entities, args.repeats, Path(tmp) / "ws")
+        qdrant_res = bench_qdrant(args.points, args.queries, args.dim, Path(tmp))
+    rows = []
+    for n, r in feast_res["online"].items():
+        rows.append((f"Feast get_online_features, {n} entit{'y' if n == 1 else 'ies'} (p50 / p99 ms)",
+                     f"{r['feast_ms'][0]:.2f} / {r['feast_ms'][1]:.2f}", "raw sqlite3 SELECT",
+                     f"{r['sqlite_ms'][0]:.3f} / {r['sqlite_ms'][1]:.3f}", f"{r['feast_ms'][0] / r['sqlite_ms'][0]:.0f}x"))
+    for n, r in feast_res["historical"].items():
+        rows.append((f"Feast get_historical_features, {n:,} entity rows (s)", f"{r['feast_s']:.2f}",
+                     "pandas merge_asof", f"{r['pandas_s']:.2f}",
+                     f"{r['feast_s'] / r['pandas_s']:.1f}x (same values: {r['agree']})"))
+    for n, r in qdrant_res.items():
+        rows.append((f"Qdrant local search top-10, {n:,} points (p50 / p99 ms)",
+                     f"{r['qdrant_ms'][0]:.2f} / {r['qdrant_ms'][1]:.2f}", "numpy brute force",
+                     f"{r['numpy_ms'][0]:.2f} / {r['numpy_ms'][1]:.2f}",
+                     f"{r['qdrant_ms'][0] / r['numpy_ms'][0]:.1f}x, recall@10 {r['recall_at_10']:.3f}"))
+    results = {"feast": feast_res, "qdrant": qdrant_res, "args": vars(args)}
+    cmd = "python benchmarks/bench_features.py " + " ".join(sys.argv[1:])
+    write_results("features", results, ["measure", "value", "baseline", "baseline value", "ratio"], rows, command=cmd.strip())
+    print(f"Feast apply {feast_res['apply_s']} s, materialise {feast_res['rows']:,} rows {feast_res['materialize_s']} s; "
+          + "; ".join(f"Qdrant upsert {n:,} points {r['upsert_s']} s" for n, r in qdrant_res.items()))
+
+
+if __name__ == "__main__":
+    main()
