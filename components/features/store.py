@@ -68,7 +68,7 @@ def check_repo_config(yaml_file: Path) -> Any:
         raise UserError(str(yaml_file), None, "is not a YAML mapping of Feast settings",
                         "Restore it from git: git checkout feature_repo/feature_store.yaml")
     for key, value in _leaves(raw):
-        if isinstance(value, str) and re.search(r"\$\{?\w+", value):
+        if isinstance(value, str) and re.search(r"\$\{\w+\}|\$[A-Z_][A-Z0-9_]*", value):
             raise UserError(f"{yaml_file}: {key}", value, "has an environment variable that is not set",
                             "Set it, or write the value out")
     try:
@@ -111,10 +111,14 @@ def load_definitions(ws: Workspace, cfg: FeaturesConfig) -> list[Any]:
     objects = [v for v in vars(module).values() if isinstance(v, (Entity, FeatureView, FeatureService))]
     order = {Entity: 0, FeatureView: 1, FeatureService: 2}
     objects.sort(key=lambda o: (next(r for t, r in order.items() if isinstance(o, t)), o.name))
-    views = [o for o in objects if isinstance(o, FeatureView)]
-    assert any(v.name == VIEW for v in views), f"{path} defines no {VIEW} feature view"
-    source = Path(next(v for v in views if v.name == VIEW).batch_source.path)
-    assert source.is_relative_to(ws.root), f"{VIEW} reads {source}, outside the workspace {ws.root}"
+    view = next((o for o in objects if isinstance(o, FeatureView) and o.name == VIEW), None)
+    if view is None:
+        raise UserError(str(path), None, f"defines no {VIEW!r} feature view, which lmforge selects and retrieves with",
+                        "Start from the project's feature_repo/feature_definitions.py")
+    source = Path(view.batch_source.path)
+    if not source.is_relative_to(ws.root):
+        raise UserError(f"{path}: {VIEW}", source, f"is read from outside the workspace {ws.root}, where lmforge publishes it",
+                        "Build the source path from components.workspace.Workspace.from_env(), as the project's file does")
     return objects
 
 

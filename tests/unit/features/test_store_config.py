@@ -60,3 +60,13 @@ def test_definitions_refuse_to_guess_the_workspace(monkeypatch):
     monkeypatch.delenv("LMFORGE_HOME", raising=False)
     with pytest.raises(RuntimeError, match="LMFORGE_HOME is not set"):
         _import_file(REPO_DEFAULT / DEFINITIONS)
+
+
+def test_definitions_without_the_quality_view_are_a_user_error(workspace, tmp_path):
+    from components.features.store import load_definitions
+
+    repo = broken_repo(tmp_path, GOOD).parent
+    (repo / "feature_definitions.py").write_text(
+        "from feast import Entity, ValueType\ndocument = Entity(name='document', join_keys=['doc_id'], value_type=ValueType.STRING)\n")
+    with pytest.raises(UserError, match="defines no 'document_quality' feature view"):
+        load_definitions(workspace, FeaturesConfig(repo=str(repo)))
