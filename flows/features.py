@@ -22,7 +22,7 @@ from prefect import flow, task
 from components.config import PipelineConfig
 from components.errors import UserError
 from components.features.offline import publish_offline
-from components.features.selection import select_training_set, update_report
+from components.features.selection import clear_selection, select_training_set, update_report
 from components.features.store import apply_repo, materialize
 from components.sections.features import FeaturesConfig
 from components.sections.vectors import VectorsConfig
@@ -81,6 +81,8 @@ def features_flow(cfg: PipelineConfig) -> dict[str, Any]:
         result["selection"] = {k: v for k, v in selection.items() if k != "shards"}
         summary.update(selected=selection["selected"], rejected=selection["rejected"],
                        missing_features=selection["missing_features"])
+    elif clear_selection(ws, version):
+        print("features disabled: removed the previous selection; training reads the whole train split")
     if cfg.vectors.enabled:
         index = index_task(ws, cfg.vectors, version)
         dups = index["near_duplicates"]

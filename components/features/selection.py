@@ -17,6 +17,8 @@ and adds the counts to the dataset's report.json under "feature_selection".
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,19 @@ def select_training_set(ws: Workspace, version: str, cfg: FeaturesConfig) -> dic
         atomic_write_json(tmp / "selection.json", {**result, "selected_ids": [i for i, k in zip(ids, keep) if k]})
     update_report(ds, "feature_selection", result)
     return result
+
+
+def clear_selection(ws: Workspace, version: str) -> bool:
+    """Remove a previous selection, so training reads the whole train split again. True when one existed."""
+    selected = ws.dataset_dir(version) / "selected"
+    if not selected.exists():
+        return False
+    # Renamed first: training never sees a half-deleted selection.
+    doomed = selected.with_name(f".selected.removed-{os.getpid()}")
+    os.replace(selected, doomed)
+    shutil.rmtree(doomed)
+    update_report(ws.dataset_dir(version), "feature_selection", None)
+    return True
 
 
 def update_report(ds: Path, key: str, value: Any) -> None:
