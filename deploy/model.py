@@ -67,9 +67,11 @@ class TritonPythonModel:
 
         here = os.path.dirname(os.path.abspath(__file__))
         folder = os.path.join(here, "model")
-        self.tok = AutoTokenizer.from_pretrained(folder)
+        self.tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
         self.tok.padding_side = "left"  # decoder-only batches are padded on the left
-        self.model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True).to(self.device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            folder, use_safetensors=True, trust_remote_code=False,  # never run code shipped with a model
+            dtype=torch.float32 if self.device.type == "cpu" else "auto").to(self.device).eval()
         self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
         self.eos_id = self.tok.eos_token_id
         # Padding fills rows that stopped early; the model itself never emits it, so a row's length is unambiguous.
@@ -147,7 +149,8 @@ class TritonPythonModel:
             out = self.model.generate(
                 input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                 max_new_tokens=max(r["max_new"] for r in rows), do_sample=False, pad_token_id=self.pad_id,
-                eos_token_id=self.eos_id, suppress_tokens=self.suppress, stopping_criteria=self.stop, logits_processor=self._processors([clock]),
+                eos_token_id=self.eos_id, suppress_tokens=self.suppress, stopping_criteria=self.stop,
+                logits_processor=self._processors([clock]),
                 return_dict_in_generate=True, output_scores=True)
             logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         t_end = time.perf_counter()

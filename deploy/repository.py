@@ -120,7 +120,8 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
                   shard_dir: Path | None = None) -> Path:
     """Write `<repo>/<model>/<version>/` from an exported model folder (atomically); return it."""
     if version < 1:
-        raise UserError("model version", version, "is not a positive integer", "Triton versions are registry versions, 1 and up")
+        raise UserError("model version", version, "is not a positive integer",
+                        "Triton versions are registry versions, 1 and up")
     model_dir = check_model_dir(Path(model_dir))
     target = version_dir(repo, cfg.model_name, version)
     with atomic_dir(target) as tmp:

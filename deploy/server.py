@@ -67,7 +67,7 @@ def triton_paths(venv: Path | None = None) -> tuple[Path, Path]:
     """(tritonserver binary, backends folder) inside the serving venv's nvidia-pytriton."""
     venv = venv or serve_venv()
     roots = sorted(venv.glob("lib/python*/site-packages/pytriton/tritonserver"))
-    fix = "Run scripts/bootstrap.sh (it builds .venv-serve with nvidia-pytriton), or set LMFORGE_SERVE_VENV"
+    fix = "Run scripts/bootstrap.sh (it builds .venv-serve with nvidia-pytriton) or set LMFORGE_SERVE_VENV"
     if not roots:
         raise UserError("serving environment", venv, "has no nvidia-pytriton (no tritonserver binary)", fix)
     binary, backends = roots[0] / "bin" / "tritonserver", roots[0] / "backends"

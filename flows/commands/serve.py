@@ -76,10 +76,10 @@ def serve(
     console.print("Ctrl-C stops the server")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
+    from deploy.server import is_running
+
     try:
         while not done.wait(1.0):
-            from deploy.server import is_running
-
             if not is_running(info.pid):
                 raise UserError("tritonserver", info.pid, "exited", f"See {info.log}")
     except KeyboardInterrupt:
@@ -91,7 +91,8 @@ def serve(
 def generate(
     prompt: Annotated[str, typer.Argument(help="a signature, e.g. 'def foo(x):'")],
     protocol: Annotated[str, typer.Option("--protocol", "-p", help="http or grpc")] = "http",
-    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="default: deploy.max_new_tokens")] = None,
+    max_new_tokens: Annotated[int | None,
+                              typer.Option("--max-new-tokens", help="default: deploy.max_new_tokens")] = None,
     context: Annotated[str | None, typer.Option("--context", help="retrieved text placed before the prompt")] = None,
     version: Annotated[int | None, typer.Option("--version", help="a specific loaded version")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print every output as JSON")] = False,

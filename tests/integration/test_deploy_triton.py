@@ -105,7 +105,7 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
         "shape": _refused(lambda: send([tensor("PROMPT", np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")])),
         "empty": _refused(lambda: send(client.build_inputs([""]))),
         "chars": _refused(lambda: send(client.build_inputs(["def f(x):" + "x" * 2000]))),
-        "tokens": _refused(lambda: send(client.build_inputs(["def f(" + ", ".join(f"a{i}" for i in range(80)) + "):"]))),
+        "tokens": _refused(lambda: send(client.build_inputs(["def f(" + ", ".join(f"a{i}" for i in range(80)) + ")"]))),
         "utf8": _refused(lambda: send(client.build_inputs([b"def caf\xc3\x28(x):"]))),
         "max_new": _refused(lambda: send([tensor("PROMPT", good, "BYTES"),
                                           tensor("MAX_NEW_TOKENS", np.array([[0]], dtype=np.int32), "INT32")])),
