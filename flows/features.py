@@ -32,7 +32,12 @@ from components.workspace import Workspace
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
-    return not isinstance(state.result(raise_on_failure=False), UserError)
+    """Retry I/O hiccups; a UserError (bad config, missing dataset, held folder) fails at once."""
+    try:
+        error = state.result(raise_on_failure=False)
+    except Exception:  # the failure cannot be read back: retrying is the safe default
+        return True
+    return not isinstance(error, UserError)
 
 
 _io = {"retries": 2, "retry_delay_seconds": 3, "retry_condition_fn": _retry_unless_user_error}
