@@ -1,0 +1,57 @@
+"""How tritonserver is launched (DESIGN.md §6), without starting it."""
+
+from __future__ import annotations
+
+import socket
+import sysconfig
+
+import pytest
+
+from components.errors import UserError
+from components.sections.deploy import DeployConfig
+from deploy import server
+
+
+def test_server_env_puts_the_serving_venv_first_and_its_libpython_on_the_loader_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    venv = server.serve_venv()
+    if not (venv / "bin" / "python").exists():
+        pytest.skip("no .venv-serve here (scripts/bootstrap.sh builds it)")
+    env = server.server_env()
+    assert env["PATH"].split(":")[0] == str(venv.resolve() / "bin")
+    assert env["VIRTUAL_ENV"] == str(venv.resolve())
+    # Same base interpreter for both venvs here, so the same LIBDIR.
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == sysconfig.get_config_var("LIBDIR")
+    assert "PYTHONPATH" not in env  # the stub must not see the project's modules
+    binary, backends = server.triton_paths()
+    assert binary.name == "tritonserver" and (backends / "python" / "triton_python_backend_stub").is_file()
+
+
+def test_a_missing_serving_environment_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(server.ENV_SERVE_VENV, str(tmp_path / "nowhere"))
+    with pytest.raises(UserError, match="bootstrap.sh"):
+        server.triton_paths()
+
+
+def test_a_taken_port_is_refused_before_starting(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        cfg = DeployConfig(http_port=taken, grpc_port=0, metrics_port=0)
+        with pytest.raises(UserError, match="deploy.http_port"):
+            server.start_server(tmp_path / "repo", cfg, log_path=tmp_path / "server.log")
+
+
+def test_state_file_round_trip(tmp_path):
+    from components.workspace import Workspace
+
+    ws = Workspace(tmp_path).ensure()
+    info = server.ServerInfo(pid=123, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
+                             repository="/r", log="/l", started_at="2026-01-01T00:00:00+00:00")
+    state = server.write_state(ws, info, model="lmforge", version=4)
+    assert server.read_state(ws) == state
+    assert {k: state[k] for k in ("model", "version", "http", "grpc", "pid", "url")} == {
+        "model": "lmforge", "version": 4, "http": 1, "grpc": 2, "pid": 123, "url": "http://127.0.0.1:1"}
+    assert server.info_from_state(state) == info
+    assert server.running_server(ws) is None  # pid 123 is not a tritonserver
