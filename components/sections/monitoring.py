@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from ._base import Section
 
@@ -71,21 +71,22 @@ class MonitoringConfig(Section):
     traffic_noise: float = Field(0.3, gt=0, le=1, description="share of characters replaced in a noisy prompt")
     traffic_concurrency: int = Field(4, ge=1, le=64, description="demo requests in flight at once")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "MonitoringConfig":
-        if not self.columns:
-            raise ValueError("columns must name at least one column to watch")
-        for column, test in self.columns.items():
+    @field_validator("columns")
+    @classmethod
+    def _known_columns(cls, columns: dict[str, DriftTest]) -> dict[str, DriftTest]:
+        if not columns:
+            raise ValueError("name at least one column to watch")
+        for column, test in columns.items():
             if column in NUMERIC_COLUMNS:
                 if test == "chi-square":
-                    raise ValueError(f"columns.{column} is numeric: use ks or hellinger, not chi-square")
+                    raise ValueError(f"{column} is numeric: use ks or hellinger, not chi-square")
             elif column in CATEGORICAL_COLUMNS:
                 if test != "chi-square":
-                    raise ValueError(f"columns.{column} is categorical: use chi-square, not {test}")
+                    raise ValueError(f"{column} is categorical: use chi-square, not {test}")
             else:
-                raise ValueError(f"columns.{column} is not a watched request column; "
+                raise ValueError(f"{column} is not a watched request column; "
                                  f"choose from {', '.join(NUMERIC_COLUMNS + CATEGORICAL_COLUMNS)}")
-        return self
+        return columns
 
     def test_for(self, column: str) -> DriftTest:
         return self.columns[column]
