@@ -31,3 +31,13 @@ def test_clearing_a_selection_returns_training_to_the_whole_split(workspace):
     assert workspace.training_shards(version) == ds / "shards" and not (ds / "selected").exists()
     assert json.loads((ds / "report.json").read_text())["feature_selection"] is None
     assert not [p for p in ds.iterdir() if p.name.startswith(".selected")]
+
+
+def test_the_flow_retries_io_errors_but_not_user_errors():
+    from prefect.states import Failed
+
+    from components.errors import UserError
+    from flows.features import _retry_unless_user_error
+
+    assert _retry_unless_user_error(None, None, Failed(data=OSError("registry.db is busy")))
+    assert not _retry_unless_user_error(None, None, Failed(data=UserError("dataset", None, "has no features.parquet")))
