@@ -32,12 +32,15 @@ class TokenWindows:
     @classmethod
     def open(cls, shard_dir: Path, *, seq_len: int, seed: int, split: str = "train") -> "TokenWindows":
         index = read_index(shard_dir)
-        tokens = open_shard(shard_dir, split)
+        if split not in index["splits"]:
+            raise UserError("shards", shard_dir, f"has no {split!r} split", "Re-run the data stage: lmforge run data")
         expected = index["splits"][split]["tokens"]
-        size = (Path(shard_dir) / f"{split}.bin").stat().st_size
-        if size != expected * tokens.dtype.itemsize:
-            raise UserError("shards", Path(shard_dir) / f"{split}.bin",
-                            f"holds {size} bytes but its index says {expected} tokens", "Re-run the data stage: lmforge run data")
+        path = Path(shard_dir) / f"{split}.bin"
+        size = path.stat().st_size if path.is_file() else 0
+        if size != expected * np.dtype(index["dtype"]).itemsize:
+            raise UserError("shards", path, f"holds {size} bytes but its index says {expected} tokens (truncated?)",
+                            "Re-run the data stage: lmforge run data")
+        tokens = open_shard(shard_dir, split)
         windows = cls(tokens, seq_len, seed)
         if windows.n_windows < 1:
             raise UserError("training.seq_len", seq_len, f"is longer than the {split} split ({len(tokens)} tokens)",

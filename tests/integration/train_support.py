@@ -60,3 +60,33 @@ if __name__ == "__main__":
 
     print(make_dataset(Workspace(Path(sys.argv[1])).ensure()))
     print(json.dumps(json.loads((Workspace(Path(sys.argv[1])).dataset_dir("testdata0001") / "shards" / "index.json").read_text())))
+
+
+def tiny_training(**overrides: object):
+    """configs/tiny.toml's [training] table with `overrides` merged in (nested dicts merge)."""
+    import tomllib
+
+    from components.sections.training import TrainingConfig
+
+    repo = Path(__file__).resolve().parents[2]
+    raw = tomllib.loads((repo / "configs" / "tiny.toml").read_text())["training"]
+
+    def merge(a: dict, b: dict) -> dict:
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(out.get(k, {}), v) if isinstance(v, dict) else v
+        return out
+
+    return TrainingConfig.model_validate(merge(raw, overrides))
+
+
+def run_training(ws: Workspace, name: str, cfg, *, resume: bool = False, version: str = "testdata0001", timeout_s: float = 300):
+    """Prepare and launch one job the way flows/train.py does; returns (events, run_dir)."""
+    from components.training.job import prepare_job
+    from components.training.launcher import launch
+
+    run_dir = ws.run_dir(name)
+    job = prepare_job(cfg, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
+                      run_dir=run_dir, resume=resume, meta={"run_name": name, "dataset_version": version}, timeout_s=timeout_s)
+    result = launch(job.launch, on_line=lambda rank, line: None)
+    return result.events, run_dir

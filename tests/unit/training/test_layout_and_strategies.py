@@ -1,0 +1,87 @@
+"""Layout rules are checked before launch, and the DeepSpeed config is built by ordered, gated functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from components.errors import UserError
+from components.sections.training import TrainingConfig
+from components.training.layout import check_layout
+from components.training.strategies import applied, deepspeed_config, for_deepspeed
+
+
+def cfg(**kw) -> TrainingConfig:
+    base = {"model": {"preset": "tiny"}, "micro_batch_size": 4, "max_steps": 10, "warmup_steps": 2}
+    base.update(kw)
+    return TrainingConfig.model_validate(base)
+
+
+@pytest.mark.parametrize("training, world, rule", [
+    ({"parallel": {"strategy": "ddp", "pipeline": {"stages": 2}}}, 3, "world size must be divisible by pipeline stages x autotp_size = 2 x 1"),
+    ({"parallel": {"strategy": "zero1", "tensor": {"autotp_size": 3}}}, 3, "attention heads (4) and key/value heads (4) must be divisible by the TP degree"),
+    ({"parallel": {"strategy": "ddp", "pipeline": {"stages": 4}}}, 4, "more pipeline stages than decoder layers (2)"),
+    ({"global_batch_size": 16}, 2, "global batch = micro_batch_size x accumulation x data-parallel ranks = 4 x 1 x 2 = 8"),
+    ({"model": {"preset": "tiny", "num_heads": 3}}, 2, "hidden_size 64 must be divisible by the heads"),
+    ({"warmup_steps": 50}, 2, "warmup must not exceed max_steps (10)"),
+])
+def test_invalid_layouts_name_the_rule(training, world, rule):
+    with pytest.raises(UserError) as e:
+        check_layout(cfg(**training), vocab_size=512, world_size=world)
+    assert rule in str(e.value)
+    assert "breaks the layout rule" in str(e.value) and str(e.value).count("\n") == 0
+
+
+@pytest.mark.parametrize("parallel, message", [
+    ({"strategy": "zero1", "offload_optimizer": True}, "offload_optimizer needs zero2 or zero3"),
+    ({"strategy": "zero2", "offload_param": True}, "offload_param needs zero3"),
+    ({"strategy": "zero2", "pipeline": {"stages": 2}}, "pipeline parallelism runs with ddp or zero1"),
+    ({"strategy": "zero3", "tensor": {"autotp_size": 2}}, "autotp runs with ddp, zero1 or zero2"),
+])
+def test_unsupported_combinations_fail_at_config_load(parallel, message):
+    from components.config import validate_config
+
+    with pytest.raises(UserError) as e:
+        validate_config({"training": {"parallel": parallel}})
+    assert message in str(e.value).lower()
+
+
+def test_layout_arithmetic_and_lr_scaling():
+    layout = check_layout(cfg(grad_accum_steps=2, lr=1e-3, lr_scaling=True, reference_batch_size=8,
+                              parallel={"strategy": "zero1", "tensor": {"autotp_size": 2}}), vocab_size=512, world_size=4)
+    assert (layout.dp, layout.tp, layout.pp, layout.accum, layout.global_batch) == (2, 2, 1, 2, 16)
+    assert layout.lr == pytest.approx(2e-3)
+    pipe = check_layout(cfg(parallel={"strategy": "ddp", "pipeline": {"stages": 2, "micro_batches": 4}}), vocab_size=512, world_size=2)
+    assert (pipe.dp, pipe.accum, pipe.global_batch) == (1, 4, 16)
+
+
+def test_precision_auto_follows_the_hardware():
+    assert check_layout(cfg(), vocab_size=512, world_size=2, bf16_supported=True).bf16
+    assert not check_layout(cfg(), vocab_size=512, world_size=2, bf16_supported=False).bf16
+    assert not check_layout(cfg(precision="fp32"), vocab_size=512, world_size=2).bf16
+
+
+def test_gates_fire_in_order_and_only_when_on():
+    ddp = deepspeed_config(cfg(parallel={"strategy": "ddp"}), check_layout(cfg(parallel={"strategy": "ddp"}), vocab_size=512, world_size=2))
+    assert applied(ddp) == ["base"] and ddp["zero_optimization"] == {"stage": 0}
+    c = cfg(activation_checkpointing=True, parallel={"strategy": "zero3", "offload_optimizer": True, "offload_param": True})
+    ds = deepspeed_config(c, check_layout(c, vocab_size=512, world_size=2))
+    assert applied(ds) == ["base", "zero3", "offload", "activation_checkpointing"]
+    z = ds["zero_optimization"]
+    assert z["stage"] == 3 and z["offload_optimizer"]["device"] == "cpu" and z["offload_param"]["device"] == "cpu"
+    assert "torch_adam" not in ds["optimizer"]["params"]  # offload steps on the host with DeepSpeedCPUAdam
+    p = cfg(parallel={"strategy": "zero1", "pipeline": {"stages": 2, "partition": "uniform"}})
+    pds = deepspeed_config(p, check_layout(p, vocab_size=512, world_size=2))
+    assert applied(pds) == ["base", "zero1", "pipeline"] and pds["pipeline"]["partition"] == "uniform"
+    t = cfg(parallel={"strategy": "zero2", "tensor": {"autotp_size": 2}})
+    tds = deepspeed_config(t, check_layout(t, vocab_size=512, world_size=2))
+    assert applied(tds) == ["base", "zero2", "tensor_parallel"] and tds["tensor_parallel"] == {"autotp_size": 2}
+    assert "lmforge_applied" not in for_deepspeed(tds)
+
+
+def test_deepspeed_accepts_the_generated_config():
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    c = cfg(grad_accum_steps=2, parallel={"strategy": "zero2"})
+    layout = check_layout(c, vocab_size=512, world_size=1)
+    parsed = DeepSpeedConfig(for_deepspeed(deepspeed_config(c, layout)))  # no process group: world size 1
+    assert parsed.train_batch_size == 8 and parsed.gradient_accumulation_steps == 2 and parsed.zero_optimization_stage == 2

@@ -1,0 +1,57 @@
+"""The planner reproduces the ZeRO paper's formulas and the 7B rule of thumb."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from components.training.planner import PlanInput, make_plan, model_state_bytes, parse_size
+
+
+def test_7b_on_8x80gb_matches_the_rule_of_thumb():
+    plan = make_plan(PlanInput(params=7e9, devices=8, memory_gb=80))
+    rows = {r.strategy: r for r in plan.rows}
+    assert rows["ddp"].model_states_gb == pytest.approx(112.0)
+    assert rows["zero1"].model_states_gb == pytest.approx(4 * 7 + 12 * 7 / 8)
+    assert rows["zero2"].model_states_gb == pytest.approx(2 * 7 + 14 * 7 / 8)
+    assert rows["zero3"].model_states_gb == pytest.approx(16 * 7 / 8)
+    assert plan.inference_gb == pytest.approx(14.0)
+    assert not rows["ddp"].fits and plan.recommended == "zero1"
+    off = rows["zero3+offload_optimizer+offload_param"]
+    assert off.optimizer_gb == 0 and off.params_gb == 0 and off.host_gb == pytest.approx((12 + 2) * 7 / 8)
+
+
+def test_fp32_and_offload_formulas():
+    s = model_state_bytes(1000, strategy="zero2", dp=4, precision="fp32")
+    assert s == {"params": 4000, "grads": 1000, "optimizer": 2000, "host": 0.0}
+    o = model_state_bytes(1000, strategy="zero2+offload_optimizer", dp=4, precision="bf16")
+    assert o["optimizer"] == 0 and o["host"] == 3000
+
+
+def test_nothing_fits_and_activation_checkpointing_helps():
+    big = PlanInput(params=70e9, devices=8, memory_gb=80, hidden_size=8192, num_layers=80, num_heads=64, seq_len=4096)
+    assert make_plan(big).recommended == "zero3+offload_optimizer+offload_param" or make_plan(big).recommended is None
+    plain, ckpt = make_plan(big), make_plan(PlanInput(**{**big.__dict__, "activation_checkpointing": True}))
+    assert ckpt.rows[0].activations_gb < plain.rows[0].activations_gb / 5
+
+
+def test_parse_size():
+    assert parse_size("7b") == 7e9 and parse_size("125M") == 125e6 and parse_size("1.3e9") == 1.3e9
+
+
+def test_plan_command_prints_the_table_and_json():
+    import typer
+
+    from flows.commands.plan import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)  # a second command keeps `plan` a named subcommand
+    out = CliRunner().invoke(app, ["plan", "--model", "7b", "--devices", "8", "--memory-gb", "80", "--json"])
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    assert plan["rows"][0]["model_states_gb"] == pytest.approx(112.0) and plan["inference_gb"] == pytest.approx(14.0)
+    text = CliRunner().invoke(app, ["plan", "--model", "demo", "--devices", "2", "--memory-gb", "1", "--seq-len", "128"])
+    assert text.exit_code == 0 and "recommended: ddp" in text.output
