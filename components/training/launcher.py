@@ -185,21 +185,40 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
         e = user_errors[0]
         raise UserError(e["what"], e.get("value"), e.get("problem", ""), e.get("fix", ""))
     rank, last = _failed_rank({t.rank: list(t.last) for t in tails.values()})
-    where = f"rank {rank}" if rank is not None else "a rank (none printed a traceback; killed?)"
+    silent = rank is not None and not any(x.startswith("Traceback") for x in last)
+    where = (f"rank {rank} died without a traceback (killed by a signal or out of memory?)" if silent
+             else f"rank {rank} failed" if rank is not None else "a rank failed (which one is unclear)")
     quoted = "\n".join(f"  [rank{rank}] {line}" for line in last[-12:])
-    raise LaunchFailed(f"training failed: {where} exited, launcher code {rc}. Its last lines:\n{quoted}\n"
+    raise LaunchFailed(f"training failed: {where}; launcher exit code {rc}. Its last lines:\n{quoted}\n"
                        f"(all rank logs: {log_dir})", rank, last, rc)
 
 
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"
+                        r"wait timeout|Timed out|SIGTERM|KeyboardInterrupt", re.IGNORECASE)
+
+
 def _failed_rank(last: dict[int, list[str]]) -> tuple[int | None, list[str]]:
-    """The rank that printed a traceback (the one that failed first); else the lowest rank."""
-    for rank in sorted(last):
-        if any(line.startswith("Traceback") or line.startswith(USER_ERROR_PREFIX) for line in last[rank]):
-            return rank, last[rank]
+    """The rank that failed first, from the tails of the rank logs.
+
+    A rank whose own code failed prints a traceback that is not about lost peers; when one
+    rank dies without a word (SIGKILL, out of memory), the others fail in a collective with
+    a lost-peer error, so the silent one is the culprit.
+    """
+    def traceback_of(lines: list[str]) -> list[str] | None:
+        for i, line in enumerate(lines):
+            if line.startswith("Traceback") or line.startswith(USER_ERROR_PREFIX):
+                return lines[i:]
+        return None
+
+    own = [r for r in sorted(last) if (tb := traceback_of(last[r])) and not any(_PEER_LOST.search(x) for x in tb)]
+    if own:
+        return own[0], last[own[0]]
+    silent = [r for r in sorted(last) if traceback_of(last[r]) is None]
+    if silent and len(silent) < len(last):
+        return silent[0], last[silent[0]]
     if not last:
         return None, []
-    rank = min(last)
-    return None, last[rank]
+    return None, last[min(last)]
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:

@@ -95,3 +95,43 @@ def stage_hf_state(pipe: Any) -> dict[str, torch.Tensor]:
         if hasattr(layer, "hf_state"):
             out.update({k: v.detach().cpu() for k, v in layer.hf_state().items()})
     return out
+
+
+class IdleClock:
+    """Seconds this stage spent waiting on its neighbours (pipeline sends and receives) since the last read.
+
+        clock = IdleClock.attach(engine)     # a deepspeed PipelineEngine
+        engine.train_batch(it); idle_s = clock.take()
+
+    In a 1F1B schedule a stage waits exactly when the pipeline is not full on its side, so
+    idle / step time is the measured bubble of that stage.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @classmethod
+    def attach(cls, engine: Any) -> "IdleClock":
+        import time
+
+        from deepspeed.runtime.pipe import schedule
+
+        clock = cls()
+        waits = (schedule.RecvActivation, schedule.RecvGrad, schedule.SendActivation, schedule.SendGrad)
+
+        def timed(fn: Any) -> Any:
+            def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(self, *args, **kwargs)
+                finally:
+                    clock.seconds += time.perf_counter() - t0
+            return run
+
+        # An instance attribute shadows the class's instruction table for this engine only.
+        engine._INSTRUCTION_MAP = {k: timed(v) if k in waits else v for k, v in type(engine)._INSTRUCTION_MAP.items()}
+        return clock
+
+    def take(self) -> float:
+        out, self.seconds = self.seconds, 0.0
+        return out

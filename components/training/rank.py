@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
     from components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token
     from components.training.perf import matmul_peak_flops, mfu
-    from components.training.pipeline_model import build_pipeline, lm_loss
+    from components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
     from components.training.strategies import for_deepspeed
 
     cfg = TrainingConfig.model_validate(req["training"])
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         dp_rank, dp_size = groups._get_data_parallel_rank(), groups._get_data_parallel_world_size()
     assert dp_size == layout["dp"], (dp_size, layout)
     device = engine.device
+    idle = IdleClock.attach(engine) if pp > 1 else None
     t_engine = time.perf_counter()
     if rank == 0:
         print(f"startup: imports {t_import - t_start:.1f}s, process group {t_init - t_import:.1f}s, "
@@ -142,12 +143,13 @@ def main(argv: list[str] | None = None) -> int:
                 engine.step()
                 total += mb_loss.detach().float()
             loss = total / len(micro)
+        dt = time.perf_counter() - t0  # before the logging collective, so the idle fraction is the schedule's own
+        idle_s = idle.take() if idle is not None else 0.0
         dist.all_reduce(loss)
         loss_val = float(loss.item()) / world
-        dt = time.perf_counter() - t0
         if logging_step:
             mem = mem or model_state_bytes(engine)
-            mem.update(rss=host_rss_bytes(), device_peak=device_peak_bytes() or 0)
+            mem.update(rss=host_rss_bytes(), device_peak=device_peak_bytes() or 0, idle_fraction=idle_s / dt)
             per_rank: list[Any] = [None] * world
             dist.all_gather_object(per_rank, mem)
             if rank == 0:
