@@ -183,6 +183,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=100, help="Qdrant queries per size")
     ap.add_argument("--dim", type=int, default=384)
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-features-") as tmp:
         feast_res = bench_feast(args.rows, args.entities, args.repeats, Path(tmp) / "ws")
         qdrant_res = bench_qdrant(args.points, args.queries, args.dim, Path(tmp))
@@ -200,7 +201,10 @@ def main() -> None:
                      f"{r['qdrant_ms'][0]:.2f} / {r['qdrant_ms'][1]:.2f}", "numpy brute force",
                      f"{r['numpy_ms'][0]:.2f} / {r['numpy_ms'][1]:.2f}",
                      f"{r['qdrant_ms'][0] / r['numpy_ms'][0]:.1f}x, recall@10 {r['recall_at_10']:.3f}"))
-    results = {"feast": feast_res, "qdrant": qdrant_res, "args": vars(args)}
+    # The machine may be shared: a load far above nproc inflates every latency here, baselines included.
+    load = (round(load_before, 1), round(os.getloadavg()[0], 1))
+    rows.append(("1-min load average, start / end (nproc %d)" % os.cpu_count(), f"{load[0]} / {load[1]}", "", "", ""))
+    results = {"feast": feast_res, "qdrant": qdrant_res, "args": vars(args), "loadavg_start_end": load}
     cmd = "python benchmarks/bench_features.py " + " ".join(sys.argv[1:])
     write_results("features", results, ["measure", "value", "baseline", "baseline value", "ratio"], rows, command=cmd.strip())
     print(f"Feast apply {feast_res['apply_s']} s, materialise {feast_res['rows']:,} rows {feast_res['materialize_s']} s; "
