@@ -12,7 +12,8 @@
 3. A baseline on `--subset` and 2x`--subset` documents: pandas for validation, cleaning and
    exact dedup, and near-duplicates by comparing every pair of shingle sets (what the LSH
    replaces), against our same steps on the same documents; and how many near-duplicates
-   each finds (all-pairs is the exact answer, so this is the LSH's recall).
+   each finds (all-pairs gives the exact count; the LSH verifies candidates with the
+   MinHash estimate, so its count can differ by estimation error either way).
 
 Writes benchmarks/results/data.json and data.md.
 """
@@ -157,7 +158,7 @@ def main() -> None:
         print(json.dumps(run_stage(Path(args.source), Path(args.out), near_only=args.worker == "near")))
         return
 
-    command = "python benchmarks/bench_data.py " + " ".join(sys.argv[1:])
+    command = " ".join(["python benchmarks/bench_data.py", *sys.argv[1:]])
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
         tmp = Path(tmp)
         print("extracting the stdlib + site-packages corpus ...", flush=True)
