@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,6 +37,21 @@ from components.workspace import Workspace, atomic_write_json, sha256_file
 
 console = Console(stderr=True)
 RUN_FILE = "run.json"
+
+
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """The CLI reports a UserError on one line; Prefect's traceback of the same error is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], UserError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+for _name in ("prefect.flow_runs", "prefect.task_runs"):
+    _logger = logging.getLogger(_name)
+    if not any(type(f).__name__ == "_UserErrorsWithoutTraceback" for f in _logger.filters):
+        _logger.addFilter(_UserErrorsWithoutTraceback())
 
 
 def _git_commit() -> str | None:
