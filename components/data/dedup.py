@@ -27,6 +27,7 @@ from components.sections.data import DedupConfig
 
 _WORD = re.compile(r"\w+")
 MINHASH_SEED = 1  # fixed: signatures must be comparable across runs
+LSH_WEIGHTS = (0.1, 0.9)  # (false positive, false negative) weights for choosing bands x rows
 
 
 @dataclass
@@ -65,6 +66,8 @@ def deduplicate(texts: Sequence[str], cfg: DedupConfig, *, progress: Callable[[i
         result = _near_dedup(texts, unique, cfg, result, progress)
     elif progress:
         progress(len(unique))
+    if progress:
+        progress(exact)  # exact duplicates never reach the MinHash step; count them as done
     # every removed document counts once in the cluster of the kept document it ends up on
     sizes = dict.fromkeys(result.keep, 1)
     for j, target in result.duplicate_of.items():
@@ -80,7 +83,9 @@ def _near_dedup(texts: Sequence[str], unique: list[int], cfg: DedupConfig, resul
                 progress: Callable[[int], None] | None) -> DedupResult:
     from datasketch import MinHash, MinHashLSH
 
-    lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
+    # Every candidate is checked against the threshold, so a false positive costs one comparison
+    # while a false negative is a missed duplicate: tune the bands for recall.
+    lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm, weights=LSH_WEIGHTS)
     signatures: dict[int, np.ndarray] = {}
     keep: list[int] = []
     near = 0
