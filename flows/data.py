@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from components.config import PipelineConfig, config_hash
+from components.config import PipelineConfig, as_config, config_hash
 from components.data import steps
 from components.data.ingest import check_source, corpus_files, source_fingerprint
 from components.errors import UserError
@@ -36,21 +35,6 @@ from components.tracking import start_run
 from components.workspace import Workspace, sha256_json
 
 console = Console(stderr=True)
-
-
-class _UserErrorsWithoutTraceback(logging.Filter):
-    """A UserError is reported on one line by the CLI; Prefect's traceback of it is noise, so drop it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], UserError):
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-for _name in ("prefect.flow_runs", "prefect.task_runs"):
-    _logger = logging.getLogger(_name)
-    if not any(isinstance(f, _UserErrorsWithoutTraceback) for f in _logger.filters):
-        _logger.addFilter(_UserErrorsWithoutTraceback())
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
@@ -174,8 +158,9 @@ def _run(t: Any, *args: Any, states: dict[str, str]) -> dict[str, Any]:
 
 
 @flow(name="data", log_prints=True)
-def data_flow(cfg: PipelineConfig) -> dict[str, Any]:
+def data_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Ingest, validate, clean, dedup, split, featurize, tokenize; publish datasets/<version>; set LATEST."""
+    cfg = as_config(cfg)
     data = cfg.data
     check_source(data.source)  # before any task: a bad path fails at once and writes nothing
     ws = Workspace.from_env().ensure()

@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from components.config import PipelineConfig
+from components.config import PipelineConfig, as_config
 from components.errors import UserError
 from components.sections.deploy import DeployConfig
 from components.workspace import Workspace
@@ -47,7 +47,8 @@ def rollout_task(ws: Workspace, cfg: DeployConfig, info: ServerInfo, registry_mo
 
 
 @flow(name="deploy", log_prints=True)
-def deploy_flow(cfg: PipelineConfig) -> dict[str, Any]:
+def deploy_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
+    cfg = as_config(cfg)
     d = cfg.deploy
     if not d.enabled:
         return {"endpoint": None, "version": None, "summary": "deploy disabled ([deploy] enabled = false)"}
