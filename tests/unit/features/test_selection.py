@@ -33,7 +33,8 @@ def test_clearing_a_selection_returns_training_to_the_whole_split(workspace):
     assert not [p for p in ds.iterdir() if p.name.startswith(".selected")]
 
 
-def test_the_flow_retries_io_errors_but_not_user_errors():
+def test_the_flow_retries_io_errors_but_not_user_errors(workspace):
+    # Under `workspace`: the first import of `flows` points Prefect's home at LMFORGE_HOME.
     from prefect.states import Failed
 
     from components.errors import UserError
