@@ -1,7 +1,7 @@
 """The features stage: Feast apply, materialise, training-set selection; Qdrant index and near-duplicates.
 
     lmforge run features                       # on the latest dataset
-    features_flow(load_config("configs/demo.toml"))
+    features_flow(load_config("configs/demo.toml"))   # or a TOML path, as Prefect deployments pass it
 
 Reads the latest dataset; writes <dataset>/selected/ (the shards training reads),
 the counts into the dataset's report.json, the Feast registry and online store under
@@ -19,7 +19,7 @@ from typing import Any
 
 from prefect import flow, task
 
-from components.config import PipelineConfig
+from components.config import PipelineConfig, as_config
 from components.errors import UserError
 from components.features.offline import publish_offline
 from components.features.selection import clear_selection, select_training_set, update_report
@@ -72,7 +72,9 @@ def index_task(ws: Workspace, cfg: VectorsConfig, version: str) -> dict[str, Any
 
 
 @flow(name="features", log_prints=True)
-def features_flow(cfg: PipelineConfig) -> dict[str, Any]:
+def features_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
+    """Apply, materialise and select (Feast); index and report near-duplicates (Qdrant); on the latest dataset."""
+    cfg = as_config(cfg)
     ws = Workspace.from_env()
     version = ws.latest_dataset()
     if version is None:
