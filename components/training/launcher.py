@@ -35,6 +35,8 @@ from components.workspace import atomic_write_json
 EVENT_PREFIX = "LMFORGE_EVENT "
 USER_ERROR_PREFIX = "LMFORGE_USER_ERROR "
 _RANK_LOG = re.compile(r"_rank(\d+)\.log$")
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"
+                        r"wait timeout|Timed out|SIGTERM|KeyboardInterrupt", re.IGNORECASE)
 
 
 class LaunchFailed(RuntimeError):
@@ -97,6 +99,7 @@ class _Tail:
         self.path, self.rank, self.sink = path, rank, sink
         self.pos, self.buf = 0, ""
         self.last: collections.deque[str] = collections.deque(maxlen=25)
+        self.traceback = self.peer_lost = False  # over the whole log: a long traceback outgrows `last`
 
     def poll(self) -> None:
         with open(self.path, encoding="utf-8", errors="replace") as f:
@@ -106,13 +109,18 @@ class _Tail:
         self.buf += chunk
         *lines, self.buf = self.buf.split("\n")
         for line in lines:
-            self.last.append(line)
+            self._note(line)
             self.sink(self.rank, line)
+
+    def _note(self, line: str) -> None:
+        self.last.append(line)
+        self.traceback |= "Traceback (most recent call last)" in line or line.startswith(USER_ERROR_PREFIX)
+        self.peer_lost |= self.traceback and bool(_PEER_LOST.search(line))
 
     def flush(self) -> None:
         self.poll()
         if self.buf:
-            self.last.append(self.buf)
+            self._note(self.buf)
             self.sink(self.rank, self.buf)
             self.buf = ""
 
@@ -184,41 +192,30 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     if user_errors:
         e = user_errors[0]
         raise UserError(e["what"], e.get("value"), e.get("problem", ""), e.get("fix", ""))
-    rank, last = _failed_rank({t.rank: list(t.last) for t in tails.values()})
-    silent = rank is not None and not any(x.startswith("Traceback") for x in last)
+    rank, last = _failed_rank(list(tails.values()))
+    silent = rank is not None and not any(t.traceback for t in tails.values() if t.rank == rank)
     where = (f"rank {rank} died without a traceback (killed by a signal or out of memory?)" if silent
              else f"rank {rank} failed" if rank is not None else "a rank failed (which one is unclear)")
-    quoted = "\n".join(f"  [rank{rank}] {line}" for line in last[-12:])
+    quoted = "\n".join(f"  [rank{'?' if rank is None else rank}] {line}" for line in last[-12:])
     raise LaunchFailed(f"training failed: {where}; launcher exit code {rc}. Its last lines:\n{quoted}\n"
                        f"(all rank logs: {log_dir})", rank, last, rc)
 
 
-_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"
-                        r"wait timeout|Timed out|SIGTERM|KeyboardInterrupt", re.IGNORECASE)
-
-
-def _failed_rank(last: dict[int, list[str]]) -> tuple[int | None, list[str]]:
-    """The rank that failed first, from the tails of the rank logs.
+def _failed_rank(tails: list[_Tail]) -> tuple[int | None, list[str]]:
+    """The rank that failed first, from its log.
 
     A rank whose own code failed prints a traceback that is not about lost peers; when one
     rank dies without a word (SIGKILL, out of memory), the others fail in a collective with
-    a lost-peer error, so the silent one is the culprit.
+    a lost-peer error (or are terminated by the launcher), so the silent one is the culprit.
     """
-    def traceback_of(lines: list[str]) -> list[str] | None:
-        for i, line in enumerate(lines):
-            if line.startswith("Traceback") or line.startswith(USER_ERROR_PREFIX):
-                return lines[i:]
-        return None
-
-    own = [r for r in sorted(last) if (tb := traceback_of(last[r])) and not any(_PEER_LOST.search(x) for x in tb)]
+    tails = sorted(tails, key=lambda t: t.rank)
+    own = [t for t in tails if t.traceback and not t.peer_lost]
     if own:
-        return own[0], last[own[0]]
-    silent = [r for r in sorted(last) if traceback_of(last[r]) is None]
-    if silent and len(silent) < len(last):
-        return silent[0], last[silent[0]]
-    if not last:
-        return None, []
-    return None, last[min(last)]
+        return own[0].rank, list(own[0].last)
+    silent = [t for t in tails if not t.traceback]
+    if silent and len(silent) < len(tails):
+        return silent[0].rank, list(silent[0].last)
+    return (None, list(tails[0].last)) if tails else (None, [])
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:

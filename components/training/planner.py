@@ -7,7 +7,9 @@
 
 Model states per device for Psi parameters over N data-parallel devices (Rajbhandari et al.,
 2020, with mixed-precision Adam: 2 bytes of bf16 weights, 2 of bf16 gradients, K = 12 of fp32
-master weights + two moments; fp32 training is 4 + 4 + 8):
+master weights + two moments; fp32 training is 4 + 4 + 8 under DDP, and 4 + 4 + 12 under ZeRO,
+because DeepSpeed's ZeRO optimizers keep their own fp32 master partition even when the
+weights are fp32 already):
 
     DDP    (P + G + K) Psi          = 16 Psi
     ZeRO-1  P + G + K Psi / N       = 4 Psi + 12 Psi / N
@@ -90,15 +92,17 @@ class Plan:
                 "rows": [{**asdict(r), "model_states_gb": r.model_states_gb, "total_gb": r.total_gb} for r in self.rows]}
 
 
-def bytes_per_param(precision: str) -> tuple[int, int, int]:
+def bytes_per_param(precision: str, *, zero: bool = False) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) bytes per parameter for Adam."""
-    return (2, 2, 12) if precision in ("bf16", "fp16") else (4, 4, 8)
+    if precision in ("bf16", "fp16"):
+        return (2, 2, 12)
+    return (4, 4, 12) if zero else (4, 4, 8)
 
 
 def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str) -> dict[str, float]:
     """Device and host bytes of weights, gradients and optimizer states for one strategy (per device)."""
-    p, g, k = (b * params for b in bytes_per_param(precision))
     stage = 0 if strategy.startswith("ddp") else int(strategy[4])
+    p, g, k = (b * params for b in bytes_per_param(precision, zero=stage > 0))
     out = {"params": p / dp if stage >= 3 else p, "grads": g / dp if stage >= 2 else g,
            "optimizer": k / dp if stage >= 1 else k, "host": 0.0}
     if "offload_optimizer" in strategy:

@@ -92,6 +92,9 @@ def apply_tensor_parallel(ds: dict[str, Any], par: ParallelConfig, layout: Layou
         return ds
     out = _with(ds, "tensor_parallel")
     out["tensor_parallel"] = {"autotp_size": layout.tp}
+    # deepspeed.initialize checks the batch against the whole world before AutoTP forms its
+    # groups, as if every rank were data-parallel; the ranks of one TP group share each batch.
+    out["train_batch_size"] = layout.micro * layout.accum * layout.dp * layout.tp
     return out
 
 

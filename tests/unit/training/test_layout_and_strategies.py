@@ -75,6 +75,7 @@ def test_gates_fire_in_order_and_only_when_on():
     t = cfg(parallel={"strategy": "zero2", "tensor": {"autotp_size": 2}})
     tds = deepspeed_config(t, check_layout(t, vocab_size=512, world_size=2))
     assert applied(tds) == ["base", "zero2", "tensor_parallel"] and tds["tensor_parallel"] == {"autotp_size": 2}
+    assert tds["train_batch_size"] == 4 * 1 * 1 * 2  # DeepSpeed checks it against the whole world
     assert "lmforge_applied" not in for_deepspeed(tds)
 
 

@@ -25,7 +25,8 @@ def test_7b_on_8x80gb_matches_the_rule_of_thumb():
 
 def test_fp32_and_offload_formulas():
     s = model_state_bytes(1000, strategy="zero2", dp=4, precision="fp32")
-    assert s == {"params": 4000, "grads": 1000, "optimizer": 2000, "host": 0.0}
+    assert s == {"params": 4000, "grads": 1000, "optimizer": 3000, "host": 0.0}  # ZeRO keeps an fp32 master copy
+    assert sum(model_state_bytes(1000, strategy="ddp", dp=4, precision="fp32").values()) == 16000
     o = model_state_bytes(1000, strategy="zero2+offload_optimizer", dp=4, precision="bf16")
     assert o["optimizer"] == 0 and o["host"] == 3000
 
