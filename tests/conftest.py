@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Before anything imports `flows` (which points Prefect's home at the workspace): a session
+# workspace of its own, so tests never share Prefect's database with a real .lmforge/.
+os.environ["LMFORGE_HOME"] = tempfile.mkdtemp(prefix="lmforge-tests-")
+for _var in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+    os.environ.pop(_var, None)
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "configs" / "tiny.toml"
