@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -65,15 +64,17 @@ def run(
 
     cfg = load(config, set_)
     stages = available_stages()
+    from flows.summary import headline, print_run_summary
+
     if stage == "all":
         result = pipeline_flow(cfg, resume=resume)
-        _print_run_summary(result)
+        print_run_summary(result, console, ws=Workspace.from_env(), model_name=cfg.registry.model_name)
         return
     if stage not in stages:
         raise UserError("stage", stage, "is not a stage", f"Choose one of: {', '.join(stages)}, all")
     kwargs = {"resume": resume} if stage == "train" else {}
     result = stage_flow(stage)(cfg, **kwargs)
-    console.print_json(json.dumps(result, default=str))
+    console.print(f"[bold]{stage}[/bold]: {headline(stage, result)}")
 
 
 @app.command()
@@ -107,20 +108,6 @@ def ui_prefect(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 42
     console.print(f"Prefect UI: http://127.0.0.1:{port}  (database in {ws.prefect}; Ctrl-C to stop)")
     cmd = [prefect_local.prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     raise typer.Exit(subprocess.call(cmd, env=prefect_local.server_env(ws)))
-
-
-def _print_run_summary(result: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    table = Table(title="lmforge pipeline: run summary")
-    table.add_column("stage")
-    table.add_column("seconds", justify="right")
-    table.add_column("result")
-    for name, info in result["stages"].items():
-        res = info["result"]
-        brief = res.get("summary", res) if isinstance(res, dict) else res
-        table.add_row(name, f"{info['seconds']:.1f}", json.dumps(brief, default=str)[:300])
-    console.print(table)
 
 
 def _mount_groups() -> None:

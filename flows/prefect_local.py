@@ -138,19 +138,27 @@ def active_api_url(ws: Workspace) -> str | None:
     return info.api_url if info else None
 
 
-def stop_all(ws: Workspace) -> list[str]:
-    stopped = []
+def stop_worker(ws: Workspace) -> bool:
     pid_file = ws.prefect / "worker.pid"
-    if pid_file.exists():
-        if _kill(int(pid_file.read_text())):
-            stopped.append("worker")
-        pid_file.unlink()
-    state = ws.prefect / STATE_FILE
-    if state.exists():
-        if _kill(json.loads(state.read_text())["pid"]):
-            stopped.append("server")
-        state.unlink()
+    if not pid_file.exists():
+        return False
+    stopped = _kill(int(pid_file.read_text()))
+    pid_file.unlink()
     return stopped
+
+
+def stop_server(ws: Workspace) -> bool:
+    state = ws.prefect / STATE_FILE
+    if not state.exists():
+        return False
+    stopped = _kill(json.loads(state.read_text())["pid"])
+    state.unlink()
+    return stopped
+
+
+def stop_all(ws: Workspace) -> list[str]:
+    """Stop the worker, then the server; the names of those that were running."""
+    return [name for name, stop in (("worker", stop_worker), ("server", stop_server)) if stop(ws)]
 
 
 def require_server(ws: Workspace) -> ServerInfo:

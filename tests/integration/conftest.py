@@ -1,31 +1,27 @@
-"""Integration fixtures: a real Prefect server on loopback.
+"""Integration fixtures: a real Prefect server on loopback, started by the code behind `lmforge prefect up`.
 
     def test_x(prefect_server):
         with prefect_server.settings():            # this process's Prefect client talks to it
             run_deployment(...)
         subprocess.run([...], env=prefect_server.env())   # or a child process does
 
-`prefect_server` runs `prefect server start --host 127.0.0.1 --port <free>` with a
-temporary PREFECT_HOME (its own SQLite database), waits for /api/health within a bound,
-and always stops the server's whole process group at the end of the session.
+`prefect_server` runs `prefect server start --host 127.0.0.1 --port <free>` in a workspace
+of its own (its own SQLite database), waits for /api/health within a bound, and always
+stops the server's whole process group, and any worker, at the end of the session.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from components.workspace import Workspace
+from flows import prefect_local
 from tests.conftest import free_port
 
 STARTUP_TIMEOUT_S = 180
@@ -34,9 +30,16 @@ STARTUP_TIMEOUT_S = 180
 @dataclass(frozen=True)
 class PrefectServer:
     api_url: str
-    home: Path
+    ws: Workspace
     pid: int
-    log: Path
+
+    @property
+    def home(self) -> Path:
+        return self.ws.prefect
+
+    @property
+    def log(self) -> Path:
+        return self.ws.prefect / "server.log"
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a child process that should use this server."""
@@ -56,47 +59,11 @@ class PrefectServer:
                 APILogHandler().flush()   # send queued run logs now, while this server is still up
 
 
-def _healthy(api_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-        return False
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
-    home = tmp_path_factory.mktemp("prefect_home")
-    port = free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    log = home / "server.log"
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    prefect = str(Path(sys.executable).with_name("prefect"))
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    ws = Workspace(tmp_path_factory.mktemp("prefect_ws")).ensure()
+    info = prefect_local.start_server(ws, port=free_port(), timeout=STARTUP_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not _healthy(api_url):
-            if proc.poll() is not None:
-                pytest.fail(f"prefect server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"prefect server not healthy after {STARTUP_TIMEOUT_S}s:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield PrefectServer(api_url=api_url, home=home, pid=proc.pid, log=log)
+        yield PrefectServer(api_url=info.api_url, ws=ws, pid=info.pid)
     finally:
-        _stop(proc)
+        prefect_local.stop_all(ws)
