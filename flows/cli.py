@@ -64,6 +64,10 @@ def run(
 
     cfg = load(config, set_)
     stages = available_stages()
+    if stage in ("data", "all"):
+        from components.data.ingest import check_source
+
+        check_source(cfg.data.source)  # fail in one line before Prefect starts, not in a flow run's log
     from flows.summary import headline, print_run_summary
 
     if stage == "all":
@@ -127,24 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in argv or os.environ.get("LMFORGE_DEBUG") == "1"
     _mount_groups()
     try:
-        app(args=argv, prog_name="lmforge", standalone_mode=False)
+        # standalone mode: usage errors print click's message and exit 2, Ctrl-C exits 1
+        app(args=argv, prog_name="lmforge", standalone_mode=True)
     except UserError as e:
         if debug:
             raise
         console.print(f"[red]error:[/red] {e}", soft_wrap=True, highlight=False)
         sys.exit(2)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as e:  # click's usage errors carry their own exit code and message
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
-
 
 if __name__ == "__main__":
     main()
