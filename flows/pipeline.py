@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import time
 from typing import Any
 
 from prefect import flow
 from prefect.states import Cancelled
 
-from components.config import PipelineConfig, as_config
+from components.config import PipelineConfig, as_config, config_hash
+from components.workspace import Workspace
 from flows.lateness import too_late
 
 # name -> "module:flow"; a stage is present when its module is.
@@ -49,8 +51,9 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
                   max_lateness_minutes: float | None = None) -> Any:
     """Run every available stage in order; return per-stage summaries and wall times.
 
-    `resume` lets training continue from the last complete checkpoint of an interrupted run;
-    the data stages resume through Prefect's cache.
+    A re-run after an interruption resumes: the data stages come from Prefect's cache, and
+    training continues from its last complete checkpoint when the newest run stopped before
+    exporting with this same training config and dataset (`resume` forces it).
     """
     reason = too_late(max_lateness_minutes)
     if reason:
@@ -59,11 +62,29 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
     summary: dict[str, Any] = {"config": cfg.name, "stages": {}}
     for name in available_stages():
         start = time.perf_counter()
-        kwargs = {"resume": resume} if name == "train" else {}
+        kwargs = {}
+        if name == "train":
+            kwargs["resume"] = resume or interrupted_run(Workspace.from_env(), cfg) is not None
         result = stage_flow(name)(cfg, **kwargs)
         summary["stages"][name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
     summary["links"] = run_links()
     return summary
+
+
+def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
+    """The newest training run if it stopped before exporting, on this config and dataset, with a complete checkpoint."""
+    from components.training.checkpoint import complete_checkpoints
+    from flows.train import RUN_FILE
+
+    started = sorted(ws.runs.glob(f"*/{RUN_FILE}"), key=lambda p: json.loads(p.read_text())["created_at"])
+    if not started:
+        return None
+    run_dir, info = started[-1].parent, json.loads(started[-1].read_text())
+    if (run_dir / "export" / "lmforge.json").exists():
+        return None
+    if info.get("config_hash") != config_hash(cfg.training) or info.get("dataset_version") != ws.latest_dataset():
+        return None
+    return run_dir.name if complete_checkpoints(run_dir / "checkpoints") else None
 
 
 def run_links() -> dict[str, str]:
@@ -71,7 +92,6 @@ def run_links() -> dict[str, str]:
     from prefect.runtime import flow_run
 
     from components.tracking import tracking_uri
-    from components.workspace import Workspace
 
     links = {"mlflow": f"{tracking_uri(Workspace.from_env())}  (open it: lmforge ui mlflow)"}
     run_id = flow_run.get_id()
