@@ -98,17 +98,21 @@ def stage_hf_state(pipe: Any) -> dict[str, torch.Tensor]:
 
 
 class IdleClock:
-    """Seconds this stage spent waiting on its neighbours (pipeline sends and receives) since the last read.
+    """How long this pipeline stage computed, and how long it spent outside the 1F1B schedule.
 
         clock = IdleClock.attach(engine)     # a deepspeed PipelineEngine
-        engine.train_batch(it); idle_s = clock.take()
+        t0 = time.perf_counter(); engine.train_batch(it)
+        idle = clock.idle_fraction(time.perf_counter() - t0)
 
-    In a 1F1B schedule a stage waits exactly when the pipeline is not full on its side, so
-    idle / step time is the measured bubble of that stage.
+    The bubble of a stage is the part of its schedule in which it does no forward or
+    backward work: 1 - (forward + backward) / (step time - optimizer and gradient reduction).
+    Waits at the end of the step (a later stage finishing its last backward) count, which is
+    why this does not time the send/receive instructions alone.
     """
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.compute = 0.0
+        self.outside = 0.0
 
     @classmethod
     def attach(cls, engine: Any) -> "IdleClock":
@@ -117,21 +121,27 @@ class IdleClock:
         from deepspeed.runtime.pipe import schedule
 
         clock = cls()
-        waits = (schedule.RecvActivation, schedule.RecvGrad, schedule.SendActivation, schedule.SendGrad)
+        compute = (schedule.ForwardPass, schedule.BackwardPass)
+        outside = (schedule.OptimizerStep, schedule.ReduceGrads, schedule.ReduceTiedGrads)
 
-        def timed(fn: Any) -> Any:
+        def timed(fn: Any, bucket: str) -> Any:
             def run(self: Any, *args: Any, **kwargs: Any) -> Any:
                 t0 = time.perf_counter()
                 try:
                     return fn(self, *args, **kwargs)
                 finally:
-                    clock.seconds += time.perf_counter() - t0
+                    setattr(clock, bucket, getattr(clock, bucket) + time.perf_counter() - t0)
             return run
 
+        table = {}
+        for k, v in type(engine)._INSTRUCTION_MAP.items():
+            table[k] = timed(v, "compute") if k in compute else timed(v, "outside") if k in outside else v
         # An instance attribute shadows the class's instruction table for this engine only.
-        engine._INSTRUCTION_MAP = {k: timed(v) if k in waits else v for k, v in type(engine)._INSTRUCTION_MAP.items()}
+        engine._INSTRUCTION_MAP = table
         return clock
 
-    def take(self) -> float:
-        out, self.seconds = self.seconds, 0.0
+    def idle_fraction(self, step_seconds: float) -> float:
+        schedule_s = max(step_seconds - self.outside, 1e-9)
+        out = max(0.0, 1.0 - self.compute / schedule_s)
+        self.compute = self.outside = 0.0
         return out

@@ -144,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
                 total += mb_loss.detach().float()
             loss = total / len(micro)
         dt = time.perf_counter() - t0  # before the logging collective, so the idle fraction is the schedule's own
-        idle_s = idle.take() if idle is not None else 0.0
+        idle_fraction = idle.idle_fraction(dt) if idle is not None else 0.0
         dist.all_reduce(loss)
         loss_val = float(loss.item()) / world
         if logging_step:
             mem = mem or model_state_bytes(engine)
-            mem.update(rss=host_rss_bytes(), device_peak=device_peak_bytes() or 0, idle_fraction=idle_s / dt)
+            mem.update(rss=host_rss_bytes(), device_peak=device_peak_bytes() or 0, idle_fraction=idle_fraction)
             per_rank: list[Any] = [None] * world
             dist.all_gather_object(per_rank, mem)
             if rank == 0:
