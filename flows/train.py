@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import logging
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from components.config import PipelineConfig, config_hash
+from components.config import PipelineConfig, as_config, config_hash
 from components.errors import UserError
 from components.tracking import start_run
 from components.training.job import Job, prepare_job
@@ -37,21 +36,6 @@ from components.workspace import Workspace, atomic_write_json, sha256_file
 
 console = Console(stderr=True)
 RUN_FILE = "run.json"
-
-
-class _UserErrorsWithoutTraceback(logging.Filter):
-    """The CLI reports a UserError on one line; Prefect's traceback of the same error is noise."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], UserError):
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-for _name in ("prefect.flow_runs", "prefect.task_runs"):
-    _logger = logging.getLogger(_name)
-    if not any(type(f).__name__ == "_UserErrorsWithoutTraceback" for f in _logger.filters):
-        _logger.addFilter(_UserErrorsWithoutTraceback())
 
 
 def _git_commit() -> str | None:
@@ -114,7 +98,8 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
 
 
 @flow(name="train", log_prints=True)
-def train_flow(cfg: PipelineConfig, resume: bool = False) -> dict[str, Any]:
+def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) -> dict[str, Any]:
+    cfg = as_config(cfg)
     ws = Workspace.from_env().ensure()
     version = ws.latest_dataset()
     if version is None:
