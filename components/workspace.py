@@ -14,7 +14,8 @@ Layout (all under one root, so that a workspace can be copied, archived or wiped
     features/             Feast registry and online store (SQLite)
     qdrant/               Qdrant local-mode storage
     runs/<run>/           training runs: checkpoints/, export/ (a Hugging Face folder)
-    mlflow.db, mlartifacts/   MLflow tracking store and artifacts
+    mlflow.db, mlartifacts/   MLflow tracking store and artifacts (.mlflow-init.lock guards its creation)
+    registry/<model>/<v>/ local copies of registered model versions (download cache)
     triton/               the Triton model repository and server logs
     requests/             the serving request log (JSONL, rotated)
     monitoring/           whylogs profiles, drift reports, retrain triggers
