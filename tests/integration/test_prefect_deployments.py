@@ -52,5 +52,5 @@ def test_deploy_list_and_run_through_a_worker(prefect_server):
         assert prefect_local.stop_worker(prefect_server.ws), "the worker had died before the end of the test"
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
-    assert re.search(r"finished in state .*Completed", out), out[-3000:]
+    assert re.search(r"Flow run finished .*'Completed'", out), out[-3000:]
     assert prefect_server.ws.latest_dataset() is not None, "the worker's run wrote no dataset into its workspace"

@@ -81,7 +81,9 @@ def test_planner_model_state_matches_measured_per_rank(zero_runs):
         for rank, mem in enumerate(measured):
             assert abs(mem["total"] / theory - 1) < TOLERANCE[strategy], (strategy, rank, mem, theory)
     totals = [zero_runs[s][0][1]["memory"][0]["total"] for s in ("ddp", "zero1", "zero2", "zero3")]
-    assert totals == sorted(totals, reverse=True), totals
+    # Sharding saves memory against DDP at every stage. ZeRO-3 is not checked against ZeRO-2 here:
+    # tensors under stage3_param_persistence_threshold (all of them in this tiny model) stay whole.
+    assert totals[0] > max(totals[1:]) and totals[1] >= totals[2], totals
 
 
 @pytest.mark.parametrize("name, parallel", [
