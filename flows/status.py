@@ -19,8 +19,12 @@ def dataset_rows(ws: Workspace) -> list[dict[str, Any]]:
     rows = []
     for manifest in sorted(ws.datasets.glob("*/manifest.json")):
         m = json.loads(manifest.read_text())
-        rows.append({"version": manifest.parent.name, "latest": manifest.parent.name == latest,
-                     "counts": m.get("counts", {}), "created": m.get("created_at", "")})
+        c = m.get("counts", {})
+        rows.append({"version": manifest.parent.name, "latest": "yes" if manifest.parent.name == latest else "",
+                     "documents": f"{c.get('docs_in', '?')} in, {c.get('quarantined', '?')} quarantined, "
+                                  f"{c.get('kept', '?')} kept (train {c.get('train', '?')} / validation "
+                                  f"{c.get('validation', '?')} / test {c.get('test', '?')})",
+                     "created": str(m.get("created_at", ""))[:19]})
     return rows
 
 
@@ -28,7 +32,9 @@ def run_rows(ws: Workspace) -> list[dict[str, Any]]:
     rows = []
     for meta in sorted(ws.runs.glob("*/export/lmforge.json")):
         m = json.loads(meta.read_text())
-        rows.append({"run": meta.parent.parent.name, **{k: m.get(k) for k in ("dataset_version", "strategy", "steps", "final_loss")}})
+        loss = m.get("final_loss")
+        rows.append({"run": meta.parent.parent.name, **{k: m.get(k) for k in ("dataset_version", "strategy", "steps")},
+                     "final_loss": f"{loss:.4f}" if isinstance(loss, (int, float)) else loss})
     return rows
 
 
@@ -51,7 +57,12 @@ def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
 
 def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
     state = ws.triton / "state.json"
-    return [json.loads(state.read_text())] if state.exists() else []
+    if not state.exists():
+        return []
+    s = json.loads(state.read_text())
+    return [{"model": s.get("model"), "version": s.get("version"), "http": s.get("url"),
+             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}",
+             "state": f"stopped {str(s['stopped_at'])[:19]}" if s.get("stopped_at") else f"running (pid {s.get('pid')})"}]
 
 
 def render_status(ws: Workspace, console: Console) -> None:
