@@ -34,6 +34,10 @@ from components.workspace import atomic_write_json
 
 EVENT_PREFIX = "LMFORGE_EVENT "
 USER_ERROR_PREFIX = "LMFORGE_USER_ERROR "
+# "host:pid" of the process that launched training. The deepspeed runner lives in its own
+# session (so that a failure can kill its whole group); if the launching process is killed
+# outright (SIGKILL, OOM), nothing would stop the ranks, so each rank watches it instead.
+SUPERVISOR_ENV = "LMFORGE_SUPERVISOR"
 _RANK_LOG = re.compile(r"_rank(\d+)\.log$")
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"
                         r"wait timeout|Timed out|SIGTERM|KeyboardInterrupt", re.IGNORECASE)
@@ -136,6 +140,7 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     port = req.master_port or free_port()
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads_per_rank(req.num_ranks)), PYTHONUNBUFFERED="1",
+               **{SUPERVISOR_ENV: f"{socket.gethostname()}:{os.getpid()}"},
                PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")])))
     events: list[dict[str, Any]] = []
     user_errors: list[dict[str, Any]] = []
@@ -216,6 +221,26 @@ def _failed_rank(tails: list[_Tail]) -> tuple[int | None, list[str]]:
     if silent and len(silent) < len(tails):
         return silent[0].rank, list(silent[0].last)
     return (None, list(tails[0].last)) if tails else (None, [])
+
+
+def watch_supervisor(*, interval_s: float = 2.0) -> None:
+    """Rank side: exit when the local process that launched training is gone, instead of training on as an orphan."""
+    host, _, pid = os.environ.get(SUPERVISOR_ENV, "").partition(":")
+    if not pid or host != socket.gethostname():
+        return  # launched by hand, or a rank on another node
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval_s)
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                print(f"launching process {pid} is gone; stopping this rank", file=sys.stderr, flush=True)
+                os._exit(143)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
 def _kill_group(proc: subprocess.Popen[Any]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from components.errors import UserError
-from components.training.launcher import EVENT_PREFIX, USER_ERROR_PREFIX
+from components.training.launcher import EVENT_PREFIX, USER_ERROR_PREFIX, watch_supervisor
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -45,6 +45,7 @@ def _rng_state() -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
+    watch_supervisor()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     req = json.loads(args.request.read_text())
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
