@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -33,6 +32,7 @@ def time_demo(config: Path) -> dict:
     done = subprocess.run(["make", "demo", f"CONFIG={config}"], cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     _stop_servers(home)
+    Path(home, "demo.log").write_text(done.stdout + done.stderr)  # the run summary, for the README
     if done.returncode != 0:
         raise SystemExit(f"make demo failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
     return {"make_demo_seconds": round(wall, 1), "workspace": home}
@@ -53,12 +53,16 @@ os.environ["LMFORGE_HOME"] = {home!r}
 sys.path.insert(0, {str(REPO)!r})
 from unittest import mock
 from prefect import Flow, Task
+from prefect.states import Completed
 from components.config import load_config
 from flows.pipeline import pipeline_flow
 cfg = load_config({str(config)!r})
 patches = []
 if {plain!r}:
-    patches = [mock.patch.object(Task, "__call__", lambda self, *a, **k: self.fn(*a, **k)),
+    def call_task(self, *a, return_state=False, **k):
+        result = self.fn(*a, **k)
+        return Completed(data=result) if return_state else result
+    patches = [mock.patch.object(Task, "__call__", call_task),
                mock.patch.object(Flow, "__call__", lambda self, *a, **k: self.fn(*a, **k))]
 for p in patches: p.start()
 t = time.perf_counter()
@@ -81,11 +85,6 @@ def main() -> None:
 
     results: dict = {"machine": machine_info()}
     rows = []
-    if not args.skip_demo:
-        demo = time_demo(args.demo_config)
-        results["demo"] = demo
-        rows.append(("`make demo` wall time (s)", f"{demo['make_demo_seconds']:.1f}", "≤ 900",
-                     "met" if demo["make_demo_seconds"] <= 900 else "missed"))
     plain = _run_pipeline(args.overhead_config, plain=True)
     with_prefect = _run_pipeline(args.overhead_config, plain=False)
     overhead = with_prefect / plain - 1
@@ -94,6 +93,11 @@ def main() -> None:
     rows += [("pipeline as plain functions (s)", f"{plain:.1f}", "baseline", ""),
              ("pipeline as Prefect flows (s)", f"{with_prefect:.1f}", "", ""),
              ("orchestration overhead", f"{overhead:+.1%}", "≤ 10%", "met" if overhead <= 0.10 else "missed")]
+    if not args.skip_demo:
+        demo = time_demo(args.demo_config)
+        results["demo"] = demo
+        rows.insert(0, ("`make demo` wall time (s)", f"{demo['make_demo_seconds']:.1f}", "≤ 900",
+                        "met" if demo["make_demo_seconds"] <= 900 else "missed"))
     write_results("pipeline", results, ["measure", "value", "target", ""], rows, command=" ".join(sys.argv))
 
 

@@ -65,7 +65,8 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
         kwargs = {}
         if name == "train":
             kwargs["resume"] = resume or interrupted_run(Workspace.from_env(), cfg) is not None
-        result = stage_flow(name)(cfg, **kwargs)
+        missing = missing_model(Workspace.from_env(), cfg, name)
+        result = {"summary": missing} if missing else stage_flow(name)(cfg, **kwargs)
         summary["stages"][name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
     summary["links"] = run_links()
     return summary
@@ -85,6 +86,19 @@ def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
     if info.get("config_hash") != config_hash(cfg.training) or info.get("dataset_version") != ws.latest_dataset():
         return None
     return run_dir.name if complete_checkpoints(run_dir / "checkpoints") else None
+
+
+def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
+    """Why a stage that starts from a registry alias has nothing to start from (the gate promoted no model yet)."""
+    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias}.get(stage)
+    if alias is None:
+        return None
+    from components.registry.aliases import current
+
+    if current(ws, cfg.registry.model_name, alias) is not None:
+        return None
+    return (f"skipped: no {cfg.registry.model_name}@{alias} in the registry yet "
+            f"(the evaluate stage promotes a model only when it passes the gate)")
 
 
 def run_links() -> dict[str, str]:

@@ -66,6 +66,8 @@ HEADLINES = {"data": _data, "features": _features, "train": _train, "evaluate": 
 
 def headline(stage: str, result: Any) -> str:
     """The stage's one-line summary; its raw result when it has an unexpected shape."""
+    if isinstance(result, dict) and isinstance(result.get("summary"), str):
+        return result["summary"]  # a stage that was skipped or disabled says why in words
     try:
         return HEADLINES[stage](result)
     except (KeyError, TypeError, ValueError):
