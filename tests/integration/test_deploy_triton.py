@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import urllib.request
 from pathlib import Path
 
@@ -134,9 +135,15 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
     kinds = [k for k, _ in outcomes]
     assert kinds == ["ok", "error", "ok", "error", "ok", "error", "ok", "ok"]
     assert all(processing.is_well_formed(g.as_result()) is None for k, g in outcomes if k == "ok")
-    after = client.batch_sizes(dep.info.url, dep.cfg.model_name)
-    grew = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
-    assert max(grew) > 1, f"the batcher never grouped the concurrent requests: {grew}"
+    # Triton updates its statistics after the responses go out: poll them, with a bound.
+    deadline = time.monotonic() + 20
+    while True:
+        after = client.batch_sizes(dep.info.url, dep.cfg.model_name)
+        grew = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
+        if sum(size * n for size, n in grew.items()) >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert grew and max(grew) > 1, f"the batcher never grouped the concurrent requests: {grew}"
     c.close()
 
     assert server.is_live(dep.info) and server.is_ready(dep.info)
