@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import UserError
+from components.ports import free_port
 from components.requestlog import now_iso
 from components.sections.deploy import DeployConfig
 from components.workspace import Workspace, atomic_write_json
@@ -86,12 +87,6 @@ def server_env(venv: Path | None = None) -> dict[str, str]:
     env["VIRTUAL_ENV"] = str(venv)
     env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return env
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[str, ...] = ()) -> ServerInfo:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from components.ports import free_port  # noqa: F401  (tests import it from here)
+
 # Before anything imports `flows` (which points Prefect's home at the workspace): a session
 # workspace of its own, so tests never share Prefect's database with a real .lmforge/.
 os.environ["LMFORGE_HOME"] = tempfile.mkdtemp(prefix="lmforge-tests-")
@@ -53,12 +55,6 @@ def tiny_config():
     from components.config import load_config
 
     return load_config(TINY_CONFIG)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from components.errors import UserError
+from components.ports import free_port
 from components.workspace import atomic_write_json
 
 EVENT_PREFIX = "LMFORGE_EVENT "
@@ -68,12 +69,6 @@ class LaunchResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     log_dir: Path | None = None
     backend: str = ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def threads_per_rank(local_ranks: int) -> int:

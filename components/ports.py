@@ -1,0 +1,14 @@
+"""A free TCP port on a loopback (or given) address, for servers and rank rendezvous.
+
+    port = free_port()            # 127.0.0.1
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
