@@ -44,15 +44,15 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from components.compression.build import build_variant  # noqa: E402
-from components.compression.finetune import Finetuner  # noqa: E402
-from components.compression.modules import count_params, linear_weight_bytes  # noqa: E402
-from components.compression.variant import load_variant  # noqa: E402
-from components.data.records import Record, generation_prompt  # noqa: E402
-from components.data.shards import write_shards  # noqa: E402
-from components.evaluation.bpc import bits_per_character  # noqa: E402
-from components.evaluation.generation import generate  # noqa: E402
-from components.sections.compression import CompressionConfig, FinetuneConfig  # noqa: E402
+from lmforge.components.compression.build import build_variant  # noqa: E402
+from lmforge.components.compression.finetune import Finetuner  # noqa: E402
+from lmforge.components.compression.modules import count_params, linear_weight_bytes  # noqa: E402
+from lmforge.components.compression.variant import load_variant  # noqa: E402
+from lmforge.components.data.records import Record, generation_prompt  # noqa: E402
+from lmforge.components.data.shards import write_shards  # noqa: E402
+from lmforge.components.evaluation.bpc import bits_per_character  # noqa: E402
+from lmforge.components.evaluation.generation import generate  # noqa: E402
+from lmforge.components.sections.compression import CompressionConfig, FinetuneConfig  # noqa: E402
 
 MODULES = ["argparse", "ast", "asyncio.base_events", "calendar", "collections", "configparser", "csv", "dataclasses",
            "datetime", "decimal", "difflib", "email.message", "enum", "fractions", "ftplib", "functools", "gettext",

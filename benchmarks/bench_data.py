@@ -35,11 +35,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from components.data import steps  # noqa: E402
-from components.data.dedup import shingles  # noqa: E402
-from components.data.ingest import iter_corpus  # noqa: E402
-from components.data.records import first_sentence, lm_text, stable_id  # noqa: E402
-from components.sections.data import DataConfig, DedupConfig  # noqa: E402
+from lmforge.components.data import steps  # noqa: E402
+from lmforge.components.data.dedup import shingles  # noqa: E402
+from lmforge.components.data.ingest import iter_corpus  # noqa: E402
+from lmforge.components.data.records import first_sentence, lm_text, stable_id  # noqa: E402
+from lmforge.components.sections.data import DataConfig, DedupConfig  # noqa: E402
 
 
 def peak_rss_mb() -> float:

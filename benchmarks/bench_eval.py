@@ -32,9 +32,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from components.data.records import generation_prompt  # noqa: E402
-from components.evaluation.generation import generate  # noqa: E402
-from components.registry.loading import load_causal_lm  # noqa: E402
+from lmforge.components.data.records import generation_prompt  # noqa: E402
+from lmforge.components.evaluation.generation import generate  # noqa: E402
+from lmforge.components.registry.loading import load_causal_lm  # noqa: E402
 
 MODULES = ["json/__init__.py", "textwrap.py", "shutil.py", "pathlib.py", "argparse.py", "inspect.py", "typing.py"]
 

@@ -58,11 +58,11 @@ def synthetic_rows(n: int, now: datetime, rng: np.random.Generator) -> pd.DataFr
 
 def bench_feast(rows: int, entity_sizes: list[int], repeats: int, root: Path) -> dict:
     os.environ["LMFORGE_HOME"] = str(root)
-    from components.features.offline import write_offline
-    from components.features.selection import historical_features
-    from components.features.store import apply_repo, materialize, open_store
-    from components.sections.features import FeaturesConfig
-    from components.workspace import Workspace
+    from lmforge.components.features.offline import write_offline
+    from lmforge.components.features.selection import historical_features
+    from lmforge.components.features.store import apply_repo, materialize, open_store
+    from lmforge.components.sections.features import FeaturesConfig
+    from lmforge.components.workspace import Workspace
 
     ws, cfg = Workspace(root).ensure(), FeaturesConfig()
     rng = np.random.default_rng(0)
@@ -139,7 +139,7 @@ def as_of_pandas(data: pd.DataFrame, entity: pd.DataFrame, *, ttl: timedelta) ->
 def bench_qdrant(sizes: list[int], queries: int, dim: int, root: Path) -> dict:
     from qdrant_client import QdrantClient, models
 
-    from components.vectors.index import tune_local_storage
+    from lmforge.components.vectors.index import tune_local_storage
 
     rng = np.random.default_rng(1)
     out: dict = {}

@@ -38,12 +38,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from components.requestlog import COLUMNS  # noqa: E402
-from components.sections.monitoring import MonitoringConfig  # noqa: E402
-from monitoring.calibration import calibrate  # noqa: E402
-from monitoring.drift import DRIFT, decide  # noqa: E402
-from monitoring.profiles import build_reference, profile, reference_rows  # noqa: E402
-from monitoring.traffic import _signature  # noqa: E402
+from lmforge.components.requestlog import COLUMNS  # noqa: E402
+from lmforge.components.sections.monitoring import MonitoringConfig  # noqa: E402
+from lmforge.monitoring.calibration import calibrate  # noqa: E402
+from lmforge.monitoring.drift import DRIFT, decide  # noqa: E402
+from lmforge.monitoring.profiles import build_reference, profile, reference_rows  # noqa: E402
+from lmforge.monitoring.traffic import _signature  # noqa: E402
 
 
 def request_rows(n: int, seed: int) -> pd.DataFrame:
@@ -92,7 +92,7 @@ def serving_features(train_texts: list[str], vocab: int, min_count: int):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from flows.monitor import serving_featurizer
+    from lmforge.flows.monitor import serving_featurizer
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(train_texts, vocab_size=vocab, min_frequency=2,

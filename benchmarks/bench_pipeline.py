@@ -42,7 +42,7 @@ def time_demo(config: Path) -> dict:
 def _stop_servers(home: str) -> None:
     """The demo leaves Triton serving; stop it so the next measurement has the cores."""
     env = dict(os.environ, LMFORGE_HOME=home)
-    subprocess.run([sys.executable, "-m", "flows.cli", "deploy", "stop"], cwd=REPO, env=env, capture_output=True)
+    subprocess.run([sys.executable, "-m", "lmforge.flows.cli", "deploy", "stop"], cwd=REPO, env=env, capture_output=True)
 
 
 def _run_pipeline(config: Path, *, plain: bool) -> float:
@@ -55,8 +55,8 @@ sys.path.insert(0, {str(REPO)!r})
 from unittest import mock
 from prefect import Flow, Task
 from prefect.states import Completed
-from components.config import load_config
-from flows.pipeline import pipeline_flow
+from lmforge.components.config import load_config
+from lmforge.flows.pipeline import pipeline_flow
 cfg = load_config({str(config)!r})
 patches = []
 if {plain!r}:

@@ -41,8 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from components.sections.deploy import DeployConfig  # noqa: E402
-from deploy import client, processing, repository, server  # noqa: E402
+from lmforge.components.sections.deploy import DeployConfig  # noqa: E402
+from lmforge.deploy import client, processing, repository, server  # noqa: E402
 
 PROMPTS = list(processing.VALIDATION_PROMPTS)
 

@@ -30,12 +30,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.sections.training import TrainingConfig  # noqa: E402
-from components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token  # noqa: E402
-from components.training.perf import matmul_peak_flops  # noqa: E402
-from components.training.pipeline_model import lm_loss  # noqa: E402
-from components.training.planner import model_state_bytes  # noqa: E402
-from components.workspace import Workspace, atomic_write_json, atomic_write_text  # noqa: E402
+from lmforge.components.sections.training import TrainingConfig  # noqa: E402
+from lmforge.components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token  # noqa: E402
+from lmforge.components.training.perf import matmul_peak_flops  # noqa: E402
+from lmforge.components.training.pipeline_model import lm_loss  # noqa: E402
+from lmforge.components.training.planner import model_state_bytes  # noqa: E402
+from lmforge.components.workspace import Workspace, atomic_write_json, atomic_write_text  # noqa: E402
 from tests.integration.train_support import make_dataset, run_training  # noqa: E402
 
 GLOBAL_BATCH, SEQ = 16, 128
@@ -56,7 +56,7 @@ def training_cfg(steps: int, parallel: dict, micro: int) -> TrainingConfig:
 
 
 def plain_loop(ws: Workspace, version: str, steps: int, warmup: int) -> list[float]:
-    from components.training.data import TokenWindows
+    from lmforge.components.training.data import TokenWindows
 
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
     cfg = training_cfg(steps, {"strategy": "ddp"}, GLOBAL_BATCH)
@@ -80,7 +80,7 @@ def plain_loop(ws: Workspace, version: str, steps: int, warmup: int) -> list[flo
 def hf_trainer(ws: Workspace, version: str, steps: int, warmup: int) -> list[float]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from components.training.data import TokenWindows
+    from lmforge.components.training.data import TokenWindows
 
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
     model = build_model(training_cfg(steps, {"strategy": "ddp"}, GLOBAL_BATCH).model, tok, seq_len=SEQ, seed=0)

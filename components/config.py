@@ -21,18 +21,18 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from components.errors import UserError
-from components.sections._base import Section
-from components.sections.compression import CompressionConfig
-from components.sections.data import DataConfig
-from components.sections.deploy import DeployConfig
-from components.sections.evaluation import EvaluationConfig
-from components.sections.features import FeaturesConfig
-from components.sections.monitoring import MonitoringConfig
-from components.sections.registry import RegistryConfig
-from components.sections.training import TrainingConfig
-from components.sections.vectors import VectorsConfig
-from components.workspace import sha256_json
+from lmforge.components.errors import UserError
+from lmforge.components.sections._base import Section
+from lmforge.components.sections.compression import CompressionConfig
+from lmforge.components.sections.data import DataConfig
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.sections.evaluation import EvaluationConfig
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.components.sections.registry import RegistryConfig
+from lmforge.components.sections.training import TrainingConfig
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.workspace import sha256_json
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.toml"
 

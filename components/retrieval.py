@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from components.errors import UserError
-from components.features.online import online_features
-from components.sections.features import FeaturesConfig
-from components.sections.vectors import VectorsConfig
-from components.vectors.embed import Embedder, make_embedder
-from components.vectors.index import collection_name, qdrant_client
-from components.workspace import Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.features.online import online_features
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.embed import Embedder, make_embedder
+from lmforge.components.vectors.index import collection_name, qdrant_client
+from lmforge.components.workspace import Workspace
 
 _EMBEDDERS: dict[VectorsConfig, Embedder] = {}
 

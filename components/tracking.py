@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from components.workspace import Workspace
+from lmforge.components.workspace import Workspace
 
 
 # mlflow.set_tracking_uri() also exports MLFLOW_TRACKING_URI (for child processes), so the

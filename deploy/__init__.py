@@ -1,6 +1,6 @@
 """Serving on Triton Inference Server: the model repository, the server, the client and the gated rollout.
 
-    from deploy import service
+    from lmforge.deploy import service
     info = service.ensure_server(ws, cfg.deploy)             # tritonserver on loopback (deploy/server.py)
     service.deploy_version(ws, cfg.deploy, info, registry_model="lmforge-lm", version=3, model_dir=folder)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
-    from components.data.records import extract_summary, generation_prompt
+    from lmforge.components.data.records import extract_summary, generation_prompt
 except ImportError:  # inside a Triton model version folder, beside a copy of records.py
     from .records import extract_summary, generation_prompt  # type: ignore[no-redef]
 

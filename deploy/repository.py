@@ -28,14 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from components.data import records as records_module
-from components import requestlog as requestlog_module
-from components.errors import UserError
-from components.registry.loading import PICKLE_SUFFIXES, check_model_dir
-from components.sections.deploy import DeployConfig
-from components.workspace import atomic_dir, atomic_write_json, atomic_write_text, sha256_tree
-from deploy import processing as processing_module
-from deploy.processing import RARE_TOKENS_FILE
+from lmforge.components.data import records as records_module
+from lmforge.components import requestlog as requestlog_module
+from lmforge.components.errors import UserError
+from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.workspace import atomic_dir, atomic_write_json, atomic_write_text, sha256_tree
+from lmforge.deploy import processing as processing_module
+from lmforge.deploy.processing import RARE_TOKENS_FILE
 
 MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
 BYTES_OUTPUTS = ("SUMMARY", "COMPLETION")
@@ -150,7 +150,7 @@ def remove_version(repo: Path, model_name: str, version: int) -> None:
 
 def rare_token_ids(shard_dir: Path, min_count: int) -> list[int]:
     """Ids that occur fewer than `min_count` times in the train split (ids never seen included)."""
-    from components.data.shards import open_shard, read_index
+    from lmforge.components.data.shards import open_shard, read_index
 
     index = read_index(shard_dir)
     tokens = np.asarray(open_shard(shard_dir, "train"))

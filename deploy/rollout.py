@@ -23,11 +23,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
-from components.requestlog import now_iso
-from components.sections.deploy import DeployConfig
-from deploy import client, processing
-from deploy.repository import model_root, remove_version, served_versions, version_dir, write_config
+from lmforge.components.errors import UserError
+from lmforge.components.requestlog import now_iso
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy import client, processing
+from lmforge.deploy.repository import model_root, remove_version, served_versions, version_dir, write_config
 
 
 class RolloutRefused(UserError):
@@ -49,7 +49,7 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
     """Load the version's model the way the server will and generate two tokens; the problem, or None."""
     import torch
 
-    from components.registry.loading import load_causal_lm
+    from lmforge.components.registry.loading import load_causal_lm
 
     try:
         model, tok = load_causal_lm(folder / "model")

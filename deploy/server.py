@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
-from components.ports import free_port
-from components.requestlog import now_iso
-from components.sections.deploy import DeployConfig
-from components.workspace import Workspace, atomic_write_json
+from lmforge.components.errors import UserError
+from lmforge.components.ports import free_port
+from lmforge.components.requestlog import now_iso
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.workspace import Workspace, atomic_write_json
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"

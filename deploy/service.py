@@ -17,14 +17,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
-from components.requestlog import now_iso
-from components.sections.deploy import DeployConfig
-from components.workspace import Workspace, atomic_write_json
-from deploy import client
-from deploy.repository import build_version, served_versions
-from deploy.rollout import RolloutResult, rollout
-from deploy.server import (ServerInfo, read_state, running_server, start_server, stop_server, wait_ready,
+from lmforge.components.errors import UserError
+from lmforge.components.requestlog import now_iso
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.workspace import Workspace, atomic_write_json
+from lmforge.deploy import client
+from lmforge.deploy.repository import build_version, served_versions
+from lmforge.deploy.rollout import RolloutResult, rollout
+from lmforge.deploy.server import (ServerInfo, read_state, running_server, start_server, stop_server, wait_ready,
                            write_state)
 
 PRODUCTION = "production"
@@ -55,7 +55,7 @@ def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
 
 def resolve_model(ws: Workspace, registry_model: str, alias: str) -> tuple[int, Path]:
     """(version, local Hugging Face folder) of the registry's `alias`."""
-    from components.registry import download_model, resolve_version
+    from lmforge.components.registry import download_model, resolve_version
 
     version = resolve_version(ws, registry_model, alias)
     return int(version), download_model(ws, registry_model, version)
@@ -77,7 +77,7 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
                    model_dir: Path | None, reason: str = "passed the Triton rollout gate",
                    action: str = "set") -> RolloutResult:
     """Roll `version` out through the gate; on success the registry's `production` alias points at it."""
-    from components.registry import set_alias
+    from lmforge.components.registry import set_alias
 
     repo = repo_dir(ws)
 
@@ -108,7 +108,7 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
 def rollback_production(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str,
                         reason: str = "rollback") -> RolloutResult:
     """Serve the version that held `production` before the current one, through the same gate."""
-    from components.registry.aliases import current, history, holders
+    from lmforge.components.registry.aliases import current, history, holders
 
     now = current(ws, registry_model, PRODUCTION)
     stack = holders(history(ws, registry_model, alias=PRODUCTION))

@@ -22,7 +22,7 @@ from datetime import timedelta
 from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
 from feast.types import Float64, Int64, String
 
-from components.workspace import ENV_HOME, Workspace
+from lmforge.components.workspace import ENV_HOME, Workspace
 
 if ENV_HOME not in os.environ:
     # feature_store.yaml reads its paths from the same variable; without it they would be literal.

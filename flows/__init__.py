@@ -8,8 +8,8 @@ otherwise, e.g. PREFECT_API_URL for a Prefect server.
 import logging
 import os
 
-from components.errors import UserError
-from components.workspace import Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace
 
 _ws = Workspace.from_env()
 (_ws.prefect / "storage").mkdir(parents=True, exist_ok=True)
@@ -40,7 +40,7 @@ def _use_running_server() -> None:
     """Send runs to the server `lmforge prefect up` started for this workspace, if it is up."""
     if "PREFECT_API_URL" in os.environ:
         return
-    from flows.prefect_local import active_api_url
+    from lmforge.flows.prefect_local import active_api_url
 
     url = active_api_url(_ws)
     if url:

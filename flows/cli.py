@@ -22,8 +22,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from components.errors import UserError
-from components.workspace import Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace
 
 console = Console()
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -47,7 +47,7 @@ def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")
 
 
 def load(config: Path | None, overrides: list[str] | None) -> Any:
-    from components.config import load_config
+    from lmforge.components.config import load_config
 
     return load_config(config, overrides or [])
 
@@ -60,15 +60,15 @@ def run(
     resume: Annotated[bool, typer.Option("--resume", help="training: continue from the last complete checkpoint")] = False,
 ) -> None:
     """Run one stage, or `all` of them in order."""
-    from flows.pipeline import available_stages, pipeline_flow, stage_flow
+    from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
 
     cfg = load(config, set_)
     stages = available_stages()
     if stage in ("data", "all"):
-        from components.data.ingest import check_source
+        from lmforge.components.data.ingest import check_source
 
         check_source(cfg.data.source)  # fail in one line before Prefect starts, not in a flow run's log
-    from flows.summary import headline, print_run_summary
+    from lmforge.flows.summary import headline, print_run_summary
 
     if stage == "all":
         result = pipeline_flow(cfg, resume=resume)
@@ -84,7 +84,7 @@ def run(
 @app.command()
 def status() -> None:
     """What the workspace holds: datasets, training runs, models and aliases, deployments."""
-    from flows.status import render_status
+    from lmforge.flows.status import render_status
 
     render_status(Workspace.from_env(), console)
 
@@ -102,7 +102,7 @@ def ui_mlflow(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 500
 @ui_app.command("prefect")
 def ui_prefect(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 4200) -> None:
     """The Prefect UI: the server `lmforge prefect up` started, or a server in the foreground."""
-    from flows import prefect_local
+    from lmforge.flows import prefect_local
 
     ws = Workspace.from_env().ensure()
     info = prefect_local.active_server(ws)
@@ -116,9 +116,9 @@ def ui_prefect(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 42
 
 def _mount_groups() -> None:
     for name in COMMAND_GROUPS:
-        if importlib.util.find_spec(f"flows.commands.{name}") is None:
+        if importlib.util.find_spec(f"lmforge.flows.commands.{name}") is None:
             continue
-        module = importlib.import_module(f"flows.commands.{name}")
+        module = importlib.import_module(f"lmforge.flows.commands.{name}")
         if hasattr(module, "register"):
             module.register(app)
         else:

@@ -22,17 +22,17 @@ from typing import Any
 
 from prefect import flow, task
 
-from components.compression.build import TECHNIQUES, build_variant, needs_data, preflight
-from components.compression.measure import evaluate_variant
-from components.compression.tradeoff import choose_compressed, tradeoff_chart, tradeoff_markdown, tradeoff_rows
-from components.compression.variant import read_meta
-from components.config import PipelineConfig, as_config, config_hash
-from components.errors import UserError
-from components.registry import current, download_model, register_model, resolve_version, set_alias, version_tags
-from components.sections.compression import CompressionConfig
-from components.sections.evaluation import EvaluationConfig
-from components.tracking import start_run
-from components.workspace import Workspace, atomic_write_json, atomic_write_text
+from lmforge.components.compression.build import TECHNIQUES, build_variant, needs_data, preflight
+from lmforge.components.compression.measure import evaluate_variant
+from lmforge.components.compression.tradeoff import choose_compressed, tradeoff_chart, tradeoff_markdown, tradeoff_rows
+from lmforge.components.compression.variant import read_meta
+from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.errors import UserError
+from lmforge.components.registry import current, download_model, register_model, resolve_version, set_alias, version_tags
+from lmforge.components.sections.compression import CompressionConfig
+from lmforge.components.sections.evaluation import EvaluationConfig
+from lmforge.components.tracking import start_run
+from lmforge.components.workspace import Workspace, atomic_write_json, atomic_write_text
 
 ALIAS = "compressed"
 

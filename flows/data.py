@@ -26,13 +26,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from components.config import PipelineConfig, as_config, config_hash
-from components.data import steps
-from components.data.ingest import check_source, corpus_files, source_fingerprint
-from components.errors import UserError
-from components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
-from components.tracking import start_run
-from components.workspace import Workspace, sha256_json
+from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.data import steps
+from lmforge.components.data.ingest import check_source, corpus_files, source_fingerprint
+from lmforge.components.errors import UserError
+from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
+from lmforge.components.tracking import start_run
+from lmforge.components.workspace import Workspace, sha256_json
 
 console = Console(stderr=True)
 

@@ -16,12 +16,12 @@ from typing import Any
 
 from prefect import flow, task
 
-from components.config import PipelineConfig, as_config
-from components.errors import UserError
-from components.sections.deploy import DeployConfig
-from components.workspace import Workspace
-from deploy.server import ServerInfo
-from deploy.service import deploy_version, ensure_server, resolve_model
+from lmforge.components.config import PipelineConfig, as_config
+from lmforge.components.errors import UserError
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.workspace import Workspace
+from lmforge.deploy.server import ServerInfo
+from lmforge.deploy.service import deploy_version, ensure_server, resolve_model
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:

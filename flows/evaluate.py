@@ -23,15 +23,15 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from components.config import PipelineConfig, as_config, config_hash
-from components.errors import UserError
-from components.evaluation import EvalResult, evaluate_model_dir
-from components.evaluation.rag import Rag, build_rag, release
-from components.evaluation.report import write_report
-from components.registry import current, download_model, gate, register_model, version_tags
-from components.registry.gate import CHAMPION
-from components.tracking import start_run
-from components.workspace import Workspace, sha256_file
+from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.errors import UserError
+from lmforge.components.evaluation import EvalResult, evaluate_model_dir
+from lmforge.components.evaluation.rag import Rag, build_rag, release
+from lmforge.components.evaluation.report import write_report
+from lmforge.components.registry import current, download_model, gate, register_model, version_tags
+from lmforge.components.registry.gate import CHAMPION
+from lmforge.components.tracking import start_run
+from lmforge.components.workspace import Workspace, sha256_file
 
 
 @task(name="evaluate-model", cache_policy=NO_CACHE, persist_result=False)

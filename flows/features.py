@@ -19,16 +19,16 @@ from typing import Any
 
 from prefect import flow, task
 
-from components.config import PipelineConfig, as_config
-from components.errors import UserError
-from components.features.offline import publish_offline
-from components.features.selection import clear_selection, select_training_set, update_report
-from components.features.store import apply_repo, materialize
-from components.sections.features import FeaturesConfig
-from components.sections.vectors import VectorsConfig
-from components.tracking import start_run
-from components.vectors.index import close_clients, index_dataset
-from components.workspace import Workspace
+from lmforge.components.config import PipelineConfig, as_config
+from lmforge.components.errors import UserError
+from lmforge.components.features.offline import publish_offline
+from lmforge.components.features.selection import clear_selection, select_training_set, update_report
+from lmforge.components.features.store import apply_repo, materialize
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.tracking import start_run
+from lmforge.components.vectors.index import close_clients, index_dataset
+from lmforge.components.workspace import Workspace
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:

@@ -22,17 +22,17 @@ from prefect import flow, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.states import Cancelled
 
-from components.config import PipelineConfig, as_config, config_hash
-from components.errors import UserError
-from components.requestlog import RequestLog
-from components.sections.monitoring import MonitoringConfig
-from components.tracking import start_run
-from components.workspace import Workspace, atomic_write_text, sha256_tree
-from flows.lateness import too_late
-from monitoring.assess import Assessment, assess
-from monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
-from monitoring.report import write_report
-from monitoring.trigger import STARTED, plan_trigger, read_triggers, record_trigger
+from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.errors import UserError
+from lmforge.components.requestlog import RequestLog
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.components.tracking import start_run
+from lmforge.components.workspace import Workspace, atomic_write_text, sha256_tree
+from lmforge.flows.lateness import too_late
+from lmforge.monitoring.assess import Assessment, assess
+from lmforge.monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
+from lmforge.monitoring.report import write_report
+from lmforge.monitoring.trigger import STARTED, plan_trigger, read_triggers, record_trigger
 
 # The options that change the reference profile (the calibration has its own key).
 REFERENCE_KEYS = ("reference_split", "reference_max_rows", "seed")
@@ -42,7 +42,7 @@ def serving_featurizer(tokenizer_dir: Path, rare_ids: frozenset[int]) -> Any:
     """Request features of signatures, computed as deploy/model.py computes them for the request log."""
     from transformers import AutoTokenizer
 
-    from deploy import processing
+    from lmforge.deploy import processing
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
@@ -64,7 +64,7 @@ def reference_folder(ws: Workspace, version: str, cfg: MonitoringConfig, rare_mi
       retries=1, retry_delay_seconds=2)
 def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_count: int) -> str:
     """Build and save the reference profile of a dataset version (once per version and options)."""
-    from deploy.repository import rare_token_ids
+    from lmforge.deploy.repository import rare_token_ids
 
     ws = Workspace(Path(ws_root))
     folder = reference_folder(ws, version, cfg, rare_min_count)
@@ -127,7 +127,7 @@ def start_retraining(cfg: PipelineConfig) -> dict[str, Any]:
                             "Register the deployments (lmforge prefect deploy) or set training_deployment") from None
         return {"started": True, "via": "deployment", "deployment": name, "flow_run_id": str(run.id),
                 "flow_run_name": run.name}
-    from flows.pipeline import available_stages, stage_flow
+    from lmforge.flows.pipeline import available_stages, stage_flow
 
     if "train" not in available_stages():
         raise UserError("monitor", "drift", "needs the training stage to retrain, and flows/train.py is missing",

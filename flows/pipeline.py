@@ -21,19 +21,19 @@ from typing import Any
 from prefect import flow
 from prefect.states import Cancelled
 
-from components.config import PipelineConfig, as_config, config_hash
-from components.workspace import Workspace
-from flows.lateness import too_late
+from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.workspace import Workspace
+from lmforge.flows.lateness import too_late
 
 # name -> "module:flow"; a stage is present when its module is.
 STAGES: dict[str, str] = {
-    "data": "flows.data:data_flow",
-    "features": "flows.features:features_flow",
-    "train": "flows.train:train_flow",
-    "evaluate": "flows.evaluate:evaluate_flow",
-    "compress": "flows.compress:compress_flow",
-    "deploy": "flows.deploy:deploy_flow",
-    "monitor": "flows.monitor:monitor_flow",
+    "data": "lmforge.flows.data:data_flow",
+    "features": "lmforge.flows.features:features_flow",
+    "train": "lmforge.flows.train:train_flow",
+    "evaluate": "lmforge.flows.evaluate:evaluate_flow",
+    "compress": "lmforge.flows.compress:compress_flow",
+    "deploy": "lmforge.flows.deploy:deploy_flow",
+    "monitor": "lmforge.flows.monitor:monitor_flow",
 }
 
 
@@ -74,8 +74,8 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
 
 def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
     """The newest training run if it stopped before exporting, on this config and dataset, with a complete checkpoint."""
-    from components.training.checkpoint import complete_checkpoints
-    from flows.train import RUN_FILE
+    from lmforge.components.training.checkpoint import complete_checkpoints
+    from lmforge.flows.train import RUN_FILE
 
     started = sorted(ws.runs.glob(f"*/{RUN_FILE}"), key=lambda p: json.loads(p.read_text())["created_at"])
     if not started:
@@ -93,7 +93,7 @@ def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
     alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias}.get(stage)
     if alias is None:
         return None
-    from components.registry.aliases import current
+    from lmforge.components.registry.aliases import current
 
     if current(ws, cfg.registry.model_name, alias) is not None:
         return None
@@ -105,7 +105,7 @@ def run_links() -> dict[str, str]:
     """Where to look next: the Prefect flow run and the MLflow store."""
     from prefect.runtime import flow_run
 
-    from components.tracking import tracking_uri
+    from lmforge.components.tracking import tracking_uri
 
     links = {"mlflow": f"{tracking_uri(Workspace.from_env())}  (open it: lmforge ui mlflow)"}
     run_id = flow_run.get_id()

@@ -23,8 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.errors import UserError
-from components.workspace import Workspace, atomic_write_json
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace, atomic_write_json
 
 WORK_POOL = "lmforge-process"
 STATE_FILE = "server.json"

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from components.workspace import Workspace
+from lmforge.components.workspace import Workspace
 
 
 def dataset_rows(ws: Workspace) -> list[dict[str, Any]]:
@@ -43,7 +43,7 @@ def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
         return []
     from mlflow import MlflowClient
 
-    from components.tracking import use_workspace
+    from lmforge.components.tracking import use_workspace
 
     use_workspace(ws)
     client = MlflowClient()

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from components.workspace import Workspace
+from lmforge.components.workspace import Workspace
 
 
 def _data(r: dict) -> str:
@@ -79,7 +79,7 @@ def aliases(ws: Workspace, model_name: str) -> dict[str, str]:
         return {}
     from mlflow import MlflowClient
 
-    from components.tracking import use_workspace
+    from lmforge.components.tracking import use_workspace
 
     use_workspace(ws)
     try:

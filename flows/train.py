@@ -25,14 +25,14 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from components.config import PipelineConfig, as_config, config_hash
-from components.errors import UserError
-from components.tracking import start_run
-from components.training.job import Job, prepare_job
-from components.training.launcher import launch
-from components.training.report import loss_curve_png, read_steps
-from components.training.strategies import applied
-from components.workspace import Workspace, atomic_write_json, sha256_file
+from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.errors import UserError
+from lmforge.components.tracking import start_run
+from lmforge.components.training.job import Job, prepare_job
+from lmforge.components.training.launcher import launch
+from lmforge.components.training.report import loss_curve_png, read_steps
+from lmforge.components.training.strategies import applied
+from lmforge.components.workspace import Workspace, atomic_write_json, sha256_file
 
 console = Console(stderr=True)
 RUN_FILE = "run.json"

@@ -18,11 +18,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components.requestlog import RequestLog
-from components.sections.monitoring import MonitoringConfig
-from monitoring.calibration import Calibration, cached_calibration, calibration_rows
-from monitoring.drift import INSUFFICIENT, DriftResult, decide, rows_in
-from monitoring.profiles import Reference, profile, read_windows, rollup, save_window, window_start
+from lmforge.components.requestlog import RequestLog
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.monitoring.calibration import Calibration, cached_calibration, calibration_rows
+from lmforge.monitoring.drift import INSUFFICIENT, DriftResult, decide, rows_in
+from lmforge.monitoring.profiles import Reference, profile, read_windows, rollup, save_window, window_start
 
 if TYPE_CHECKING:
     from whylogs.core.view.dataset_profile_view import DatasetProfileView

@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.config import config_hash
-from components.errors import UserError
-from components.sections.monitoring import MonitoringConfig
-from components.workspace import atomic_write_json
-from monitoring.drift import column_scores
-from monitoring.profiles import profile
+from lmforge.components.config import config_hash
+from lmforge.components.errors import UserError
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.components.workspace import atomic_write_json
+from lmforge.monitoring.drift import column_scores
+from lmforge.monitoring.profiles import profile
 
 # The options that change a calibration; a cached calibration is reused only when they match.
 CALIBRATION_KEYS = ("columns", "hellinger_threshold", "hellinger_buckets", "false_alarm_target",

@@ -18,12 +18,12 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from components.sections.monitoring import MonitoringConfig
+from lmforge.components.sections.monitoring import MonitoringConfig
 
 if TYPE_CHECKING:
     from whylogs.core.view.dataset_profile_view import DatasetProfileView
 
-    from monitoring.calibration import Calibration
+    from lmforge.monitoring.calibration import Calibration
 
 DRIFT, NO_DRIFT, INSUFFICIENT = "drift", "no drift", "insufficient data"
 # -log10 of the smallest p-value we distinguish; p = 0 (e.g. a category never seen in the reference) maps here.

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from components.requestlog import COLUMNS, RequestLog
-from components.requestlog import NUMERIC as NUMERIC_REQUEST_COLUMNS
-from components.sections.monitoring import NUMERIC_COLUMNS, MonitoringConfig
-from components.workspace import atomic_dir
+from lmforge.components.requestlog import COLUMNS, RequestLog
+from lmforge.components.requestlog import NUMERIC as NUMERIC_REQUEST_COLUMNS
+from lmforge.components.sections.monitoring import NUMERIC_COLUMNS, MonitoringConfig
+from lmforge.components.workspace import atomic_dir
 
 if TYPE_CHECKING:
     from whylogs.core.view.dataset_profile_view import DatasetProfileView
@@ -146,6 +146,6 @@ def read_windows(log: RequestLog, *, since: datetime, until: datetime,
 
 
 def save_window(folder: Path, start: datetime, minutes: int, view: DatasetProfileView) -> Path:
-    from components.workspace import atomic_write_bytes
+    from lmforge.components.workspace import atomic_write_bytes
 
     return atomic_write_bytes(folder / f"{start:%Y%m%dT%H%M}-{minutes}m.bin", view.serialize())

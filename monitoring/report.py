@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from components.workspace import atomic_dir
+from lmforge.components.workspace import atomic_dir
 
 if TYPE_CHECKING:
     from whylogs.core.view.dataset_profile_view import DatasetProfileView

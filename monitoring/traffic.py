@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
+from lmforge.components.errors import UserError
 
 # Third-party packages whose signatures make the "unfamiliar code" part of the shifted traffic.
 THIRD_PARTY = ("pydantic", "rich", "typer", "click", "requests", "pyarrow", "sqlalchemy", "fastapi", "mlflow",

@@ -20,8 +20,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from components.sections.monitoring import MonitoringConfig
-from monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
 
 TRIGGERS_FILE = "triggers.jsonl"
 DECISIONS = {DRIFT: "drift: retrain", NO_DRIFT: "no drift", INSUFFICIENT: "insufficient data"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from components.ports import free_port  # noqa: F401  (tests import it from here)
+from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
 
 # Before anything imports `flows` (which points Prefect's home at the workspace): a session
 # workspace of its own, so tests never share Prefect's database with a real .lmforge/.
@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
     """A fresh workspace: LMFORGE_HOME points at it for the test and its subprocesses."""
-    from components.workspace import Workspace
+    from lmforge.components.workspace import Workspace
 
     root = tmp_path / "ws"
     monkeypatch.setenv("LMFORGE_HOME", str(root))
@@ -52,7 +52,7 @@ def workspace(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tiny_config():
-    from components.config import load_config
+    from lmforge.components.config import load_config
 
     return load_config(TINY_CONFIG)
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.compression.distill import distill_variant, student_config
-from components.compression.finetune import Finetuner
-from components.compression.lora import check_lora, lora_variant
-from components.compression.lowrank import check_lowrank, lowrank_variant
-from components.compression.modules import require_linear
-from components.compression.prune import check_channels, check_prune, need_tuner, prune_channels_variant, prune_variant
-from components.compression.quantize import cast_variant, quantize_int8_variant
-from components.compression.variant import load_parent
-from components.errors import UserError
-from components.sections.compression import CompressionConfig
+from lmforge.components.compression.distill import distill_variant, student_config
+from lmforge.components.compression.finetune import Finetuner
+from lmforge.components.compression.lora import check_lora, lora_variant
+from lmforge.components.compression.lowrank import check_lowrank, lowrank_variant
+from lmforge.components.compression.modules import require_linear
+from lmforge.components.compression.prune import check_channels, check_prune, need_tuner, prune_channels_variant, prune_variant
+from lmforge.components.compression.quantize import cast_variant, quantize_int8_variant
+from lmforge.components.compression.variant import load_parent
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import CompressionConfig
 
 TECHNIQUES = {"int8": "quantize-int8", "bf16": "cast-bf16", "fp16": "cast-fp16", "prune": "prune-unstructured",
               "channels": "prune-channels", "distill": "distill", "lowrank": "lowrank-svd", "lora": "lora-merged"}

@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.compression.finetune import Finetuner, LossFn
-from components.compression.modules import require_linear
-from components.compression.variant import load_parent, save_variant
-from components.errors import UserError
-from components.sections.compression import DistillConfig
+from lmforge.components.compression.finetune import Finetuner, LossFn
+from lmforge.components.compression.modules import require_linear
+from lmforge.components.compression.variant import load_parent, save_variant
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import DistillConfig
 
 
 def student_config(teacher_config, cfg: DistillConfig):

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from components.errors import UserError
-from components.sections.compression import FinetuneConfig
-from components.training.data import TokenWindows
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import FinetuneConfig
+from lmforge.components.training.data import TokenWindows
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 

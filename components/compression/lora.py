@@ -14,11 +14,11 @@ from pathlib import Path
 
 from torch import nn
 
-from components.compression.finetune import Finetuner
-from components.compression.modules import require_linear, select
-from components.compression.variant import load_parent, save_variant
-from components.errors import UserError
-from components.sections.compression import LoraConfig
+from lmforge.components.compression.finetune import Finetuner
+from lmforge.components.compression.modules import require_linear, select
+from lmforge.components.compression.variant import load_parent, save_variant
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import LoraConfig
 
 
 def check_lora(model: nn.Module, cfg: LoraConfig, model_dir: object) -> dict[str, nn.Linear]:

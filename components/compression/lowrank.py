@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from components.compression.modules import LowRankLinear, require_linear, select, set_module
-from components.compression.variant import load_parent, save_variant
-from components.errors import UserError
-from components.sections.compression import LowRankConfig
+from lmforge.components.compression.modules import LowRankLinear, require_linear, select, set_module
+from lmforge.components.compression.variant import load_parent, save_variant
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import LowRankConfig
 
 
 @dataclass(frozen=True)

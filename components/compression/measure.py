@@ -18,15 +18,15 @@ import random
 import time
 from pathlib import Path
 
-from components.compression.variant import load_variant, variant_stats
-from components.data.records import extract_summary, generation_prompt
-from components.errors import UserError
-from components.evaluation.bpc import bits_per_character
-from components.evaluation.evaluate import read_split
-from components.evaluation.generation import generate
-from components.evaluation.latency import summarize
-from components.evaluation.text_metrics import score_texts
-from components.sections.evaluation import EvaluationConfig
+from lmforge.components.compression.variant import load_variant, variant_stats
+from lmforge.components.data.records import extract_summary, generation_prompt
+from lmforge.components.errors import UserError
+from lmforge.components.evaluation.bpc import bits_per_character
+from lmforge.components.evaluation.evaluate import read_split
+from lmforge.components.evaluation.generation import generate
+from lmforge.components.evaluation.latency import summarize
+from lmforge.components.evaluation.text_metrics import score_texts
+from lmforge.components.sections.evaluation import EvaluationConfig
 
 
 def load_tokenizer(model_dir: Path):

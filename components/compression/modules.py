@@ -16,7 +16,7 @@ import warnings
 import torch
 from torch import nn
 
-from components.errors import UserError
+from lmforge.components.errors import UserError
 
 
 class LowRankLinear(nn.Module):

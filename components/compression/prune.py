@@ -22,11 +22,11 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from components.compression.finetune import Finetuner
-from components.compression.modules import require_linear, select
-from components.compression.variant import load_parent, save_variant
-from components.errors import UserError
-from components.sections.compression import ChannelPruneConfig, PruneConfig
+from lmforge.components.compression.finetune import Finetuner
+from lmforge.components.compression.modules import require_linear, select
+from lmforge.components.compression.variant import load_parent, save_variant
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import ChannelPruneConfig, PruneConfig
 
 
 def check_prune(model: nn.Module, cfg: PruneConfig, model_dir: object) -> dict[str, nn.Linear]:

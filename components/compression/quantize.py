@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from components.compression.modules import require_linear, select
-from components.compression.variant import DTYPES, load_parent, save_variant
-from components.errors import UserError
-from components.sections.compression import QuantizeConfig
+from lmforge.components.compression.modules import require_linear, select
+from lmforge.components.compression.variant import DTYPES, load_parent, save_variant
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import QuantizeConfig
 
 
 def quantize_int8_variant(model_dir: Path, out_dir: Path, cfg: QuantizeConfig) -> Path:

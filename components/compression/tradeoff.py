@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from components.sections.compression import CompressionConfig
+from lmforge.components.sections.compression import CompressionConfig
 
 PARENT = "parent"
 COLUMNS = [("variant", "variant"), ("technique", "technique"), ("params", "params"), ("disk_mb", "disk MB"),
@@ -101,7 +101,7 @@ def tradeoff_chart(rows: list[dict[str, Any]], path: Path, *, title: str = "comp
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from components.workspace import atomic_file
+    from lmforge.components.workspace import atomic_file
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r in rows:

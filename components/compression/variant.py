@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from components.compression.modules import apply_lowrank, count_params, linear_weight_bytes, quantize_int8, weight_bytes
-from components.errors import UserError
-from components.workspace import atomic_dir, atomic_write_json
+from lmforge.components.compression.modules import apply_lowrank, count_params, linear_weight_bytes, quantize_int8, weight_bytes
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import atomic_dir, atomic_write_json
 
 META = "lmforge.json"
 WEIGHTS = "model.safetensors"

@@ -16,8 +16,8 @@ import re
 import unicodedata
 from dataclasses import replace
 
-from components.data.records import Record, first_sentence, lm_text
-from components.data.validate import Kept, Quarantined
+from lmforge.components.data.records import Record, first_sentence, lm_text
+from lmforge.components.data.validate import Kept, Quarantined
 
 _SPACES = re.compile(r"[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
 _ZERO_WIDTH = re.compile(r"[\u200b\u200c\u200d\u2060\ufeff]")

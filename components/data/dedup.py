@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from components.sections.data import DedupConfig
+from lmforge.components.sections.data import DedupConfig
 
 _WORD = re.compile(r"\w+")
 MINHASH_SEED = 1  # fixed: signatures must be comparable across runs

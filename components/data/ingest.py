@@ -28,9 +28,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
-from components.sections.data import DataConfig
-from components.workspace import sha256_tree
+from lmforge.components.errors import UserError
+from lmforge.components.sections.data import DataConfig
+from lmforge.components.workspace import sha256_tree
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 SUPPORTED = "a JSONL/Parquet/CSV file or a folder of .txt files"

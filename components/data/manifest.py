@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from components.workspace import sha256_json, sha256_tree
+from lmforge.components.workspace import sha256_json, sha256_tree
 
 MANIFEST_VERSION = 1
 UNHASHED = ("version", "created_at")

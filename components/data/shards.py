@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from components.errors import UserError
-from components.workspace import atomic_write_json, sha256_file
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import atomic_write_json, sha256_file
 
 INDEX = "index.json"
 

@@ -16,8 +16,8 @@ import hashlib
 from collections import Counter
 from collections.abc import Sequence
 
-from components.errors import UserError
-from components.sections.data import SplitConfig
+from lmforge.components.errors import UserError
+from lmforge.components.sections.data import SplitConfig
 
 SPLITS = ("train", "validation", "test")
 

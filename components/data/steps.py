@@ -28,20 +28,20 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from components.data.clean import clean_all
-from components.data.dedup import deduplicate
-from components.data.featurize import document_features
-from components.data.ingest import ingest
-from components.data.manifest import build_manifest
-from components.data.shards import write_shards
-from components.data.split import SPLITS, split_groups
-from components.data.store import (iter_jsonl, read_kept, read_quarantine, read_records, write_jsonl, write_kept,
+from lmforge.components.data.clean import clean_all
+from lmforge.components.data.dedup import deduplicate
+from lmforge.components.data.featurize import document_features
+from lmforge.components.data.ingest import ingest
+from lmforge.components.data.manifest import build_manifest
+from lmforge.components.data.shards import write_shards
+from lmforge.components.data.split import SPLITS, split_groups
+from lmforge.components.data.store import (iter_jsonl, read_kept, read_quarantine, read_records, write_jsonl, write_kept,
                                    write_quarantine, write_records)
-from components.data.tokenizer import iter_encoded, load_tokenizer, save_tokenizer, train_tokenizer
-from components.data.validate import validate_items
-from components.errors import UserError
-from components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
-from components.workspace import atomic_dir, atomic_write_json, sha256_tree
+from lmforge.components.data.tokenizer import iter_encoded, load_tokenizer, save_tokenizer, train_tokenizer
+from lmforge.components.data.validate import validate_items
+from lmforge.components.errors import UserError
+from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
+from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_tree
 
 Progress = Callable[[int], None] | None
 DATASET_PARTS = ["records/train.jsonl", "records/validation.jsonl", "records/test.jsonl", "quarantine.jsonl",

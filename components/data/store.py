@@ -18,9 +18,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from components.data.records import Record
-from components.data.validate import Kept, Quarantined
-from components.workspace import atomic_file
+from lmforge.components.data.records import Record
+from lmforge.components.data.validate import Kept, Quarantined
+from lmforge.components.workspace import atomic_file
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]], *, ascii_only: bool = False) -> str:

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.data.ingest import RawItem, raw_excerpt
-from components.data.records import Record, first_sentence, stable_id
-from components.sections.data import ValidationConfig
+from lmforge.components.data.ingest import RawItem, raw_excerpt
+from lmforge.components.data.records import Record, first_sentence, stable_id
+from lmforge.components.sections.data import ValidationConfig
 
 REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id")
 

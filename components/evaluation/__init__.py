@@ -1,12 +1,12 @@
 """Evaluation: BPC and perplexity, ROUGE/BLEU/exact match on generated summaries, latency, RAG, reports.
 
-    from components.evaluation import evaluate_model_dir
+    from lmforge.components.evaluation import evaluate_model_dir
     result = evaluate_model_dir(model_dir, ws.dataset_dir(v), cfg.evaluation)
 
 Modules: bpc.py, baseline.py (unigram), generation.py, text_metrics.py, latency.py,
 rag.py, evaluate.py (the entry point), report.py.
 """
 
-from components.evaluation.evaluate import EvalResult, Example, evaluate_model_dir
+from lmforge.components.evaluation.evaluate import EvalResult, Example, evaluate_model_dir
 
 __all__ = ["EvalResult", "Example", "evaluate_model_dir"]

@@ -24,16 +24,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.data.records import Record, extract_summary, generation_prompt
-from components.errors import UserError
-from components.evaluation.baseline import UnigramModel
-from components.evaluation.bpc import bits_per_character
-from components.evaluation.generation import generate
-from components.evaluation.latency import summarize
-from components.evaluation.rag import Rag
-from components.evaluation.text_metrics import score_texts
-from components.registry.loading import load_causal_lm
-from components.sections.evaluation import EvaluationConfig
+from lmforge.components.data.records import Record, extract_summary, generation_prompt
+from lmforge.components.errors import UserError
+from lmforge.components.evaluation.baseline import UnigramModel
+from lmforge.components.evaluation.bpc import bits_per_character
+from lmforge.components.evaluation.generation import generate
+from lmforge.components.evaluation.latency import summarize
+from lmforge.components.evaluation.rag import Rag
+from lmforge.components.evaluation.text_metrics import score_texts
+from lmforge.components.registry.loading import load_causal_lm
+from lmforge.components.sections.evaluation import EvaluationConfig
 
 GEN_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")
 

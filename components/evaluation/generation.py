@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from components.data.records import DOC_CLOSE
-from components.evaluation.latency import RowTiming
+from lmforge.components.data.records import DOC_CLOSE
+from lmforge.components.evaluation.latency import RowTiming
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from components.workspace import Workspace
+from lmforge.components.workspace import Workspace
 
 PROBE_PROMPT = 'def probe(x):\n    """'
 
@@ -31,7 +31,7 @@ class Rag:
 
 def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_version: str | None) -> Rag:
     try:
-        from components.retrieval import format_context, retrieve
+        from lmforge.components.retrieval import format_context, retrieve
     except ImportError as e:
         return Rag(None, f"components.retrieval is not available ({e})")
 
@@ -51,7 +51,7 @@ def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_ver
 def release() -> None:
     """Let go of the vector store (a local-mode Qdrant folder admits one process at a time)."""
     try:
-        from components.vectors.index import close_clients
+        from lmforge.components.vectors.index import close_clients
     except ImportError:
         return
     close_clients()

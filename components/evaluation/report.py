@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from components.evaluation.evaluate import EvalResult, Example
-from components.workspace import atomic_write_json, atomic_write_text
+from lmforge.components.evaluation.evaluate import EvalResult, Example
+from lmforge.components.workspace import atomic_write_json, atomic_write_text
 
 ORDER = ("bpc", "unigram_bpc", "perplexity", "rouge1", "rouge2", "rougeL", "bleu", "exact_match",
          "ttft_ms", "tpot_ms", "tokens_per_s")

@@ -16,8 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.errors import UserError
-from components.workspace import Workspace, atomic_file
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace, atomic_file
 
 FEATURES_FILE = "features.parquet"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from components.features.store import open_store
-from components.sections.features import FeaturesConfig
-from components.workspace import Workspace
+from lmforge.components.features.store import open_store
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.workspace import Workspace
 
 SERVICE = "serving_v1"
 

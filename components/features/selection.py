@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from components.data.shards import open_offsets, open_shard, read_index, write_shards
-from components.errors import UserError
-from components.features.offline import read_dataset_features
-from components.features.store import open_store
-from components.sections.features import FeaturesConfig
-from components.workspace import Workspace, atomic_dir, atomic_write_json
+from lmforge.components.data.shards import open_offsets, open_shard, read_index, write_shards
+from lmforge.components.errors import UserError
+from lmforge.components.features.offline import read_dataset_features
+from lmforge.components.features.store import open_store
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.workspace import Workspace, atomic_dir, atomic_write_json
 
 SERVICE = "training_v1"
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from components.errors import UserError
-from components.sections.features import FeaturesConfig
-from components.workspace import ENV_HOME, Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.workspace import ENV_HOME, Workspace
 
 REPO_DEFAULT = Path(__file__).resolve().parents[2] / "feature_repo"
 YAML_NAME = "feature_store.yaml"

@@ -1,6 +1,6 @@
 """The MLflow model registry: register without pickles, aliases with an audit trail, gated promotion.
 
-    from components.registry import register_model, download_model, set_alias, gate, rollback, history
+    from lmforge.components.registry import register_model, download_model, set_alias, gate, rollback, history
     v = register_model(ws, cfg.registry, export_dir, metrics=result.metrics, tags={...})
     d = gate(ws, cfg.registry, v, result.metrics)           # challenger always; champion if the rules pass
     path = download_model(ws, cfg.registry.model_name, "champion")
@@ -11,10 +11,10 @@ rollback), gate.py (promotion rules), loading.py (safetensors-only loading), ret
 MLflow is imported inside the functions, so importing this package is cheap.
 """
 
-from components.registry.aliases import AliasMove, current, history, rollback, set_alias
-from components.registry.gate import Decision, decide, gate
-from components.registry.loading import load_causal_lm
-from components.registry.store import (download_model, list_versions, register_model, resolve_version, version_metrics,
+from lmforge.components.registry.aliases import AliasMove, current, history, rollback, set_alias
+from lmforge.components.registry.gate import Decision, decide, gate
+from lmforge.components.registry.loading import load_causal_lm
+from lmforge.components.registry.store import (download_model, list_versions, register_model, resolve_version, version_metrics,
                                        version_tags)
 
 __all__ = ["AliasMove", "Decision", "current", "decide", "download_model", "gate", "history", "list_versions",

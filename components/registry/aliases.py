@@ -24,10 +24,10 @@ import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from components.errors import UserError
-from components.registry.retry import with_retries
-from components.tracking import use_workspace
-from components.workspace import Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.registry.retry import with_retries
+from lmforge.components.tracking import use_workspace
+from lmforge.components.workspace import Workspace
 
 AUDIT_PREFIX = "lmforge.audit."
 ACTOR_ENV = "LMFORGE_ACTOR"

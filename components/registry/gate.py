@@ -19,12 +19,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.registry.aliases import current, set_alias
-from components.registry.retry import with_retries
-from components.registry.store import finite, version_metrics
-from components.sections.registry import RegistryConfig
-from components.tracking import use_workspace
-from components.workspace import Workspace
+from lmforge.components.registry.aliases import current, set_alias
+from lmforge.components.registry.retry import with_retries
+from lmforge.components.registry.store import finite, version_metrics
+from lmforge.components.sections.registry import RegistryConfig
+from lmforge.components.tracking import use_workspace
+from lmforge.components.workspace import Workspace
 
 CHALLENGER, CHAMPION = "challenger", "champion"
 SHOWN = ("bpc", "unigram_bpc", "perplexity", "rougeL", "bleu", "exact_match", "tokens_per_s")

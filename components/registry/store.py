@@ -31,13 +31,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from components.data.records import generation_prompt
-from components.errors import UserError
-from components.registry.loading import check_model_dir, pickle_files
-from components.registry.retry import with_retries
-from components.sections.registry import RegistryConfig
-from components.tracking import ensure_experiment, external_uri, use_workspace
-from components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
+from lmforge.components.data.records import generation_prompt
+from lmforge.components.errors import UserError
+from lmforge.components.registry.loading import check_model_dir, pickle_files
+from lmforge.components.registry.retry import with_retries
+from lmforge.components.sections.registry import RegistryConfig
+from lmforge.components.tracking import ensure_experiment, external_uri, use_workspace
+from lmforge.components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
 
 METRIC_PREFIX = "metric."
 PYFUNC_CODE = Path(__file__).with_name("hf_pyfunc.py")

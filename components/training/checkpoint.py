@@ -19,8 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
-from components.workspace import atomic_write_json
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import atomic_write_json
 
 MARKER = "COMPLETE.json"
 _TAG = re.compile(r"^step-(\d+)$")

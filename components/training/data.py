@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from components.data.shards import open_shard, read_index
-from components.errors import UserError
+from lmforge.components.data.shards import open_shard, read_index
+from lmforge.components.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from components.workspace import atomic_dir, atomic_write_json
+from lmforge.components.workspace import atomic_dir, atomic_write_json
 
 
 def gather_hf_state(engine: Any, *, zero_stage: int, tp: int, pp: int) -> dict[str, torch.Tensor] | None:
@@ -26,7 +26,7 @@ def gather_hf_state(engine: Any, *, zero_stage: int, tp: int, pp: int) -> dict[s
 
     rank = dist.get_rank()
     if pp > 1:
-        from components.training.pipeline_model import stage_hf_state
+        from lmforge.components.training.pipeline_model import stage_hf_state
 
         parts: list[Any] = [None] * dist.get_world_size() if rank == 0 else None  # type: ignore[assignment]
         dist.gather_object(stage_hf_state(engine.module), parts, dst=0)

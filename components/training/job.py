@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.data.shards import read_index
-from components.errors import UserError
-from components.sections.training import TrainingConfig
-from components.training import checkpoint as ckpt
-from components.training.launcher import LaunchRequest
-from components.training.layout import Layout, check_layout, world_size_of
-from components.training.model import load_tokenizer
-from components.training.strategies import deepspeed_config
+from lmforge.components.data.shards import read_index
+from lmforge.components.errors import UserError
+from lmforge.components.sections.training import TrainingConfig
+from lmforge.components.training import checkpoint as ckpt
+from lmforge.components.training.launcher import LaunchRequest
+from lmforge.components.training.layout import Layout, check_layout, world_size_of
+from lmforge.components.training.model import load_tokenizer
+from lmforge.components.training.strategies import deepspeed_config
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.errors import UserError
-from components.ports import free_port
-from components.workspace import atomic_write_json
+from lmforge.components.errors import UserError
+from lmforge.components.ports import free_port
+from lmforge.components.workspace import atomic_write_json
 
 EVENT_PREFIX = "LMFORGE_EVENT "
 USER_ERROR_PREFIX = "LMFORGE_USER_ERROR "
@@ -82,7 +82,7 @@ def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int) ->
         cmd += ["--hostfile", req.hostfile]
     else:
         cmd += ["--num_gpus", str(req.num_ranks)]
-    return cmd + ["components.training.rank", "--request", str(request_path)]
+    return cmd + ["lmforge.components.training.rank", "--request", str(request_path)]
 
 
 def backend_name() -> str:
@@ -135,8 +135,7 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     port = req.master_port or free_port()
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads_per_rank(req.num_ranks)), PYTHONUNBUFFERED="1",
-               **{SUPERVISOR_ENV: f"{socket.gethostname()}:{os.getpid()}"},
-               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")])))
+               **{SUPERVISOR_ENV: f"{socket.gethostname()}:{os.getpid()}"})
     events: list[dict[str, Any]] = []
     user_errors: list[dict[str, Any]] = []
     lines_out = on_line or (lambda rank, line: print(f"[rank{rank}] {line}", flush=True))

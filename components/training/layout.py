@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from components.errors import UserError
-from components.sections.training import TrainingConfig
+from lmforge.components.errors import UserError
+from lmforge.components.sections.training import TrainingConfig
 
 
 @dataclass(frozen=True)

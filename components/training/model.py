@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from components.errors import UserError
-from components.sections.training import ModelConfig
+from lmforge.components.errors import UserError
+from lmforge.components.sections.training import ModelConfig
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -28,7 +28,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from components.errors import UserError
+from lmforge.components.errors import UserError
 
 GB = 1e9  # decimal, as in the paper's and the rule of thumb's "112 GB for 7B"
 

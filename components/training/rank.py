@@ -21,14 +21,14 @@ from typing import Any
 
 import torch
 
-from components.errors import UserError
-from components.training.launcher import EVENT_PREFIX, USER_ERROR_PREFIX, watch_supervisor
+from lmforge.components.errors import UserError
+from lmforge.components.training.launcher import EVENT_PREFIX, USER_ERROR_PREFIX, watch_supervisor
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     # Launchers other than ours may still append --local_rank=N; the rank reads LOCAL_RANK instead.
     argv = [a for a in argv if not a.startswith("--local_rank")]
-    p = argparse.ArgumentParser(prog="components.training.rank")
+    p = argparse.ArgumentParser(prog="lmforge.components.training.rank")
     p.add_argument("--request", required=True, type=Path)
     return p.parse_args(argv)
 
@@ -55,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
     import torch.distributed as dist
 
-    from components.sections.training import TrainingConfig
-    from components.training import checkpoint as ckpt
-    from components.training.data import TokenWindows
-    from components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
-    from components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token
-    from components.training.perf import matmul_peak_flops, mfu
-    from components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
-    from components.training.strategies import for_deepspeed
+    from lmforge.components.sections.training import TrainingConfig
+    from lmforge.components.training import checkpoint as ckpt
+    from lmforge.components.training.data import TokenWindows
+    from lmforge.components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
+    from lmforge.components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token
+    from lmforge.components.training.perf import matmul_peak_flops, mfu
+    from lmforge.components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
+    from lmforge.components.training.strategies import for_deepspeed
 
     cfg = TrainingConfig.model_validate(req["training"])
     layout, ds_config = req["layout"], req["ds_config"]
@@ -180,8 +180,8 @@ def _export(engine: Any, req: dict[str, Any], layout: dict[str, Any], tokenizer:
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from components.training.export import gather_hf_state, write_export
-    from components.training.model import llama_config
+    from lmforge.components.training.export import gather_hf_state, write_export
+    from lmforge.components.training.model import llama_config
 
     rank = dist.get_rank()
     run_dir = Path(req["run_dir"])

@@ -13,8 +13,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from components.sections.training import ParallelConfig, TrainingConfig
-from components.training.layout import Layout
+from lmforge.components.sections.training import ParallelConfig, TrainingConfig
+from lmforge.components.training.layout import Layout
 
 APPLIED = "lmforge_applied"  # a key DeepSpeed ignores; lists the gates that fired, for the run's record
 

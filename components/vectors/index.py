@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from components.data.records import Record
-from components.errors import UserError
-from components.sections.vectors import VectorsConfig
-from components.vectors.embed import Embedder, make_embedder
-from components.vectors.near_dups import semantic_near_duplicates
-from components.workspace import Workspace
+from lmforge.components.data.records import Record
+from lmforge.components.errors import UserError
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.embed import Embedder, make_embedder
+from lmforge.components.vectors.near_dups import semantic_near_duplicates
+from lmforge.components.workspace import Workspace
 
 SPLITS = ("train", "validation", "test")
 _NS = uuid.UUID("5f1d3c2e-7a4b-4c1d-9e8f-6a5b4c3d2e1f")

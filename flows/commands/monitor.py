@@ -20,8 +20,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components.errors import UserError
-from components.workspace import Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace
 
 app = typer.Typer(no_args_is_help=True, help="Drift reports and demo traffic.")
 console = Console()
@@ -81,10 +81,10 @@ def traffic(
     set_: SetOpt = None,
 ) -> None:
     """Send demo requests to the served model through the Triton client."""
-    from components.config import load_config
-    from deploy.client import RequestFailed, generate
-    from deploy.server import read_state, running_server
-    from monitoring.traffic import normal_prompts, send_traffic, shifted_prompts
+    from lmforge.components.config import load_config
+    from lmforge.deploy.client import RequestFailed, generate
+    from lmforge.deploy.server import read_state, running_server
+    from lmforge.monitoring.traffic import normal_prompts, send_traffic, shifted_prompts
 
     cfg = load_config(config, set_ or [])
     m = cfg.monitoring

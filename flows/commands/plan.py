@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components.sections.training import PRESETS, ModelConfig
-from components.training.model import param_count
-from components.training.planner import PlanInput, make_plan, parse_size, shape_for
+from lmforge.components.sections.training import PRESETS, ModelConfig
+from lmforge.components.training.model import param_count
+from lmforge.components.training.planner import PlanInput, make_plan, parse_size, shape_for
 
 console = Console()
 
@@ -37,7 +37,7 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Per-device memory (weights, gradients, optimizer, activations) per strategy; recommends the cheapest that fits."""
-    from components.errors import UserError
+    from lmforge.components.errors import UserError
 
     if precision not in ("bf16", "fp16", "fp32"):
         raise UserError("--precision", precision, "is not a precision", "Use bf16, fp16 or fp32")

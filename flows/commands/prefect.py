@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from components.workspace import Workspace
-from flows import prefect_local
+from lmforge.components.workspace import Workspace
+from lmforge.flows import prefect_local
 
 app = typer.Typer(no_args_is_help=True, help="A local Prefect server, deployments and a worker, on loopback.")
 console = Console()

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from components.workspace import Workspace
+from lmforge.components.workspace import Workspace
 
 app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
 console = Console()
@@ -32,7 +32,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a t
 def _model(model: str | None, config: Path | None, set_: list[str] | None) -> str:
     if model:
         return model
-    from components.config import load_config
+    from lmforge.components.config import load_config
 
     return load_config(config, set_ or []).registry.model_name
 
@@ -44,7 +44,7 @@ def _fmt(v: float | None) -> str:
 @app.command("list")
 def list_(model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Every version, newest first: aliases, BPC, ROUGE-L, BLEU, the promotion decision, lineage."""
-    from components.registry import list_versions
+    from lmforge.components.registry import list_versions
 
     name = _model(model, config, set_)
     rows = list_versions(Workspace.from_env(), name)
@@ -66,7 +66,7 @@ def list_(model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
 def history(alias: Annotated[str | None, typer.Option(help="only this alias")] = None, model: ModelOpt = None,
             config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Every alias move, oldest first: when, who, alias, from, to, why."""
-    from components.registry import history as read_history
+    from lmforge.components.registry import history as read_history
 
     name = _model(model, config, set_)
     moves = read_history(Workspace.from_env(), name, alias=alias)
@@ -86,7 +86,7 @@ def rollback(reason: Annotated[str, typer.Option("--reason", "-r", help="why (ke
              alias: Annotated[str, typer.Option(help="the alias to move back")] = "champion",
              model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Move an alias (champion by default) back to its previous holder, recording why."""
-    from components.registry import rollback as do_rollback
+    from lmforge.components.registry import rollback as do_rollback
 
     name = _model(model, config, set_)
     move = do_rollback(Workspace.from_env(), name, reason=reason, alias=alias)
@@ -99,7 +99,7 @@ def promote(version: Annotated[str, typer.Argument(help="the version to point th
             alias: Annotated[str, typer.Option(help="the alias to move")] = "champion",
             model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
     """Point an alias at a version by hand (bypassing the gate), recording why."""
-    from components.registry import resolve_version, set_alias
+    from lmforge.components.registry import resolve_version, set_alias
 
     name = _model(model, config, set_)
     ws = Workspace.from_env()

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 
-from components.errors import UserError
-from components.workspace import Workspace
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace
 
 console = Console()
 deploy_app = typer.Typer(no_args_is_help=True, help="Manage the Triton deployment: rollback, stop.")
@@ -32,13 +32,13 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override:
 
 
 def _cfg(config: Path | None, set_: list[str] | None) -> Any:
-    from components.config import load_config
+    from lmforge.components.config import load_config
 
     return load_config(config, set_ or [])
 
 
 def _running(ws: Workspace) -> Any:
-    from deploy.server import running_server
+    from lmforge.deploy.server import running_server
 
     info = running_server(ws)
     if info is None:
@@ -53,7 +53,7 @@ def serve(
     detach: Annotated[bool, typer.Option("--detach", help="leave the server running and return")] = False,
 ) -> None:
     """Start Triton on loopback with the last rolled-out version (or roll out deploy.alias), then block."""
-    from deploy import service
+    from lmforge.deploy import service
 
     cfg = _cfg(config, set_)
     ws = Workspace.from_env().ensure()
@@ -76,7 +76,7 @@ def serve(
     console.print("Ctrl-C stops the server")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
-    from deploy.server import is_running
+    from lmforge.deploy.server import is_running
 
     try:
         while not done.wait(1.0):
@@ -100,9 +100,9 @@ def generate(
     """Ask the served model for a summary of a signature, over HTTP or gRPC."""
     from dataclasses import asdict
 
-    from deploy.client import RequestFailed
-    from deploy.client import generate as gen
-    from deploy.server import read_state
+    from lmforge.deploy.client import RequestFailed
+    from lmforge.deploy.client import generate as gen
+    from lmforge.deploy.server import read_state
 
     if protocol not in ("http", "grpc"):
         raise UserError("--protocol", protocol, "is not http or grpc", "Pass --protocol http or --protocol grpc")
@@ -129,7 +129,7 @@ def rollback(
     set_: SetOpt = None,
 ) -> None:
     """Return to the version that served before the current one (validated like any rollout)."""
-    from deploy import service
+    from lmforge.deploy import service
 
     cfg = _cfg(config, set_)
     ws = Workspace.from_env()
@@ -141,7 +141,7 @@ def rollback(
 @deploy_app.command("stop")
 def stop() -> None:
     """Stop the workspace's Triton server."""
-    from deploy import service
+    from lmforge.deploy import service
 
     console.print_json(json.dumps(service.stop(Workspace.from_env())))
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from components.workspace import Workspace
-from flows import prefect_local
+from lmforge.components.workspace import Workspace
+from lmforge.flows import prefect_local
 from tests.conftest import free_port
 
 STARTUP_TIMEOUT_S = 180

@@ -15,8 +15,8 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from components.data.records import Record
-from components.workspace import Workspace, atomic_write_json, sha256_json
+from lmforge.components.data.records import Record
+from lmforge.components.workspace import Workspace, atomic_write_json, sha256_json
 
 TRAIN = ["json/__init__.py", "textwrap.py", "shutil.py"]
 TEST = ["base64.py", "fnmatch.py"]

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _records():
-    from components.data.records import Record
+    from lmforge.components.data.records import Record
 
     out = []
     for mod in (textwrap, json, shutil):
@@ -32,8 +32,8 @@ def _records():
 
 def _dataset(ws, tok) -> str:
     """A small dataset folder in the workspace layout: records, shards, manifest; LATEST set."""
-    from components.data.shards import write_shards
-    from components.workspace import atomic_write_json
+    from lmforge.components.data.shards import write_shards
+    from lmforge.components.workspace import atomic_write_json
 
     records = _records()
     splits = {"train": records[: len(records) // 2], "validation": records[len(records) // 2:][:6],
@@ -60,13 +60,13 @@ def test_compress_flow_registers_every_variant_with_lineage(workspace, tiny_mode
     from mlflow import MlflowClient
     from transformers import PreTrainedTokenizerFast
 
-    from components.config import load_config
-    from components.registry import register_model, set_alias
+    from lmforge.components.config import load_config
+    from lmforge.components.registry import register_model, set_alias
     from tests.conftest import TINY_CONFIG
 
     tiny_config = load_config(TINY_CONFIG, OVERRIDES)
-    from components.tracking import use_workspace
-    from flows.compress import compress_flow
+    from lmforge.components.tracking import use_workspace
+    from lmforge.flows.compress import compress_flow
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(tiny_model_dir))
     version = _dataset(workspace, tok)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from components.config import load_config
-from components.data.manifest import verify_manifest
-from components.data.store import read_quarantine, read_records
+from lmforge.components.config import load_config
+from lmforge.components.data.manifest import verify_manifest
+from lmforge.components.data.store import read_quarantine, read_records
 from tests.conftest import REPO, TINY_CONFIG
 from tests.unit.data.corpus import BAD_LINES, write_mixed_jsonl
 
@@ -36,7 +36,7 @@ def task_states(flow_run_id, names: set[str], timeout: float = 30.0) -> dict[str
 
 
 def test_second_run_is_served_from_the_cache_with_the_same_manifest(workspace, tiny_config):
-    from flows.data import data_flow
+    from lmforge.flows.data import data_flow
 
     first_state = data_flow(tiny_config, return_state=True)
     first = first_state.result()
@@ -59,7 +59,7 @@ def test_second_run_is_served_from_the_cache_with_the_same_manifest(workspace, t
 
     from mlflow import MlflowClient
 
-    from components.tracking import use_workspace
+    from lmforge.components.tracking import use_workspace
 
     use_workspace(workspace)
     run = MlflowClient().get_run(second["mlflow_run_id"])
@@ -68,7 +68,7 @@ def test_second_run_is_served_from_the_cache_with_the_same_manifest(workspace, t
 
 
 def test_mixed_corpus_runs_to_completion_with_every_bad_record_quarantined(workspace, tmp_path):
-    from flows.data import data_flow
+    from lmforge.flows.data import data_flow
 
     source = write_mixed_jsonl(tmp_path / "mixed.jsonl", 40)
     cfg = load_config(TINY_CONFIG, [f"data.source={json.dumps(str(source))}"])

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from components.requestlog import RequestLog
-from components.sections.deploy import DeployConfig
-from deploy import client, processing, repository, server
-from deploy.rollout import RolloutRefused, rollout
+from lmforge.components.requestlog import RequestLog
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy import client, processing, repository, server
+from lmforge.deploy.rollout import RolloutRefused, rollout
 from tests.conftest import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]

@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.integration]
 def test_evaluate_flow_registers_gates_and_reports(workspace, tiny_model_dir, tiny_config):
     from mlflow import MlflowClient
 
-    from components.registry import current
-    from flows.commands.registry import app
-    from flows.evaluate import evaluate_flow
+    from lmforge.components.registry import current
+    from lmforge.flows.commands.registry import app
+    from lmforge.flows.evaluate import evaluate_flow
 
     version = make_eval_dataset(workspace, per_module=8)
     make_run(workspace, tiny_model_dir, version)

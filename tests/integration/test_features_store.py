@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from components.data.shards import open_offsets, read_index
-from components.features.offline import write_offline
-from components.workspace import Workspace
+from lmforge.components.data.shards import open_offsets, read_index
+from lmforge.components.features.offline import write_offline
+from lmforge.components.workspace import Workspace
 from tests.conftest import REPO, TINY_CONFIG
 from tests.unit.features.fakedata import make_dataset
 
@@ -61,7 +61,7 @@ def as_of_reference(rows: pd.DataFrame, doc: str, t: pd.Timestamp) -> float | No
 
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
-    from components.config import load_config
+    from lmforge.components.config import load_config
 
     root = tmp_path_factory.mktemp("features") / "ws"
     with pytest.MonkeyPatch.context() as mp:
@@ -72,12 +72,12 @@ def stage(tmp_path_factory):
         version, records = make_dataset(ws, n_train=40, n_val=8, n_test=8, built=BUILT, drop_features_for=2)
         rows = pit_rows()
         write_offline(ws, "pit", rows)
-        from flows.features import features_flow
+        from lmforge.flows.features import features_flow
 
         cfg = load_config(TINY_CONFIG, ["features.min_quality=0.25", "vectors.near_dup_threshold=0.9"])
         result = features_flow(cfg)
         yield {"ws": ws, "version": version, "records": records, "rows": rows, "result": result, "cfg": cfg}
-        from components.vectors.index import close_clients
+        from lmforge.components.vectors.index import close_clients
 
         close_clients()
 
@@ -113,7 +113,7 @@ def test_flow_selects_a_quality_filtered_training_set(stage):
 
 
 def test_historical_features_match_a_brute_force_as_of_join(stage):
-    from components.features.selection import historical_features
+    from lmforge.components.features.selection import historical_features
 
     rows = stage["rows"]
     offsets = [-500, -400, -380, -200, -10.5, -10, -9.9, -5, -3, -2, -0.5, -0.01, 0, 0.5, 1, 2, 3, 20]
@@ -133,8 +133,8 @@ def test_historical_features_match_a_brute_force_as_of_join(stage):
 
 def test_online_values_equal_offline_after_materialisation(stage):
     """Online = the newest materialised row; offline as of a time after every row of that document."""
-    from components.features.online import online_features
-    from components.features.selection import historical_features
+    from lmforge.components.features.online import online_features
+    from lmforge.components.features.selection import historical_features
 
     ws, cfg, records = stage["ws"], stage["cfg"].features, stage["records"]
     dataset_ids = [r.id for recs in records.values() for r in recs]
@@ -152,7 +152,7 @@ def test_online_values_equal_offline_after_materialisation(stage):
 
 
 def test_retrieve_ranks_training_examples_by_online_quality(stage):
-    from components.retrieval import retrieve
+    from lmforge.components.retrieval import retrieve
 
     ws, cfg, records = stage["ws"], stage["cfg"], stage["records"]
     train = {r.id: i for i, r in enumerate(records["train"])}

@@ -13,9 +13,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from components.config import load_config
-from components.requestlog import RequestLog
-from monitoring.traffic import shifted_prompts
+from lmforge.components.config import load_config
+from lmforge.components.requestlog import RequestLog
+from lmforge.monitoring.traffic import shifted_prompts
 from tests.conftest import TINY_CONFIG
 from tests.unit.monitoring.dataset import make_dataset, signatures, write_requests
 
@@ -64,7 +64,7 @@ def deployment_runs(deployment_id: str) -> list:
 
 def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
         prefect_server, workspace, tiny_model_dir, tmp_path):
-    from flows.monitor import monitor_flow, serving_featurizer
+    from lmforge.flows.monitor import monitor_flow, serving_featurizer
 
     version = make_dataset(workspace, tiny_model_dir)
     featurize = serving_featurizer(workspace.dataset_dir(version) / "tokenizer", frozenset())
@@ -95,7 +95,7 @@ def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
 
     from typer.testing import CliRunner
 
-    from flows.commands.monitor import app
+    from lmforge.flows.commands.monitor import app
 
     out = CliRunner().invoke(app, ["report"])
     assert out.exit_code == 0, out.output

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import prefect_local
+from lmforge.flows import prefect_local
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {

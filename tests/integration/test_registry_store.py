@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import UserError
-from components.registry import (current, download_model, gate, history, list_versions, load_causal_lm,
+from lmforge.components.errors import UserError
+from lmforge.components.registry import (current, download_model, gate, history, list_versions, load_causal_lm,
                                  register_model, rollback)
-from components.sections.registry import RegistryConfig
+from lmforge.components.sections.registry import RegistryConfig
 
 pytestmark = [pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -62,9 +62,9 @@ def test_gate_both_ways_then_rollback_and_history(workspace, tiny_model_dir, mon
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from components.registry import register_model
-    from components.sections.registry import RegistryConfig
-    from components.workspace import Workspace
+    from lmforge.components.registry import register_model
+    from lmforge.components.sections.registry import RegistryConfig
+    from lmforge.components.workspace import Workspace
     ready, go, model_dir, i = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
     ready.touch()
     deadline = time.time() + 120

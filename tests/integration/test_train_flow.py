@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components.errors import UserError
+from lmforge.components.errors import UserError
 from tests.integration.train_support import make_dataset
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -22,8 +22,8 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
     from mlflow import MlflowClient
     from transformers import AutoModelForCausalLM
 
-    from components.tracking import use_workspace
-    from flows.train import train_flow
+    from lmforge.components.tracking import use_workspace
+    from lmforge.flows.train import train_flow
 
     version = make_dataset(workspace)
     out = train_flow(tiny_config)
@@ -53,7 +53,7 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
     latest = workspace.run_dir(out["run"]) / "checkpoints" / "step-0000006"
     shard = next(p for p in sorted(latest.iterdir()) if p.name.endswith("optim_states.pt"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    cli = subprocess.run([sys.executable, "-m", "flows.cli", "run", "train", "-c", str(REPO / "configs" / "tiny.toml"),
+    cli = subprocess.run([sys.executable, "-m", "lmforge.flows.cli", "run", "train", "-c", str(REPO / "configs" / "tiny.toml"),
                           "--resume", "--set", "training.max_steps=9"], capture_output=True, text=True, timeout=600,
                          cwd=REPO, env={**os.environ, "COLUMNS": "400"})
     assert cli.returncode == 2, cli.stdout + cli.stderr

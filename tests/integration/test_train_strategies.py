@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from components.training.planner import model_state_bytes
-from components.workspace import Workspace
+from lmforge.components.training.planner import model_state_bytes
+from lmforge.components.workspace import Workspace
 from tests.integration.train_support import make_dataset, run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -103,7 +103,7 @@ def test_strategy_trains_and_exports(ws, name, parallel):
     assert model.config.num_hidden_layers == 2 and model.model.layers[0].self_attn.q_proj.weight.shape == (64, 64)
     if name == "pipeline":
         # Stage 1 holds the head: its weights came through the gather, and they moved from the seeded init.
-        from components.training.model import build_model, load_tokenizer
+        from lmforge.components.training.model import build_model, load_tokenizer
 
         start = build_model(tiny_training().model, load_tokenizer(run_dir / "export"), seq_len=64, seed=0)
         assert not torch.equal(start.lm_head.weight, model.lm_head.weight.float())
@@ -120,7 +120,7 @@ def test_sigkill_one_rank_then_resume_matches_the_uninterrupted_run(ws, zero_run
     import threading
     import time
 
-    from components.training.launcher import LaunchFailed
+    from lmforge.components.training.launcher import LaunchFailed
 
     run_dir = ws.run_dir("victim")
     killed: list[int] = []

@@ -12,9 +12,9 @@ import ast
 import json
 from pathlib import Path
 
-from components.data.records import Record
-from components.data.shards import write_shards
-from components.workspace import Workspace, atomic_write_json
+from lmforge.components.data.records import Record
+from lmforge.components.data.shards import write_shards
+from lmforge.components.workspace import Workspace, atomic_write_json
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 MODULES = ["json/__init__.py", "argparse.py", "textwrap.py", "shutil.py", "pathlib.py", "inspect.py", "typing.py"]
@@ -66,7 +66,7 @@ def tiny_training(**overrides: object):
     """configs/tiny.toml's [training] table with `overrides` merged in (nested dicts merge)."""
     import tomllib
 
-    from components.sections.training import TrainingConfig
+    from lmforge.components.sections.training import TrainingConfig
 
     repo = Path(__file__).resolve().parents[2]
     raw = tomllib.loads((repo / "configs" / "tiny.toml").read_text())["training"]
@@ -82,8 +82,8 @@ def tiny_training(**overrides: object):
 
 def run_training(ws: Workspace, name: str, cfg, *, resume: bool = False, version: str = "testdata0001", timeout_s: float = 300):
     """Prepare and launch one job the way flows/train.py does; returns (events, run_dir)."""
-    from components.training.job import prepare_job
-    from components.training.launcher import launch
+    from lmforge.components.training.job import prepare_job
+    from lmforge.components.training.launcher import launch
 
     run_dir = ws.run_dir(name)
     job = prepare_job(cfg, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",

@@ -20,7 +20,7 @@ def tiny_shards(tiny_model_dir, tmp_path_factory) -> Path:
 
     from transformers import PreTrainedTokenizerFast
 
-    from components.data.shards import write_shards
+    from lmforge.components.data.shards import write_shards
 
     tok = PreTrainedTokenizerFast.from_pretrained(str(tiny_model_dir))
     texts = [ast.get_docstring(n) for n in ast.walk(ast.parse(inspect.getsource(textwrap)))
@@ -34,8 +34,8 @@ def tiny_shards(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture
 def tuner(tiny_shards):
-    from components.compression.finetune import Finetuner
-    from components.sections.compression import FinetuneConfig
+    from lmforge.components.compression.finetune import Finetuner
+    from lmforge.components.sections.compression import FinetuneConfig
 
     return Finetuner(FinetuneConfig(seq_len=32, batch_size=4, lr=1e-3, bf16=False), shard_dir=tiny_shards, seed=0)
 

@@ -5,9 +5,9 @@ import importlib
 import pytest
 from torch import nn
 
-from components.compression.modules import require_linear
-from components.errors import UserError
-from components.sections.compression import (ChannelPruneConfig, DistillConfig, LoraConfig, LowRankConfig, PruneConfig,
+from lmforge.components.compression.modules import require_linear
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import (ChannelPruneConfig, DistillConfig, LoraConfig, LowRankConfig, PruneConfig,
                                              QuantizeConfig)
 
 
@@ -36,7 +36,7 @@ def test_require_linear_names_the_model():
 
 @pytest.mark.parametrize("module, fn, cfg, kwargs", TECHNIQUES, ids=[t[1] for t in TECHNIQUES])
 def test_every_technique_refuses_a_model_without_linear_layers(monkeypatch, tmp_path, module, fn, cfg, kwargs):
-    mod = importlib.import_module(f"components.compression.{module}")
+    mod = importlib.import_module(f"lmforge.components.compression.{module}")
     # The real loader is exercised by every other test here; this one needs a model HF cannot build.
     monkeypatch.setattr(mod, "load_parent", lambda d: (NoLinear(), d))
     with pytest.raises(UserError, match="has no Linear layers"):
@@ -45,7 +45,7 @@ def test_every_technique_refuses_a_model_without_linear_layers(monkeypatch, tmp_
 
 
 def test_a_folder_without_config_is_refused(tmp_path):
-    from components.compression.quantize import quantize_int8_variant
+    from lmforge.components.compression.quantize import quantize_int8_variant
 
     with pytest.raises(UserError, match="has no config.json"):
         quantize_int8_variant(tmp_path, tmp_path / "out", QuantizeConfig())

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from components.compression.distill import distill_variant, layer_map
-from components.compression.variant import load_variant, read_meta
-from components.errors import UserError
-from components.sections.compression import DistillConfig
+from lmforge.components.compression.distill import distill_variant, layer_map
+from lmforge.components.compression.variant import load_variant, read_meta
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import DistillConfig
 
 
 def _params(model):

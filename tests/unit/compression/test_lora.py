@@ -3,10 +3,10 @@ import copy
 import pytest
 import torch
 
-from components.compression.lora import add_adapters, lora_variant
-from components.compression.variant import load_variant, read_meta
-from components.errors import UserError
-from components.sections.compression import LoraConfig
+from lmforge.components.compression.lora import add_adapters, lora_variant
+from lmforge.components.compression.variant import load_variant, read_meta
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import LoraConfig
 
 from ._util import logits
 

@@ -3,11 +3,11 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from components.compression.lowrank import Spectrum, choose_ranks, lowrank_variant
-from components.compression.modules import LowRankLinear, linear_layers, select
-from components.compression.variant import load_variant, read_meta
-from components.errors import UserError
-from components.sections.compression import DEFAULT_TARGETS, LowRankConfig
+from lmforge.components.compression.lowrank import Spectrum, choose_ranks, lowrank_variant
+from lmforge.components.compression.modules import LowRankLinear, linear_layers, select
+from lmforge.components.compression.variant import load_variant, read_meta
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import DEFAULT_TARGETS, LowRankConfig
 
 from ._util import logits
 

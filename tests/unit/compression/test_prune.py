@@ -2,12 +2,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from components.compression.modules import linear_layers, select
-from components.compression.prune import prune_channels_variant, prune_variant, sparsity
-from components.compression.variant import load_variant, read_meta
-from components.config import validate_config
-from components.errors import UserError
-from components.sections.compression import DEFAULT_TARGETS, ChannelPruneConfig, PruneConfig
+from lmforge.components.compression.modules import linear_layers, select
+from lmforge.components.compression.prune import prune_channels_variant, prune_variant, sparsity
+from lmforge.components.compression.variant import load_variant, read_meta
+from lmforge.components.config import validate_config
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import DEFAULT_TARGETS, ChannelPruneConfig, PruneConfig
 
 from ._util import logits
 

@@ -1,10 +1,10 @@
 import torch
 from transformers import AutoModelForCausalLM
 
-from components.compression.modules import is_int8_linear, linear_weight_bytes, quantize_int8
-from components.compression.quantize import cast_variant, quantize_int8_variant
-from components.compression.variant import load_variant, read_meta, variant_stats
-from components.sections.compression import QuantizeConfig
+from lmforge.components.compression.modules import is_int8_linear, linear_weight_bytes, quantize_int8
+from lmforge.components.compression.quantize import cast_variant, quantize_int8_variant
+from lmforge.components.compression.variant import load_variant, read_meta, variant_stats
+from lmforge.components.sections.compression import QuantizeConfig
 
 from ._util import logits
 

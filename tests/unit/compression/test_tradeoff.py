@@ -2,10 +2,10 @@ import math
 
 import pytest
 
-from components.compression.build import plan, preflight
-from components.compression.tradeoff import choose_compressed, tradeoff_chart, tradeoff_markdown, tradeoff_rows
-from components.errors import UserError
-from components.sections.compression import CompressionConfig, LowRankConfig
+from lmforge.components.compression.build import plan, preflight
+from lmforge.components.compression.tradeoff import choose_compressed, tradeoff_chart, tradeoff_markdown, tradeoff_rows
+from lmforge.components.errors import UserError
+from lmforge.components.sections.compression import CompressionConfig, LowRankConfig
 
 PARENT = {"params": 1000, "disk_bytes": 4e6, "weight_bytes": 4e6, "tokens_per_s": 100.0, "ttft_ms": 10.0,
           "bpc": 2.0, "rougeL": 0.30, "bleu": 10.0}

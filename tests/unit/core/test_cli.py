@@ -11,7 +11,7 @@ def lmforge(*args, env_home):
     import os
 
     env = dict(os.environ, LMFORGE_HOME=str(env_home))
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "lmforge.flows.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 

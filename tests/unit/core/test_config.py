@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from components.config import PipelineConfig, as_config, config_hash, load_config
-from components.errors import UserError
+from lmforge.components.config import PipelineConfig, as_config, config_hash, load_config
+from lmforge.components.errors import UserError
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -2,7 +2,7 @@
 
 from datetime import datetime, timedelta, timezone
 
-from flows.lateness import too_late
+from lmforge.flows.lateness import too_late
 
 NOW = datetime(2026, 11, 21, 12, tzinfo=timezone.utc)
 

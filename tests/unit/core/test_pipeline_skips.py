@@ -1,8 +1,8 @@
 """Stages that start from a registry alias are skipped, with the reason, when the gate promoted nothing."""
 
-from components.config import load_config
-from flows.pipeline import missing_model
-from flows.summary import headline
+from lmforge.components.config import load_config
+from lmforge.flows.pipeline import missing_model
+from lmforge.flows.summary import headline
 
 
 def test_compress_and_deploy_skip_without_a_champion(workspace, tiny_config):
@@ -14,8 +14,8 @@ def test_compress_and_deploy_skip_without_a_champion(workspace, tiny_config):
 
 
 def test_a_held_alias_lets_the_stage_run(workspace, tiny_config, tiny_model_dir):
-    from components.registry.aliases import set_alias
-    from components.registry.store import register_model
+    from lmforge.components.registry.aliases import set_alias
+    from lmforge.components.registry.store import register_model
 
     version = register_model(workspace, tiny_config.registry, tiny_model_dir, metrics={"bpc": 3.0}, tags={})
     set_alias(workspace, tiny_config.registry.model_name, "champion", version, reason="test")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
+from lmforge.components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
 
 
 def test_workspace_root_comes_from_env(workspace):

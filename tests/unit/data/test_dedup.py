@@ -1,5 +1,5 @@
-from components.data.dedup import deduplicate, shingles
-from components.sections.data import DedupConfig
+from lmforge.components.data.dedup import deduplicate, shingles
+from lmforge.components.sections.data import DedupConfig
 
 from .corpus import good_rows
 

@@ -2,7 +2,7 @@ from datetime import timezone
 
 import pytest
 
-from components.data.featurize import SCHEMA, document_features
+from lmforge.components.data.featurize import SCHEMA, document_features
 
 PROSE = "Return the number of items in a container, counting every element once."
 SOUP = "#$%^&*(){}[]<>|~`@!" * 5 + "1234567890" * 3

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from components.data.ingest import _extract_file, check_source, corpus_files, extract_docstrings, ingest, module_name
-from components.errors import UserError
-from components.sections.data import DataConfig
+from lmforge.components.data.ingest import _extract_file, check_source, corpus_files, extract_docstrings, ingest, module_name
+from lmforge.components.errors import UserError
+from lmforge.components.sections.data import DataConfig
 
 SOURCE = b'''"""Module doc."""
 import sys

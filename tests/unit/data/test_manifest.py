@@ -1,4 +1,4 @@
-from components.data.manifest import build_manifest, manifest_version, verify_manifest
+from lmforge.components.data.manifest import build_manifest, manifest_version, verify_manifest
 
 
 def test_version_is_a_content_hash_that_ignores_created_at():

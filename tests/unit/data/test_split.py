@@ -1,8 +1,8 @@
 import pytest
 
-from components.data.split import SPLITS, split_groups
-from components.errors import UserError
-from components.sections.data import SplitConfig
+from lmforge.components.data.split import SPLITS, split_groups
+from lmforge.components.errors import UserError
+from lmforge.components.sections.data import SplitConfig
 
 
 def groups(n_groups: int, per: int = 5) -> list[str]:

@@ -6,11 +6,11 @@ import numpy as np
 import pyarrow.parquet as pq
 from transformers import PreTrainedTokenizerFast
 
-from components.data import steps
-from components.data.manifest import content_hashes, verify_manifest
-from components.data.shards import open_offsets, open_shard, read_index
-from components.data.store import read_quarantine, read_records
-from components.sections.data import DataConfig
+from lmforge.components.data import steps
+from lmforge.components.data.manifest import content_hashes, verify_manifest
+from lmforge.components.data.shards import open_offsets, open_shard, read_index
+from lmforge.components.data.store import read_quarantine, read_records
+from lmforge.components.sections.data import DataConfig
 
 from .corpus import BAD_LINES
 

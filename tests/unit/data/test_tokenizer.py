@@ -1,7 +1,7 @@
 from transformers import PreTrainedTokenizerFast
 
-from components.data.tokenizer import SPECIALS, encode_documents, save_tokenizer, train_tokenizer
-from components.sections.data import TokenizerConfig
+from lmforge.components.data.tokenizer import SPECIALS, encode_documents, save_tokenizer, train_tokenizer
+from lmforge.components.sections.data import TokenizerConfig
 
 from .corpus import good_rows
 

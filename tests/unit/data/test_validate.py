@@ -5,9 +5,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.data.ingest import RawItem, ingest
-from components.data.validate import REASONS, validate_items, validate_lines
-from components.sections.data import DataConfig, ValidationConfig
+from lmforge.components.data.ingest import RawItem, ingest
+from lmforge.components.data.validate import REASONS, validate_items, validate_lines
+from lmforge.components.sections.data import DataConfig, ValidationConfig
 
 from .corpus import BAD_LINES, good_rows
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from components.data.records import extract_summary, generation_prompt
-from deploy import processing
-from deploy.processing import BadRequest, Limits
+from lmforge.components.data.records import extract_summary, generation_prompt
+from lmforge.deploy import processing
+from lmforge.deploy.processing import BadRequest, Limits
 
 LIMITS = Limits(max_prompt_chars=40, max_prompt_tokens=10, max_new_tokens=8, max_new_tokens_limit=16)
 REPO = Path(__file__).resolve().parents[3]

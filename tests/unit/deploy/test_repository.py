@@ -9,11 +9,11 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from components.config import validate_config
-from components.data.shards import write_shards
-from components.errors import UserError
-from components.sections.deploy import DeployConfig
-from deploy import repository
+from lmforge.components.config import validate_config
+from lmforge.components.data.shards import write_shards
+from lmforge.components.errors import UserError
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy import repository
 
 
 def parse(text: str) -> model_config_pb2.ModelConfig:

@@ -7,9 +7,9 @@ import sysconfig
 
 import pytest
 
-from components.errors import UserError
-from components.sections.deploy import DeployConfig
-from deploy import server
+from lmforge.components.errors import UserError
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy import server
 
 
 def test_server_env_puts_the_serving_venv_first_and_its_libpython_on_the_loader_path(monkeypatch):
@@ -44,7 +44,7 @@ def test_a_taken_port_is_refused_before_starting(tmp_path):
 
 
 def test_state_file_round_trip(tmp_path):
-    from components.workspace import Workspace
+    from lmforge.components.workspace import Workspace
 
     ws = Workspace(tmp_path).ensure()
     info = server.ServerInfo(pid=123, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from components.evaluation.baseline import UnigramModel
-from components.evaluation.bpc import bits_per_character, windows
-from components.registry.loading import load_causal_lm
+from lmforge.components.evaluation.baseline import UnigramModel
+from lmforge.components.evaluation.bpc import bits_per_character, windows
+from lmforge.components.registry.loading import load_causal_lm
 
 TEXTS = [
     'def dumps(obj, *, indent=None):\n    """Serialize obj to a JSON formatted str."""\n',

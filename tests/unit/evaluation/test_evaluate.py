@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from components.evaluation import EvalResult, evaluate_model_dir
-from components.evaluation.rag import build_rag
-from components.evaluation.report import worst_and_best, write_report
-from components.sections.evaluation import EvaluationConfig
-from components.sections.features import FeaturesConfig
-from components.sections.vectors import VectorsConfig
+from lmforge.components.evaluation import EvalResult, evaluate_model_dir
+from lmforge.components.evaluation.rag import build_rag
+from lmforge.components.evaluation.report import worst_and_best, write_report
+from lmforge.components.sections.evaluation import EvaluationConfig
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.sections.vectors import VectorsConfig
 from tests.integration.evalreg_support import make_eval_dataset
 
 KEYS = {"bpc", "perplexity", "rouge1", "rouge2", "rougeL", "bleu", "exact_match", "ttft_ms", "tpot_ms", "tokens_per_s",
@@ -53,7 +53,7 @@ def test_rag_is_skipped_with_a_reason_when_no_store_is_built(workspace):
 
 
 def test_missing_split_is_a_user_error(workspace, tiny_model_dir):
-    from components.errors import UserError
+    from lmforge.components.errors import UserError
 
     with pytest.raises(UserError, match="records/test.jsonl"):
         evaluate_model_dir(tiny_model_dir, workspace.root / "no-dataset", CFG)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.data.records import generation_prompt
-from components.evaluation.generation import generate
-from components.evaluation.latency import RowTiming, summarize
-from components.registry.loading import load_causal_lm
+from lmforge.components.data.records import generation_prompt
+from lmforge.components.evaluation.generation import generate
+from lmforge.components.evaluation.latency import RowTiming, summarize
+from lmforge.components.registry.loading import load_causal_lm
 
 PROMPTS = [generation_prompt(s) for s in ("def dumps(obj, *, indent=None)", "def f(x)",
                                            "def join(a, *paths)", "class JSONDecoder(object)", "def g()")]

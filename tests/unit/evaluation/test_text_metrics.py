@@ -6,7 +6,7 @@ import pytest
 import sacrebleu
 from rouge_score import rouge_scorer
 
-from components.evaluation.text_metrics import score_texts
+from lmforge.components.evaluation.text_metrics import score_texts
 
 
 def test_rouge_on_a_partial_match_equals_hand_computed_f1():

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
-from components.data.records import Record
-from components.data.shards import write_shards
-from components.workspace import Workspace, atomic_write_json
+from lmforge.components.data.records import Record
+from lmforge.components.data.shards import write_shards
+from lmforge.components.workspace import Workspace, atomic_write_json
 
 EOS = 2
 VOCAB = 300

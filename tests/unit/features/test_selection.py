@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from components.features.selection import clear_selection, quality_filter
-from components.sections.features import FeaturesConfig
+from lmforge.components.features.selection import clear_selection, quality_filter
+from lmforge.components.sections.features import FeaturesConfig
 from tests.unit.features.fakedata import make_dataset
 
 
@@ -37,8 +37,8 @@ def test_the_flow_retries_io_errors_but_not_user_errors(workspace):
     # Under `workspace`: the first import of `flows` points Prefect's home at LMFORGE_HOME.
     from prefect.states import Failed
 
-    from components.errors import UserError
-    from flows.features import _retry_unless_user_error
+    from lmforge.components.errors import UserError
+    from lmforge.flows.features import _retry_unless_user_error
 
     assert _retry_unless_user_error(None, None, Failed(data=OSError("registry.db is busy")))
     assert not _retry_unless_user_error(None, None, Failed(data=UserError("dataset", None, "has no features.parquet")))

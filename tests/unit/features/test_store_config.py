@@ -6,9 +6,9 @@ import shutil
 
 import pytest
 
-from components.errors import UserError
-from components.features.store import REPO_DEFAULT, YAML_NAME, check_repo_config, pin_workspace, repo_path
-from components.sections.features import FeaturesConfig
+from lmforge.components.errors import UserError
+from lmforge.components.features.store import REPO_DEFAULT, YAML_NAME, check_repo_config, pin_workspace, repo_path
+from lmforge.components.sections.features import FeaturesConfig
 
 GOOD = (REPO_DEFAULT / YAML_NAME).read_text()
 
@@ -55,7 +55,7 @@ def test_lmforge_home_naming_another_workspace_is_refused(workspace, monkeypatch
 
 
 def test_definitions_refuse_to_guess_the_workspace(monkeypatch):
-    from components.features.store import DEFINITIONS, _import_file
+    from lmforge.components.features.store import DEFINITIONS, _import_file
 
     monkeypatch.delenv("LMFORGE_HOME", raising=False)
     with pytest.raises(RuntimeError, match="LMFORGE_HOME is not set"):
@@ -63,7 +63,7 @@ def test_definitions_refuse_to_guess_the_workspace(monkeypatch):
 
 
 def test_definitions_without_the_quality_view_are_a_user_error(workspace, tmp_path):
-    from components.features.store import load_definitions
+    from lmforge.components.features.store import load_definitions
 
     repo = broken_repo(tmp_path, GOOD).parent
     (repo / "feature_definitions.py").write_text(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from components.workspace import Workspace
+from lmforge.components.workspace import Workspace
 from tests.unit.monitoring.dataset import make_dataset
 
 
@@ -24,8 +24,8 @@ def monitor_data(tmp_path_factory, tiny_model_dir) -> MonitorData:
     root = Path(tmp_path_factory.mktemp("monitor_data")) / "ws"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LMFORGE_HOME", str(root))   # importing flows/ points Prefect at this workspace
-        from deploy.repository import rare_token_ids
-        from flows.monitor import serving_featurizer
+        from lmforge.deploy.repository import rare_token_ids
+        from lmforge.flows.monitor import serving_featurizer
 
         ws = Workspace(root).ensure()
         version = make_dataset(ws, tiny_model_dir)

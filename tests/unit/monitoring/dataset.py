@@ -19,11 +19,11 @@ import sysconfig
 from datetime import datetime
 from pathlib import Path
 
-from components.data.records import Record
-from components.data.shards import write_shards
-from components.requestlog import RequestLog, RequestRecord
-from components.workspace import Workspace, atomic_write_json
-from monitoring.traffic import _signature
+from lmforge.components.data.records import Record
+from lmforge.components.data.shards import write_shards
+from lmforge.components.requestlog import RequestLog, RequestRecord
+from lmforge.components.workspace import Workspace, atomic_write_json
+from lmforge.monitoring.traffic import _signature
 
 TRAIN_MODULES = ("argparse", "logging/__init__", "pathlib/_local", "inspect", "socket", "ast", "json/encoder",
                  "json/decoder", "shutil", "tarfile", "zipfile/__init__", "configparser", "subprocess",

@@ -7,13 +7,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from components.requestlog import RequestLog
-from components.sections.monitoring import MonitoringConfig
-from monitoring.assess import assess
-from monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
-from monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
-from monitoring.report import write_report
-from monitoring.traffic import shifted_prompts
+from lmforge.components.requestlog import RequestLog
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.monitoring.assess import assess
+from lmforge.monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
+from lmforge.monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
+from lmforge.monitoring.report import write_report
+from lmforge.monitoring.traffic import shifted_prompts
 from tests.unit.monitoring.dataset import signatures, split_records, write_requests
 
 NOW = datetime(2025, 3, 1, 10, 40, tzinfo=timezone.utc)

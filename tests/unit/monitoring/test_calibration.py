@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from components.errors import UserError
-from components.sections.monitoring import MonitoringConfig
-from monitoring.calibration import calibrate, calibration_rows, choose_thresholds, false_alarm_rate
-from monitoring.drift import DRIFT, column_scores, decide
-from monitoring.profiles import build_reference, profile
+from lmforge.components.errors import UserError
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.monitoring.calibration import calibrate, calibration_rows, choose_thresholds, false_alarm_rate
+from lmforge.monitoring.drift import DRIFT, column_scores, decide
+from lmforge.monitoring.profiles import build_reference, profile
 
 COLUMNS = ["prompt_chars", "prompt_tokens", "rare_token_rate"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.config import load_config
-from components.errors import UserError
+from lmforge.components.config import load_config
+from lmforge.components.errors import UserError
 from tests.conftest import TINY_CONFIG
 
 

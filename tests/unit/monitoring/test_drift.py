@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from components.sections.monitoring import MonitoringConfig
-from monitoring.calibration import Calibration
-from monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT, decide, rows_in
-from monitoring.profiles import build_reference, profile
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.monitoring.calibration import Calibration
+from lmforge.monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT, decide, rows_in
+from lmforge.monitoring.profiles import build_reference, profile
 
 rng = np.random.default_rng(0)
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from components.errors import UserError
-from monitoring.traffic import NOISE_CHARS, normal_prompts, send_traffic, shifted_prompts, third_party_signatures
+from lmforge.components.errors import UserError
+from lmforge.monitoring.traffic import NOISE_CHARS, normal_prompts, send_traffic, shifted_prompts, third_party_signatures
 
 HELD_OUT = [f"def function_{i}(path, *, mode='r', encoding=None):" for i in range(30)]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from components.sections.monitoring import MonitoringConfig
-from monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
-from monitoring.trigger import plan_trigger, read_triggers, record_trigger
+from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
+from lmforge.monitoring.trigger import plan_trigger, read_triggers, record_trigger
 
 T0 = datetime(2025, 1, 1, 12, tzinfo=timezone.utc)
 

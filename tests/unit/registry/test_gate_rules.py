@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.registry.aliases import AliasMove, holders
-from components.registry.gate import decide
-from components.registry.retry import is_transient, with_retries
-from components.sections.registry import RegistryConfig
+from lmforge.components.registry.aliases import AliasMove, holders
+from lmforge.components.registry.gate import decide
+from lmforge.components.registry.retry import is_transient, with_retries
+from lmforge.components.sections.registry import RegistryConfig
 
 CFG = RegistryConfig(bpc_margin=0.05, rougeL_tolerance=0.02, baseline_margin=0.1)
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from components.data.shards import write_shards
-from components.errors import UserError
-from components.training import checkpoint as ckpt
-from components.training.data import TokenWindows
+from lmforge.components.data.shards import write_shards
+from lmforge.components.errors import UserError
+from lmforge.components.training import checkpoint as ckpt
+from lmforge.components.training.data import TokenWindows
 
 
 @pytest.fixture

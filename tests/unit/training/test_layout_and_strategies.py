@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.errors import UserError
-from components.sections.training import TrainingConfig
-from components.training.layout import check_layout
-from components.training.strategies import applied, deepspeed_config, for_deepspeed
+from lmforge.components.errors import UserError
+from lmforge.components.sections.training import TrainingConfig
+from lmforge.components.training.layout import check_layout
+from lmforge.components.training.strategies import applied, deepspeed_config, for_deepspeed
 
 
 def cfg(**kw) -> TrainingConfig:
@@ -38,7 +38,7 @@ def test_invalid_layouts_name_the_rule(training, world, rule):
     ({"strategy": "zero3", "tensor": {"autotp_size": 2}}, "autotp runs with ddp, zero1 or zero2"),
 ])
 def test_unsupported_combinations_fail_at_config_load(parallel, message):
-    from components.config import validate_config
+    from lmforge.components.config import validate_config
 
     with pytest.raises(UserError) as e:
         validate_config({"training": {"parallel": parallel}})

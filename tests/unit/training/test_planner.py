@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from components.training.planner import PlanInput, make_plan, model_state_bytes, parse_size
+from lmforge.components.training.planner import PlanInput, make_plan, model_state_bytes, parse_size
 
 
 def test_7b_on_8x80gb_matches_the_rule_of_thumb():
@@ -45,7 +45,7 @@ def test_parse_size():
 def test_plan_command_prints_the_table_and_json():
     import typer
 
-    from flows.commands.plan import register
+    from lmforge.flows.commands.plan import register
 
     app = typer.Typer()
     register(app)

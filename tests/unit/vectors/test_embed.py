@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from components.errors import UserError
-from components.sections.vectors import VectorsConfig
-from components.vectors.embed import HashingEmbedder, TransformerEmbedder, find_minilm_dir, make_embedder
+from lmforge.components.errors import UserError
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.embed import HashingEmbedder, TransformerEmbedder, find_minilm_dir, make_embedder
 
 
 def test_hashing_is_deterministic_normalised_and_lexical():

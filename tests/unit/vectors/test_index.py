@@ -9,12 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from components.errors import UserError
-from components.retrieval import format_context, retrieve
-from components.sections.features import FeaturesConfig
-from components.sections.vectors import VectorsConfig
-from components.vectors.index import close_clients, index_dataset, qdrant_client
-from components.vectors.near_dups import semantic_near_duplicates
+from lmforge.components.errors import UserError
+from lmforge.components.retrieval import format_context, retrieve
+from lmforge.components.sections.features import FeaturesConfig
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.index import close_clients, index_dataset, qdrant_client
+from lmforge.components.vectors.near_dups import semantic_near_duplicates
 from tests.unit.features.fakedata import make_dataset
 
 NO_FEAST = FeaturesConfig(enabled=False)
