@@ -10,16 +10,20 @@ Rules (RegistryConfig):
   model (add-one smoothed token frequencies of the train split, baseline.py) scored on the
   same held-out tokens and characters.
 A BPC that is missing or not finite never promotes.
+
+The champion moves by compare-and-swap on the holder the decision was made against
+(aliases.set_alias(expect=...)): when another gate promoted in between, this one is
+declined with that reason, and its record says which holder it should be compared with.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from lmforge.components.registry.aliases import current, set_alias
+from lmforge.components.registry.aliases import AliasConflict, current, set_alias
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.registry.store import finite, version_metrics
 from lmforge.components.sections.registry import RegistryConfig
@@ -75,11 +79,14 @@ def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None,
 
 
 def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str, float], *,
-         champion_metrics: Mapping[str, float] | None = None, who: str | None = None) -> Decision:
+         champion_metrics: Mapping[str, float] | None = None, scored_champion: str | None = None,
+         who: str | None = None) -> Decision:
     """Make `version` the challenger, decide against the champion, promote if the rules pass, record it all.
 
     `champion_metrics` replaces the champion's registered metrics (e.g. re-scored on the
-    candidate's dataset, so both sides compare on the same text).
+    candidate's dataset, so both sides compare on the same text); `scored_champion` names the
+    version those metrics belong to, and when the champion is another version by now, the
+    registered metrics of the actual holder are used instead.
     """
     from mlflow import MlflowClient
 
@@ -89,6 +96,8 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
     if holder == name:
         champ, promote, reason = dict(metrics), False, f"version {name} already holds {CHAMPION}"
     else:
+        if scored_champion is not None and scored_champion != holder:
+            champion_metrics = None   # re-scored a former champion: compare with the holder's own record
         champ = dict(champion_metrics) if champion_metrics is not None else (
             version_metrics(ws, cfg.model_name, holder) if holder else None)
         promote, reason = decide(metrics, champ, cfg)
@@ -98,7 +107,14 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
                         rules={"bpc_margin": cfg.bpc_margin, "rougeL_tolerance": cfg.rougeL_tolerance,
                                "baseline_margin": cfg.baseline_margin})
     if promote:
-        set_alias(ws, cfg.model_name, CHAMPION, name, reason=reason, action="promote", who=who)
+        try:
+            set_alias(ws, cfg.model_name, CHAMPION, name, reason=reason, action="promote", who=who, expect=holder)
+        except AliasConflict:
+            now = current(ws, cfg.model_name, CHAMPION)
+            decision = replace(decision, promote=False,
+                               reason=f"passed against v{holder} ({reason}), but {CHAMPION} moved to v{now} while "
+                                      f"this gate decided; re-run the gate to compare with v{now}")
+            reason = decision.reason
     use_workspace(ws)
     client = MlflowClient()
     for key, value in (("decision", decision.outcome), ("decision_reason", reason[:4000]),
