@@ -8,10 +8,12 @@ The gate, in order: build the version folder; pre-flight it in this process (saf
 only, a short generation) so a broken export never reaches the server; ask Triton to
 load it beside the serving version (config.pbtxt names both); query it with the fixed
 prompts, one request each plus one batched request, checking that outputs are well
-formed and within the latency bound; then `promote` (move the registry's `production`
-alias) and reload with only the new version, which unloads the old one. On any failure
-the config goes back to the old version, the candidate's folder is removed, the reason
-is appended to the journal, and RolloutRefused is raised: the old version never stops.
+formed and within the latency bound; reload with only the new version (which unloads
+the old one) and check it is ready; only then `promote` (move the registry's
+`production` alias). On any failure, the final reload and the alias move included,
+the config goes back to the old version and Triton reloads it, the candidate's folder
+is removed, the reason is appended to the journal, and RolloutRefused is raised: the
+alias stays where it was, and the old version serves.
 """
 
 from __future__ import annotations
@@ -130,14 +132,20 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
     problems, checks = validate(url, cfg, version)
     if problems:
         raise refuse("; ".join(problems[:3]), checks, loaded=True)
+
+    # The final reload serves the new version alone; only once it is ready does `production` move.
+    write_config(repo, cfg, versions=[version], request_log=request_log)
+    try:
+        client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # unloads the old version
+        states = client.wait_settled(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
+        if not client.ready_versions(url, cfg.model_name).get(version):
+            raise client.RequestFailed(f"version {version} is not ready after the final reload ({states})")
+    except (client.RequestFailed, OSError) as e:
+        raise refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}", checks, loaded=True) from None
     try:
         promote(version)
     except Exception as e:
-        raise refuse(f"moving the production alias failed: {e}", checks, loaded=True) from e
-
-    write_config(repo, cfg, versions=[version], request_log=request_log)
-    client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # unloads the old version
-    client.wait_settled(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # strict readiness is back
+        raise refuse(f"moving the production alias failed: {type(e).__name__}: {e}", checks, loaded=True) from e
     result = RolloutResult(version, current, [version], True, "passed the gate", checks)
     return _record(journal, result, start)
 
