@@ -1,6 +1,7 @@
 """The pipeline config: one TOML table per stage, read into pydantic models.
 
     cfg = load_config("configs/demo.toml", ["training.max_steps=20", "data.source=/corpus.jsonl"])
+    cfg = load_config("tiny")  # a config shipped with lmforge (components/resources.py); None is "demo"
     cfg.data.source            # the [data] table is a DataConfig
     config_hash(cfg.training)  # stable hash of one section, recorded on every artifact it makes
 
@@ -22,6 +23,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from lmforge.components.errors import UserError
+from lmforge.components.resources import resolve_config
 from lmforge.components.sections._base import Section
 from lmforge.components.sections.compression import CompressionConfig
 from lmforge.components.sections.data import DataConfig
@@ -34,7 +36,6 @@ from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.workspace import sha256_json
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.toml"
 
 
 class PipelineConfig(Section):
@@ -53,10 +54,8 @@ class PipelineConfig(Section):
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:
-    """Read `path` (default: configs/demo.toml), apply `overrides`, validate everything."""
-    path = Path(path) if path is not None else DEFAULT_CONFIG
-    if not path.is_file():
-        raise UserError("--config", path, "does not exist", "Pass a TOML file such as configs/demo.toml")
+    """Read `path` (a TOML file or a packaged config name; default: the packaged demo), apply `overrides`, validate."""
+    path = resolve_config(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
@@ -67,7 +66,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
 
 def as_config(cfg: "PipelineConfig | str | Path | dict[str, Any] | None") -> PipelineConfig:
-    """What a flow parameter may hold: a config, a TOML path, a dict, or None for configs/demo.toml.
+    """What a flow parameter may hold: a config, a TOML path or packaged name, a dict, or None for the demo config.
 
     Prefect deployments pass a path (`--param cfg=configs/tiny.toml`); Python callers pass the model.
     """

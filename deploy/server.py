@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,8 +35,8 @@ from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
+SERVE_VENV_NAME = ".venv-serve"
 
 _children: dict[int, subprocess.Popen] = {}  # servers this process started, so that stopping one reaps it
 
@@ -61,7 +62,11 @@ class ServerInfo:
 
 
 def serve_venv() -> Path:
-    return Path(os.environ.get(ENV_SERVE_VENV) or REPO_ROOT / ".venv-serve")
+    """$LMFORGE_SERVE_VENV, else a .venv-serve beside the running venv (a checkout: .venv and .venv-serve), else ./.venv-serve."""
+    if os.environ.get(ENV_SERVE_VENV):
+        return Path(os.environ[ENV_SERVE_VENV]).expanduser()
+    beside = Path(sys.prefix).parent / SERVE_VENV_NAME
+    return beside if beside.is_dir() else Path.cwd() / SERVE_VENV_NAME
 
 
 def triton_paths(venv: Path | None = None) -> tuple[Path, Path]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -27,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
+from lmforge.components.resources import source_commit
 from lmforge.components.tracking import start_run
 from lmforge.components.training.job import Job, prepare_job
 from lmforge.components.training.launcher import launch
@@ -36,15 +35,6 @@ from lmforge.components.workspace import Workspace, atomic_write_json, sha256_fi
 
 console = Console(stderr=True)
 RUN_FILE = "run.json"
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent.parent)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def _pick_run(ws: Workspace, cfg: PipelineConfig, resume: bool) -> str:
@@ -122,7 +112,7 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     tc = cfg.training
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = {"dataset_version": version, "config_hash": config_hash(tc), "strategy": tc.parallel.strategy,
-            "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": _git_commit(), "run_name": name}
+            "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": source_commit(), "run_name": name}
     # Checked before any MLflow run opens, so a bad layout or a missing checkpoint leaves no trace but its message.
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
                       run_dir=run_dir, resume=resume, meta=meta)

@@ -23,10 +23,11 @@ from typing import Any
 import yaml
 
 from lmforge.components.errors import UserError
+from lmforge.components.resources import feature_repo_dir
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.workspace import ENV_HOME, Workspace
 
-REPO_DEFAULT = Path(__file__).resolve().parents[2] / "feature_repo"
+REPO_DEFAULT = feature_repo_dir()  # the packaged feature_repo/ (package data of the wheel)
 YAML_NAME = "feature_store.yaml"
 DEFINITIONS = "feature_definitions.py"
 VIEW = "document_quality"
