@@ -1,26 +1,22 @@
 """Prefect flows around the components, the pipeline that chains them, and the CLI.
 
-Importing this package points Prefect at the workspace (its database and persisted
-task results live under <workspace>/prefect), unless the environment already says
-otherwise, e.g. PREFECT_API_URL for a Prefect server.
+Importing this package decides which Prefect the flows report to (flows/prefect_home.py):
+the user's own (PREFECT_API_URL, PREFECT_HOME or an active profile), else the server
+`lmforge prefect up` started, else an embedded home in <workspace>/prefect. It only sets
+environment variables; nothing is written until work runs (`prefect_home.prepare`).
+
+    from lmforge.flows import PREFECT
+    print(PREFECT.describe())        # prefect: embedded home /x/.lmforge/prefect (no PREFECT_API_URL, ...)
 """
 
 import logging
-import os
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
+from lmforge.flows import prefect_home
 
-_ws = Workspace.from_env()
-(_ws.prefect / "storage").mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("PREFECT_HOME", str(_ws.prefect))
-os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(_ws.prefect / "storage"))
-os.environ.setdefault("PREFECT_RESULTS_PERSIST_BY_DEFAULT", "true")
-# The temporary local API server takes longer than Prefect's 20 s default to start on 2 cores.
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_LOGGING_LOG_PRINTS", "true")
-# Offline machines: telemetry only produces name-resolution errors and SQLite lock noise.
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+PREFECT = prefect_home.choose(Workspace.from_env())
+prefect_home.apply(PREFECT)
 
 
 class _UserErrorsWithoutTraceback(logging.Filter):
@@ -34,17 +30,3 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
 for _name in ("prefect.flow_runs", "prefect.task_runs"):
     logging.getLogger(_name).addFilter(_UserErrorsWithoutTraceback())
-
-
-def _use_running_server() -> None:
-    """Send runs to the server `lmforge prefect up` started for this workspace, if it is up."""
-    if "PREFECT_API_URL" in os.environ:
-        return
-    from lmforge.flows.prefect_local import active_api_url
-
-    url = active_api_url(_ws)
-    if url:
-        os.environ["PREFECT_API_URL"] = url
-
-
-_use_running_server()

@@ -1,0 +1,110 @@
+"""Which Prefect lmforge talks to: the one the user already set up, or an embedded home in the workspace.
+
+    mode = choose(Workspace.from_env())   # reads the environment and Prefect's profiles file; writes nothing
+    apply(mode)                           # sets environment variables only (before `import prefect`)
+    prepare(mode)                         # creates the embedded home's folders; call it right before work runs
+    print(mode.describe())                # "prefect: server http://host:4200/api (PREFECT_API_URL)"
+
+The user's Prefect wins, in Prefect's own order:
+  1. PREFECT_API_URL in the environment: that server (or Prefect Cloud);
+  2. PREFECT_HOME in the environment: that home, its profiles and its database;
+  3. an active profile (PREFECT_PROFILE, or `active` in ~/.prefect/profiles.toml) that names an
+     API (PREFECT_API_URL or PREFECT_API_KEY): that profile;
+  4. else the server `lmforge prefect up` started for this workspace, if it is running;
+  5. else an embedded home, <workspace>/prefect: a temporary local API over SQLite there.
+Only mode 5 (and 4, which shares its database) points PREFECT_HOME at the workspace; the
+others leave Prefect's settings alone, so a profile for Prefect Cloud keeps working.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lmforge.components.workspace import Workspace
+
+# Behaviour lmforge relies on, whichever Prefect it uses; a user's own value wins.
+DEFAULTS = {
+    "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",      # cached data tasks survive the process
+    # The temporary local API server takes longer than Prefect's 20 s default to start on 2 cores.
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_LOGGING_LOG_PRINTS": "true",
+    # Offline machines: telemetry only produces name-resolution errors and SQLite lock noise.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
+
+
+@dataclass(frozen=True)
+class PrefectMode:
+    kind: str                   # "api_url", "home", "profile", "workspace_server" or "embedded"
+    detail: str                 # the URL, home or profile in use
+    source: str                 # why: the variable or file that chose it
+    env: dict[str, str] = field(default_factory=dict)   # variables lmforge sets for this mode
+    home: Path | None = None    # the embedded home, which `prepare` creates
+
+    @property
+    def embedded(self) -> bool:
+        return self.home is not None
+
+    def describe(self) -> str:
+        what = {"api_url": "server", "home": "home", "profile": "profile", "workspace_server": "server",
+                "embedded": "embedded home"}[self.kind]
+        return f"prefect: {what} {self.detail} ({self.source})"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "detail": self.detail, "source": self.source}
+
+
+def active_profile(environ: Mapping[str, str]) -> tuple[str, dict[str, str], Path] | None:
+    """(name, settings, file) of the active Prefect profile, read the way Prefect finds it; None if there is none."""
+    home = Path(environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    path = Path(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        data = {}
+    name = environ.get("PREFECT_PROFILE") or data.get("active")
+    if not name:
+        return None
+    settings = data.get("profiles", {}).get(name, {})
+    return str(name), {str(k): str(v) for k, v in settings.items()}, path
+
+
+def choose(ws: Workspace, environ: Mapping[str, str] | None = None) -> PrefectMode:
+    """Decide, without writing anything, which Prefect this process should use."""
+    env = os.environ if environ is None else environ
+    if env.get("PREFECT_API_URL"):
+        return PrefectMode("api_url", env["PREFECT_API_URL"], "PREFECT_API_URL")
+    if env.get("PREFECT_HOME"):
+        return PrefectMode("home", env["PREFECT_HOME"], "PREFECT_HOME")
+    profile = active_profile(env)
+    if profile is not None:
+        name, settings, path = profile
+        if env.get("PREFECT_PROFILE") or {"PREFECT_API_URL", "PREFECT_API_KEY"} & settings.keys():
+            target = settings.get("PREFECT_API_URL", "Prefect Cloud" if "PREFECT_API_KEY" in settings else "")
+            return PrefectMode("profile", f"{name!r} {target}".strip(), f"active profile in {path}")
+    embedded = {"PREFECT_HOME": str(ws.prefect), "PREFECT_LOCAL_STORAGE_PATH": str(ws.prefect / "storage")}
+    from lmforge.flows.prefect_local import active_api_url  # reads <ws>/prefect/server.json, if any
+
+    url = active_api_url(ws)
+    if url:
+        return PrefectMode("workspace_server", url, "started by `lmforge prefect up`",
+                           env={**embedded, "PREFECT_API_URL": url}, home=ws.prefect)
+    return PrefectMode("embedded", str(ws.prefect), "no PREFECT_API_URL, PREFECT_HOME or Prefect profile set",
+                       env=embedded, home=ws.prefect)
+
+
+def apply(mode: PrefectMode, environ: MutableMapping[str, str] | None = None) -> None:
+    """Set the mode's variables and lmforge's defaults in the environment (children inherit them)."""
+    env = os.environ if environ is None else environ
+    for key, value in {**DEFAULTS, **mode.env}.items():
+        env.setdefault(key, value)
+
+
+def prepare(mode: PrefectMode) -> None:
+    """Create the embedded home's folders (Prefect creates only the last level itself)."""
+    if mode.home is not None:
+        (mode.home / "storage").mkdir(parents=True, exist_ok=True)
