@@ -122,7 +122,7 @@ def quality(model, tok, model_dir: Path, heldout: list[Record], args: argparse.N
 
 def speed(model, tok, prompts: list[str], args: argparse.Namespace) -> dict[str, float]:
     gens, wall = generate(model, tok, prompts, max_new_tokens=args.new_tokens, batch_size=1,
-                          start_id=tok.eos_token_id, max_prompt_tokens=128, stop_strings=())
+                          max_prompt_tokens=128, stop_strings=())
     tokens = sum(g.tokens for g in gens)
     return {"tokens_per_s": tokens / wall, "ttft_ms": 1000 * sum(g.timing.ttft_s for g in gens) / len(gens),
             "generated_tokens": tokens}

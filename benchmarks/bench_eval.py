@@ -83,7 +83,7 @@ def main() -> None:
         model_dir = args.model_dir or build_model(Path(tmp) / "model", [d for _, d in funcs])
         model, tok = load_causal_lm(model_dir)
         params = sum(p.numel() for p in model.parameters())
-        kw = dict(max_new_tokens=args.new_tokens, start_id=tok.eos_token_id, max_prompt_tokens=256, stop_strings=())
+        kw = dict(max_new_tokens=args.new_tokens, max_prompt_tokens=256, stop_strings=())
         generate(model, tok, prompts[:4], batch_size=4, **kw)  # warm-up: allocator, kernels
         measured = {}
         for bs in args.batch_sizes:

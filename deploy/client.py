@@ -19,7 +19,7 @@ from typing import Any, Literal
 import numpy as np
 
 Protocol = Literal["http", "grpc"]
-OUTPUTS = ("SUMMARY", "COMPLETION", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
+OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
 
 
 class RequestFailed(RuntimeError):
@@ -30,6 +30,7 @@ class RequestFailed(RuntimeError):
 class Generation:
     summary: str
     completion: str
+    token_ids: tuple[int, ...]
     output_tokens: int
     mean_logprob: float
     first_token_ms: float  # server side: from the start of the batch's generation to its first token
@@ -59,8 +60,8 @@ def make_client(url: str, protocol: Protocol = "http", *, timeout: float = 120.0
     return mod.InferenceServerClient(url)
 
 
-def build_inputs(prompts: list[str | bytes], protocol: Protocol = "http", *, max_new_tokens: int | None = None,
-                 context: list[str] | None = None) -> list[Any]:
+def build_inputs(prompts: list[str | bytes], protocol: Protocol = "http", *,
+                 max_new_tokens: int | None = None) -> list[Any]:
     mod = _module(protocol)
 
     def bytes_input(name: str, values: list[str | bytes]) -> Any:
@@ -70,8 +71,6 @@ def build_inputs(prompts: list[str | bytes], protocol: Protocol = "http", *, max
         return inp
 
     inputs = [bytes_input("PROMPT", prompts)]
-    if context is not None:
-        inputs.append(bytes_input("CONTEXT", context))
     if max_new_tokens is not None:
         arr = np.full((len(prompts), 1), max_new_tokens, dtype=np.int32)
         inp = mod.InferInput("MAX_NEW_TOKENS", list(arr.shape), "INT32")
@@ -88,6 +87,7 @@ def parse_result(result: Any, latency_ms: float) -> list[Generation]:
             v = cols[name][i][0]
             return v.decode("utf-8") if isinstance(v, bytes) else str(v)
         gens.append(Generation(summary=text("SUMMARY"), completion=text("COMPLETION"),
+                               token_ids=tuple(int(t) for t in text("TOKEN_IDS").split()),
                                output_tokens=int(cols["OUTPUT_TOKENS"][i][0]),
                                mean_logprob=float(cols["MEAN_LOGPROB"][i][0]),
                                first_token_ms=float(cols["FIRST_TOKEN_MS"][i][0]),
@@ -106,13 +106,13 @@ def infer(client: Any, model: str, inputs: list[Any], *, version: int | None = N
 
 
 def generate(url: str, prompts: list[str | bytes], *, protocol: Protocol = "http", model: str = "lmforge",
-             version: int | None = None, max_new_tokens: int | None = None, context: list[str] | None = None,
+             version: int | None = None, max_new_tokens: int | None = None,
              timeout: float = 120.0) -> list[Generation]:
     """Generate a summary for each prompt (one request carrying all of them)."""
     client = make_client(url, protocol, timeout=timeout)
     try:
         start = time.perf_counter()
-        result = infer(client, model, build_inputs(prompts, protocol, max_new_tokens=max_new_tokens, context=context),
+        result = infer(client, model, build_inputs(prompts, protocol, max_new_tokens=max_new_tokens),
                        version=version)
         return parse_result(result, (time.perf_counter() - start) * 1e3)
     finally:

@@ -1,18 +1,21 @@
-"""The Triton python-backend model: batched generation with an exported safetensors model.
+"""The Triton python-backend model: batched generation with lmforge's one generation path.
 
 Copied by deploy/repository.py into `<repo>/<model>/<version>/model.py`, beside
-`lmforge_runtime/` (processing, records, requestlog) and `model/` (the Hugging Face folder).
-It runs inside the server's Python (.venv-serve locally, the NGC container's on GPUs):
+`lmforge_runtime/` (generation, modelload, processing, records, requestlog) and `model/`
+(the model folder). It runs inside the server's Python (.venv-serve locally, the NGC
+container's on GPUs):
 
-    inputs   PROMPT [n,1] BYTES (a signature), CONTEXT [n,1] BYTES (optional retrieved text),
-             MAX_NEW_TOKENS [n,1] INT32 (optional)
-    outputs  SUMMARY, COMPLETION [n,1] BYTES; OUTPUT_TOKENS [n,1] INT32; MEAN_LOGPROB,
+    inputs   PROMPT [n,1] BYTES (a signature), MAX_NEW_TOKENS [n,1] INT32 (optional)
+    outputs  SUMMARY, COMPLETION, TOKEN_IDS [n,1] BYTES; OUTPUT_TOKENS [n,1] INT32; MEAN_LOGPROB,
              FIRST_TOKEN_MS, DECODE_MS [n,1] FP32
 
-Triton hands `execute` every request of a dynamic batch; their valid rows are generated
-together, and each request gets exactly one response: its outputs, or a TritonError
-saying what is wrong with it. One bad request never fails the others. Every row is
-appended to the request log for monitoring.
+The model loads with modelload.load_model (an int8 or low-rank variant as what it is) and
+generates with generation.generate: the prompt template, eos prefix, greedy decoding and
+stopping rule that evaluation scores and the MLflow pyfunc runs. TOKEN_IDS holds the
+generated ids, space-separated. Triton hands `execute` every request of a dynamic batch;
+their valid rows are generated together, and each request gets exactly one response:
+its outputs, or a TritonError with code INVALID_ARG (HTTP 400) saying what is wrong with
+it. One bad request never fails the others. Every row is appended to the request log.
 """
 
 import json
@@ -25,32 +28,16 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lmforge_runtime import processing  # noqa: E402
+from lmforge_runtime import generation, modelload, processing  # noqa: E402
 from lmforge_runtime.requestlog import RequestLog, RequestRecord, now_iso  # noqa: E402
 
-OUTPUTS = ("SUMMARY", "COMPLETION", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
-
-
-class _FirstTokenClock:
-    """A logits processor that only notes when the first decoding step starts (after prefill)."""
-
-    def __init__(self):
-        self.first = None
-
-    def __call__(self, input_ids, scores):
-        if self.first is None:
-            self.first = time.perf_counter()
-        return scores
+OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
 
 
 class TritonPythonModel:
     def initialize(self, args):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList, StoppingCriteriaList
-        from transformers.generation.stopping_criteria import StopStringCriteria
 
-        self.torch = torch
-        self._processors = LogitsProcessorList
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.name = args["model_name"]
@@ -60,23 +47,12 @@ class TritonPythonModel:
             max_new_tokens=int(params["max_new_tokens"]), max_new_tokens_limit=int(params["max_new_tokens_limit"]))
         threads = int(params.get("threads", "0")) or max(1, (os.cpu_count() or 1) // int(params.get("instances", "1")))
         torch.set_num_threads(threads)
-        if args["model_instance_kind"] == "GPU" and torch.cuda.is_available():
-            self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
-        else:
-            self.device = torch.device("cpu")
-
         here = os.path.dirname(os.path.abspath(__file__))
         folder = os.path.join(here, "model")
-        self.tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
-        self.tok.padding_side = "left"  # decoder-only batches are padded on the left
-        self.model = AutoModelForCausalLM.from_pretrained(
-            folder, use_safetensors=True, trust_remote_code=False,  # never run code shipped with a model
-            dtype=torch.float32 if self.device.type == "cpu" else "auto").to(self.device).eval()
-        self.pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        self.eos_id = self.tok.eos_token_id
-        # Padding fills rows that stopped early; the model itself never emits it, so a row's length is unambiguous.
-        self.suppress = [self.pad_id] if self.pad_id != self.eos_id else None
-        self.stop = StoppingCriteriaList([StopStringCriteria(self.tok, ['"""'])])
+        self.tok = modelload.load_tokenizer(folder)
+        self.model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
+        if args["model_instance_kind"] == "GPU" and torch.cuda.is_available():
+            self.model = self.model.to(torch.device(f"cuda:{args['model_instance_device_id']}"))
         self.rare_ids = processing.load_rare_ids(here)
         log_dir = params.get("request_log", "")
         self.log = RequestLog(log_dir) if log_dir else None
@@ -87,19 +63,13 @@ class TritonPythonModel:
         if prompts is None:  # Triton refuses a missing required input before us; this guards a config drift
             raise processing.BadRequest("missing_input", "input PROMPT is required")
         rows = prompts.as_numpy().reshape(-1)
-        ctx = pb_utils.get_input_tensor_by_name(request, "CONTEXT")
-        contexts = ctx.as_numpy().reshape(-1) if ctx is not None else [None] * len(rows)
-        if len(contexts) != len(rows):
-            raise processing.BadRequest("bad_shape", f"CONTEXT has {len(contexts)} rows but PROMPT has {len(rows)}")
         mnt = pb_utils.get_input_tensor_by_name(request, "MAX_NEW_TOKENS")
         max_new = processing.parse_max_new_tokens(
             None if mnt is None else mnt.as_numpy().reshape(-1).tolist(), len(rows), self.limits)
         parsed = []
-        for row, (raw, raw_ctx) in enumerate(zip(rows, contexts)):
+        for row, raw in enumerate(rows):
             signature = processing.decode_prompt(raw, self.limits, row=row)
-            context = processing.decode_context(raw_ctx, self.limits, row=row)
-            ids = processing.check_tokens(self.tok(processing.build_prompt(signature, context))["input_ids"],
-                                          self.limits, row=row)
+            ids = processing.check_tokens(generation.encode_prompt(self.tok, signature), self.limits, row=row)
             sig_ids = self.tok(signature)["input_ids"]
             rate = processing.rare_token_rate(sig_ids, self.rare_ids, self.tok.unk_token_id)
             parsed.append({"ids": ids, "chars": len(signature), "tokens": len(sig_ids), "rare": rate,
@@ -115,7 +85,8 @@ class TritonPythonModel:
             try:
                 parsed = self._parse(request)
             except processing.BadRequest as e:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+                responses[i] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
                 self._log([{"chars": 0, "tokens": 0, "rare": 0.0}], None, start, status=e.code)
                 continue
             owners.append((i, len(rows), len(parsed)))
@@ -136,36 +107,11 @@ class TritonPythonModel:
         return responses
 
     def _generate(self, rows):
-        torch = self.torch
-        width = max(len(r["ids"]) for r in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, r in enumerate(rows):
-            input_ids[b, width - len(r["ids"]):] = torch.tensor(r["ids"])
-            mask[b, width - len(r["ids"]):] = 1
-        clock = _FirstTokenClock()
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                max_new_tokens=max(r["max_new"] for r in rows), do_sample=False, pad_token_id=self.pad_id,
-                eos_token_id=self.eos_id, suppress_tokens=self.suppress, stopping_criteria=self.stop,
-                logits_processor=self._processors([clock]),
-                return_dict_in_generate=True, output_scores=True)
-            logprobs = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
-        t_end = time.perf_counter()
-        first = clock.first or t_end
-        generated = out.sequences[:, width:].cpu().tolist()
-        logprobs = logprobs.float().cpu().tolist()
-        results = []
-        for b, r in enumerate(rows):
-            n = _row_length(generated[b], r["max_new"], self.eos_id, self.pad_id)
-            text = self.tok.decode(generated[b][:n], skip_special_tokens=True)
-            lp = logprobs[b][:n]
-            results.append({"summary": processing.extract_summary(text), "completion": text, "output_tokens": n,
-                            "mean_logprob": sum(lp) / len(lp) if lp else 0.0,
-                            "first_token_ms": (first - t0) * 1e3, "decode_ms": (t_end - first) * 1e3})
-        return results
+        outs = generation.generate(self.model, self.tok, [r["ids"] for r in rows],
+                                   max_new_tokens=[r["max_new"] for r in rows], scores=True)
+        return [{"summary": o.summary, "completion": o.text, "token_ids": " ".join(str(t) for t in o.token_ids),
+                 "output_tokens": o.tokens, "mean_logprob": o.mean_logprob, "first_token_ms": o.first_token_s * 1e3,
+                 "decode_ms": (o.total_s - o.first_token_s) * 1e3} for o in outs]
 
     def _tensors(self, results):
         def col(key, dtype):
@@ -173,6 +119,7 @@ class TritonPythonModel:
         return [
             pb_utils.Tensor("SUMMARY", col("summary", np.object_)),
             pb_utils.Tensor("COMPLETION", col("completion", np.object_)),
+            pb_utils.Tensor("TOKEN_IDS", col("token_ids", np.object_)),
             pb_utils.Tensor("OUTPUT_TOKENS", col("output_tokens", np.int32)),
             pb_utils.Tensor("MEAN_LOGPROB", col("mean_logprob", np.float32)),
             pb_utils.Tensor("FIRST_TOKEN_MS", col("first_token_ms", np.float32)),
@@ -198,12 +145,3 @@ class TritonPythonModel:
     def finalize(self):
         self.model = None
 
-
-def _row_length(tokens, limit, eos_id, pad_id):
-    """Generated tokens of one row: through its eos, before the padding that follows its stop, within its limit."""
-    for n, t in enumerate(tokens[:limit]):
-        if t == eos_id:
-            return n + 1
-        if t == pad_id:
-            return n
-    return min(len(tokens), limit)

@@ -2,15 +2,20 @@
 
     limits = Limits(max_prompt_chars=2000, max_prompt_tokens=192, max_new_tokens=32, max_new_tokens_limit=128)
     signature = decode_prompt(b"def foo(x):", limits)          # BadRequest("invalid_utf8" | "empty_prompt" | ...)
-    text = build_prompt(signature, context="json: encode objects")   # generation_prompt(), context as comments
+    text = build_prompt(signature)                              # the template of components/generation.py
     ids = check_tokens(tokenizer(text)["input_ids"], limits)
     rate = rare_token_rate(tokenizer(signature)["input_ids"], rare_ids, unk_id)
     summary = extract_summary(completion)                       # what is scored and returned
 
 The Triton model (deploy/model.py) runs inside the server's own Python, where lmforge
-is not installed: the repository builder copies this file, components/data/records.py
-and components/requestlog.py into `<version>/lmforge_runtime/`, hence the fallback import.
-Standard library only, for the same reason.
+is not installed: the repository builder copies this file, components/generation.py,
+components/modelload.py, components/data/records.py and components/requestlog.py into
+`<version>/lmforge_runtime/`, hence the fallback imports. Standard library only (the
+generation module imports torch only inside its functions).
+
+There is no retrieval at serving time: the served model answers the prompt alone, the
+way evaluation's headline scores are measured (evaluation's RAG scores are a separate,
+evaluation-only comparison).
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from pathlib import Path
 
 try:
     from lmforge.components.data.records import extract_summary, generation_prompt
-except ImportError:  # inside a Triton model version folder, beside a copy of records.py
+    from lmforge.components.generation import prompt_text
+except ImportError:  # inside a Triton model version folder, beside copies of records.py and generation.py
+    from .generation import prompt_text  # type: ignore[no-redef]
     from .records import extract_summary, generation_prompt  # type: ignore[no-redef]
 
-__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "decode_context", "decode_prompt", "extract_summary",
+__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "decode_prompt", "extract_summary",
            "generation_prompt", "is_well_formed", "load_rare_ids", "parse_max_new_tokens", "rare_token_rate",
            "VALIDATION_PROMPTS", "validation_prompts"]
 
@@ -42,6 +49,18 @@ VALIDATION_PROMPTS: tuple[str, ...] = (
     "def literal_eval(node_or_string):",
     "def urlsplit(url, scheme='', allow_fragments=True):",
     "def sha256(data=b''):",
+    "def loads(s, *, cls=None, object_hook=None, parse_float=None):",
+    "def splitext(p):",
+    "def getmembers(object, predicate=None):",
+    "def dedent(text):",
+    "def deepcopy(x, memo=None, _nil=[]):",
+    "def urlencode(query, doseq=False, safe='', encoding=None, errors=None):",
+    "class Counter(dict):",
+    "def b64encode(s, altchars=None):",
+    "def gethostbyname(host):",
+    "def fnmatch(name, pat):",
+    "def dump(obj, fp, *, skipkeys=False, indent=None):",
+    "def shuffle(self, x):",
 )
 
 
@@ -83,22 +102,9 @@ def decode_prompt(raw: object, limits: Limits, *, row: int = 0, name: str = "PRO
     return text
 
 
-def decode_context(raw: object, limits: Limits, *, row: int = 0) -> str | None:
-    """Optional retrieved context for a row: None when blank; up to 4x the prompt's character limit."""
-    if raw is None or (isinstance(raw, (bytes, str)) and not raw.strip()):
-        return None
-    wider = Limits(limits.max_prompt_chars * 4, limits.max_prompt_tokens, limits.max_new_tokens,
-                   limits.max_new_tokens_limit)
-    return decode_prompt(raw, wider, row=row, name="CONTEXT")
-
-
-def build_prompt(signature: str, context: str | None = None) -> str:
-    """The generation prompt for `signature`; retrieved context, if any, goes first as comment lines."""
-    prompt = generation_prompt(signature.strip())
-    if context and context.strip():
-        comments = "\n".join(f"# {line}".rstrip() for line in context.strip().splitlines())
-        prompt = f"{comments}\n{prompt}"
-    return prompt
+def build_prompt(signature: str) -> str:
+    """The generation prompt for `signature` (components/generation.py's template)."""
+    return prompt_text(signature)
 
 
 def check_tokens(ids: Sequence[int], limits: Limits, *, row: int = 0) -> list[int]:

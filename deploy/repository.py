@@ -10,8 +10,9 @@ Layout (the standard one, so the same folder runs in the NGC tritonserver contai
 
     <repo>/<model>/config.pbtxt             python backend, batching, instances, I/O, version policy
     <repo>/<model>/<version>/model.py       deploy/model.py
-    <repo>/<model>/<version>/lmforge_runtime/  processing.py, records.py, requestlog.py (stdlib only)
-    <repo>/<model>/<version>/model/         the Hugging Face folder (safetensors, tokenizer)
+    <repo>/<model>/<version>/lmforge_runtime/  generation.py, modelload.py (torch + transformers), processing.py,
+                                            records.py, requestlog.py (stdlib): no lmforge install needed
+    <repo>/<model>/<version>/model/         the model folder (safetensors, tokenizer, lmforge.json)
     <repo>/<model>/<version>/rare_tokens.json, meta.json
 
 A Triton version number is the registry's model version number. The version policy is
@@ -28,17 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.components.data import records as records_module
 from lmforge.components import requestlog as requestlog_module
 from lmforge.components.errors import UserError
-from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir
+from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import atomic_dir, atomic_write_json, atomic_write_text, sha256_tree
 from lmforge.deploy import processing as processing_module
 from lmforge.deploy.processing import RARE_TOKENS_FILE
 
 MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
-BYTES_OUTPUTS = ("SUMMARY", "COMPLETION")
+BYTES_OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS")
 INT_OUTPUTS = ("OUTPUT_TOKENS",)
 FLOAT_OUTPUTS = ("MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
 
@@ -57,8 +57,7 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         opt = " optional: true" if optional else ""
         return f'  {{ name: "{name}" data_type: {dtype} dims: [ 1 ]{opt} }}'
 
-    inputs = [tensor("PROMPT", "TYPE_STRING"), tensor("CONTEXT", "TYPE_STRING", True),
-              tensor("MAX_NEW_TOKENS", "TYPE_INT32", True)]
+    inputs = [tensor("PROMPT", "TYPE_STRING"), tensor("MAX_NEW_TOKENS", "TYPE_INT32", True)]
     outputs = ([tensor(n, "TYPE_STRING") for n in BYTES_OUTPUTS] + [tensor(n, "TYPE_INT32") for n in INT_OUTPUTS]
                + [tensor(n, "TYPE_FP32") for n in FLOAT_OUTPUTS])
     params = {
@@ -126,11 +125,7 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     target = version_dir(repo, cfg.model_name, version)
     with atomic_dir(target) as tmp:
         shutil.copy2(MODEL_PY, tmp / "model.py")
-        runtime = tmp / "lmforge_runtime"
-        runtime.mkdir()
-        (runtime / "__init__.py").write_text('"""lmforge serving helpers, copied from the lmforge source tree."""\n')
-        for module in (processing_module, records_module, requestlog_module):
-            shutil.copy2(module.__file__, runtime / Path(module.__file__).name)
+        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, requestlog_module))
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
         rare = rare_token_ids(shard_dir, cfg.rare_token_min_count) if shard_dir else None
         atomic_write_json(tmp / RARE_TOKENS_FILE, {

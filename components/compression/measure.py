@@ -59,7 +59,7 @@ def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) 
                                batch_size=cfg.bpc_batch_size)
         examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
         gens, wall = generate(model, tokenizer, [generation_prompt(r.signature) for r in examples],
-                              max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, start_id=start_id,
+                              max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
                               max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature,
                               seed=cfg.seed)
         scores = score_texts([extract_summary(g.text) for g in gens], [r.summary for r in examples])

@@ -90,7 +90,7 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     train = read_split(dataset_dir, "train")
     start_id = tokenizer.eos_token_id
     assert start_id is not None, "the tokenizer defines an eos token"
-    context = cfg.context_length or int(getattr(model.config, "max_position_embeddings", 512))
+    context, trained = scored_context(Path(model_dir), cfg, model.config)
     rng = random.Random(cfg.seed)
 
     bpc_docs = _sample(heldout, cfg.bpc_max_docs, rng)
@@ -101,7 +101,7 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
     prompts = [generation_prompt(r.signature) for r in examples]
     refs = [r.summary for r in examples]
-    gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size, start_id=start_id,
+    gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
                       max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature, seed=cfg.seed)
     gens, wall = generate(model, tokenizer, prompts, **gen_kwargs)
     preds = [extract_summary(g.text) for g in gens]
@@ -118,9 +118,28 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                    rag_prediction=rag_preds[i] if rag_preds else None, rag_rougeL=rag_pairs[i]["rougeL"] if rag_pairs else None)
            for i, (r, p, ref, pred, s, g) in enumerate(zip(examples, prompts, refs, preds, scores.per_pair, gens))]
     info = {"model_dir": str(model_dir), "dataset_dir": str(dataset_dir), "split": cfg.split, "bpc_docs": b.docs,
-            "examples": len(out), "context_length": context, "baseline": "unigram, add-one smoothed, fit on the train split",
+            "examples": len(out), "context_length": context, "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
             "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2)}
     return EvalResult(metrics=metrics, examples=out, rag=rag_info, info=info)
+
+
+def trained_context(model_dir: Path) -> int | None:
+    """The sequence length the model was trained at (lmforge.json `seq_len`), or None when not recorded."""
+    meta = Path(model_dir) / "lmforge.json"
+    seq_len = json.loads(meta.read_text()).get("seq_len") if meta.is_file() else None
+    return int(seq_len) if seq_len else None
+
+
+def scored_context(model_dir: Path, cfg: EvaluationConfig, model_config: Any) -> tuple[int, int | None]:
+    """(tokens per scored window and prompt, trained context): never beyond what the model was trained on.
+
+    The configured `context_length` (else the model's max_position_embeddings, which the
+    training stage sets to at least 256) is capped at the trained `seq_len`: positions past
+    it were never trained, so scoring them would measure extrapolation, not the model.
+    """
+    context = cfg.context_length or int(getattr(model_config, "max_position_embeddings", 512))
+    trained = trained_context(model_dir)
+    return (min(context, trained) if trained else context), trained
 
 
 def _sample(records: list[Record], n: int | None, rng: random.Random) -> list[Record]:

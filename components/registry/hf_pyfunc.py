@@ -1,14 +1,20 @@
 """The MLflow pyfunc model of a registered lmforge model ("models from code": no pickle).
 
 MLflow stores this file's source beside the model and runs it on `mlflow.pyfunc.load_model`;
-the weights are the registered Hugging Face folder (artifact "hf"), read from safetensors:
+the weights are the registered model folder (artifact "hf"), read from safetensors, and
+the code that loads and runs them is the model's own `lmforge_runtime/` (code_paths):
 
     m = mlflow.pyfunc.load_model("models:/lmforge-lm@champion")
-    m.predict([generation_prompt("def add(a, b)")])   # ["Return a plus b.", ...]
+    m.predict(["def add(a, b):"])                              # ["Return a plus b.", ...]
+    m.predict(["def add(a, b):"], params={"max_new_tokens": 16, "output": "completion"})
+    m.predict(["def add(a, b):"], params={"output": "token_ids"})   # ["17 402 9", ...]: the generated ids
 
-It imports only torch, transformers and mlflow, so it runs where lmforge is not installed
-(an `mlflow models serve` container). lmforge's own loaders read the same folder directly
-(components/registry/store.py `download_model`) and never run this file.
+A prompt is a signature (or an already templated `generation_prompt`); the answer is the
+summary that evaluation scores, or with `output = "completion"` the whole continuation.
+Loading and generation are lmforge_runtime's modelload.py and generation.py, the same
+code Triton's model runs and evaluation calls, so an int8 or low-rank variant loads as
+what it is and the three give the same tokens. It imports only torch, transformers and
+mlflow, so it runs where lmforge is not installed (an `mlflow models serve` container).
 """
 
 from __future__ import annotations
@@ -18,39 +24,38 @@ from typing import Any
 import mlflow.pyfunc
 from mlflow.models import set_model
 
-DOC_CLOSE = '"""'
+OUTPUTS = ("summary", "completion", "token_ids")
+
+
+def _runtime() -> tuple[Any, Any]:
+    """(modelload, generation): the copy stored with the model first, lmforge's own when there is none."""
+    try:
+        from lmforge_runtime import generation, modelload  # type: ignore[import-not-found]
+    except ImportError:
+        from lmforge.components import generation, modelload
+    return modelload, generation
 
 
 class LmforgeTextGenerator(mlflow.pyfunc.PythonModel):
-    """Greedy continuation of each prompt, cut at the docstring close."""
+    """Greedy continuation of each prompt under lmforge's one generation path."""
 
     def load_context(self, context: Any) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+        modelload, self.gen = _runtime()
         path = context.artifacts["hf"]
-        self.model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=False,
-                                                          dtype=torch.float32).eval()
-        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = modelload.load_model(path)
+        self.tokenizer = modelload.load_tokenizer(path)
 
     # No type hints here: MLflow would derive a second signature from them; the logged one is the contract.
     def predict(self, context, model_input, params=None):  # type: ignore[no-untyped-def]
-        import torch
-
-        prompts = _as_strings(model_input)
-        max_new = int((params or {}).get("max_new_tokens", 32))
-        tok, eos = self.tokenizer, self.tokenizer.eos_token_id
-        rows = [[eos, *tok(p, add_special_tokens=False)["input_ids"]] for p in prompts]
-        width = max((len(r) for r in rows), default=0)
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long)
-        with torch.inference_mode():
-            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
-                                      pad_token_id=tok.pad_token_id, eos_token_id=eos)
-        texts = tok.batch_decode(out[:, width:], skip_special_tokens=True)
-        return [t.split(DOC_CLOSE, 1)[0] for t in texts]
+        params = params or {}
+        max_new = int(params.get("max_new_tokens", 32))
+        output = str(params.get("output", "summary"))
+        if output not in OUTPUTS:
+            raise ValueError(f"params.output is {output!r}; use one of {', '.join(OUTPUTS)}")
+        encoded = [self.gen.encode_prompt(self.tokenizer, p) for p in _as_strings(model_input)]
+        outs = self.gen.generate(self.model, self.tokenizer, encoded, max_new_tokens=max_new) if encoded else []
+        return [o.summary if output == "summary" else o.text if output == "completion"
+                else " ".join(str(t) for t in o.token_ids) for o in outs]
 
 
 def _as_strings(model_input: Any) -> list[str]:

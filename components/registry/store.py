@@ -7,8 +7,11 @@
 
 The folder is logged as an MLflow pyfunc "model from code" (hf_pyfunc.py): MLflow copies
 the folder as it is (safetensors weights, config, tokenizer, lmforge.json) to the
-artifact `hf` (`artifacts/<folder name>/` in the model), with a string-to-string signature and an input example,
-and stores no pickle. (The transformers flavor cannot log a local folder with
+artifact `hf` (`artifacts/<folder name>/` in the model), with a string-to-string signature
+(params `max_new_tokens`, `output`) and an input example, and stores no pickle. The
+loader and generation code go with it as `code/lmforge_runtime/` (loading.write_runtime),
+so the pyfunc loads int8 and low-rank variants and generates exactly as Triton does.
+`save_pyfunc` writes the same MLflow model to a local folder (to check it before registering). (The transformers flavor cannot log a local folder with
 transformers 5: mlflow 3.17's `build_flavor_config_from_local_checkpoint` reads
 `check_task(...)["impl"].__name__`, which is now a string.)
 A folder holding any pickle-format file is refused. The model is logged in the active
@@ -27,13 +30,13 @@ import contextlib
 import json
 import math
 import os
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.records import generation_prompt
 from lmforge.components.errors import UserError
-from lmforge.components.registry.loading import check_model_dir, pickle_files
+from lmforge.components.registry.loading import check_model_dir, pickle_files, write_runtime
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.sections.registry import RegistryConfig
 from lmforge.components.tracking import ensure_experiment, external_uri, use_workspace
@@ -107,13 +110,35 @@ def _run(ws: Workspace, cfg: RegistryConfig, run_name: str) -> Iterator[str]:
             with_retries(lambda: mlflow.MlflowClient().set_terminated(run.info.run_id, status), **retry)
 
 
+def pyfunc_args(model_dir: Path, code_dir: Path) -> dict[str, Any]:
+    """The arguments of log_model / save_model for `model_dir`; the runtime package is written under `code_dir`."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    runtime = write_runtime(Path(code_dir) / "lmforge_runtime")
+    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
+                               params=ParamSchema([ParamSpec("max_new_tokens", "long", 32),
+                                                   ParamSpec("output", "string", "summary")]))
+    return dict(python_model=str(PYFUNC_CODE), artifacts={HF_ARTIFACT: str(model_dir)}, signature=signature,
+                input_example=["def add(a, b):"], code_paths=[str(runtime)],
+                pip_requirements=["mlflow", "transformers", "torch", "safetensors", "tokenizers"])
+
+
+def save_pyfunc(model_dir: Path, dest: Path) -> Path:
+    """Write the MLflow model register_model would log for `model_dir` to the local folder `dest`."""
+    import mlflow.pyfunc
+
+    model_dir = check_model_dir(Path(model_dir).resolve())
+    with tempfile.TemporaryDirectory() as code:
+        mlflow.pyfunc.save_model(str(dest), **pyfunc_args(model_dir, Path(code)))
+    return Path(dest)
+
+
 def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metrics: Mapping[str, float],
                    tags: Mapping[str, Any], parent_version: str | None = None) -> str:
     """Log `model_dir` to MLflow and register it as a new version of `cfg.model_name`; return the version."""
     import mlflow.pyfunc
     from mlflow import MlflowClient
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, Schema
 
     model_dir = check_model_dir(Path(model_dir).resolve())
     if found := pickle_files(model_dir):
@@ -121,13 +146,10 @@ def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metri
                         "Remove them: lmforge registers safetensors only")
     all_tags = model_tags(model_dir, metrics, tags, parent_version)
     retry = dict(attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
-    signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]))
-    example = [generation_prompt("def add(a, b)")]
-    with _run(ws, cfg, f"register-{all_tags.get('run_name', model_dir.name)}") as run_id:
-        info = with_retries(lambda: mlflow.pyfunc.log_model(
-            name="model", python_model=str(PYFUNC_CODE), artifacts={HF_ARTIFACT: str(model_dir)}, signature=signature,
-            input_example=example, pip_requirements=["mlflow", "transformers", "torch", "safetensors", "tokenizers"]),
-            **retry)
+    with _run(ws, cfg, f"register-{all_tags.get('run_name', model_dir.name)}") as run_id, \
+            tempfile.TemporaryDirectory() as code:
+        info = with_retries(lambda: mlflow.pyfunc.log_model(name="model", **pyfunc_args(model_dir, Path(code))),
+                            **retry)
         client = MlflowClient()
 
         def ensure_registered() -> None:

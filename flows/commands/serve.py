@@ -1,7 +1,7 @@
 """`lmforge serve`, `lmforge generate` and `lmforge deploy rollback|stop`.
 
     lmforge serve [--detach]                    # Triton on loopback with the production (or deploy.alias) model
-    lmforge generate "def foo(x):" [--protocol grpc] [--max-new-tokens 16] [--context "..."]
+    lmforge generate "def foo(x):" [--protocol grpc] [--max-new-tokens 16]
     lmforge deploy rollback [--reason "bad outputs"]   # the previous production version, through the gate
     lmforge deploy stop
     curl -s -o /dev/null -w '%{http_code}' localhost:<port>/v2/health/ready    # 200 while serving
@@ -93,7 +93,6 @@ def generate(
     protocol: Annotated[str, typer.Option("--protocol", "-p", help="http or grpc")] = "http",
     max_new_tokens: Annotated[int | None,
                               typer.Option("--max-new-tokens", help="default: deploy.max_new_tokens")] = None,
-    context: Annotated[str | None, typer.Option("--context", help="retrieved text placed before the prompt")] = None,
     version: Annotated[int | None, typer.Option("--version", help="a specific loaded version")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print every output as JSON")] = False,
 ) -> None:
@@ -112,8 +111,7 @@ def generate(
     url = info.url if protocol == "http" else info.grpc_url
     proto: Literal["http", "grpc"] = "http" if protocol == "http" else "grpc"
     try:
-        out = gen(url, [prompt], protocol=proto, model=model, version=version, max_new_tokens=max_new_tokens,
-                  context=[context] if context is not None else None)[0]
+        out = gen(url, [prompt], protocol=proto, model=model, version=version, max_new_tokens=max_new_tokens)[0]
     except RequestFailed as e:
         raise UserError("request", repr(prompt), f"was refused by the server: {e}") from None
     if as_json:

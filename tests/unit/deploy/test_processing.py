@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,17 +34,7 @@ def test_bad_prompts_are_refused_with_their_reason(raw, code):
 def test_good_prompt_decodes_and_builds_the_generation_prompt():
     sig = processing.decode_prompt("def foo(x):".encode(), LIMITS)
     assert processing.build_prompt(sig) == generation_prompt("def foo(x):")
-    with_ctx = processing.build_prompt(sig, context="json: encode\nobjects")
-    assert with_ctx == "# json: encode\n# objects\n" + generation_prompt("def foo(x):")
-    assert processing.build_prompt(sig, context="  ") == generation_prompt("def foo(x):")
-
-
-def test_context_is_optional_and_checked():
-    assert processing.decode_context(b"", LIMITS) is None
-    assert processing.decode_context(None, LIMITS) is None
-    assert processing.decode_context(b"some retrieved text", LIMITS) == "some retrieved text"
-    with pytest.raises(BadRequest, match="CONTEXT"):
-        processing.decode_context(b"\xff\xfe", LIMITS)
+    assert processing.build_prompt(generation_prompt("def foo(x):")) == generation_prompt("def foo(x):")
 
 
 def test_token_limit_and_max_new_tokens():
@@ -89,16 +78,16 @@ def test_validation_prompts_are_fixed_and_cycle():
 
 
 def test_the_runtime_copy_imports_without_lmforge(tmp_path):
-    """The server's Python has no lmforge: the copied package must work on its own (stdlib only)."""
-    runtime = tmp_path / "lmforge_runtime"
-    runtime.mkdir()
-    (runtime / "__init__.py").write_text("")
-    for src in (REPO / "deploy/processing.py", REPO / "components/data/records.py", REPO / "components/requestlog.py"):
-        shutil.copy(src, runtime / src.name)
+    """The server's Python has no lmforge: the copied package must work on its own."""
+    from lmforge.components import requestlog
+    from lmforge.components.registry.loading import write_runtime
+
+    write_runtime(tmp_path / "lmforge_runtime", extra=(processing, requestlog))
     serve_python = REPO / ".venv-serve/bin/python"
     python = str(serve_python) if serve_python.exists() else sys.executable
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from lmforge_runtime import processing, requestlog; "
-            "assert 'components' not in sys.modules; "
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
+            "from lmforge_runtime import generation, modelload, processing, requestlog; "
+            "assert not [m for m in sys.modules if m.startswith('lmforge.')], 'lmforge itself was imported'; "
             "print(processing.build_prompt('def f(x):'), end='')")
     out = subprocess.run([python, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          check=True)

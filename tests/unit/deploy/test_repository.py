@@ -32,9 +32,10 @@ def test_config_pbtxt_is_a_valid_triton_model_config(tmp_path):
     assert inputs["PROMPT"].data_type == model_config_pb2.TYPE_STRING and not inputs["PROMPT"].optional
     assert list(inputs["PROMPT"].dims) == [1]
     assert inputs["MAX_NEW_TOKENS"].data_type == model_config_pb2.TYPE_INT32 and inputs["MAX_NEW_TOKENS"].optional
-    assert inputs["CONTEXT"].optional
+    assert set(inputs) == {"PROMPT", "MAX_NEW_TOKENS"}  # no client-supplied retrieval context
     outputs = {o.name: o.data_type for o in mc.output}
     assert outputs == {"SUMMARY": model_config_pb2.TYPE_STRING, "COMPLETION": model_config_pb2.TYPE_STRING,
+                       "TOKEN_IDS": model_config_pb2.TYPE_STRING,
                        "OUTPUT_TOKENS": model_config_pb2.TYPE_INT32, "MEAN_LOGPROB": model_config_pb2.TYPE_FP32,
                        "FIRST_TOKEN_MS": model_config_pb2.TYPE_FP32, "DECODE_MS": model_config_pb2.TYPE_FP32}
     assert mc.parameters["request_log"].string_value == str(tmp_path / "requests")
@@ -65,8 +66,8 @@ def test_build_version_copies_runtime_and_safetensors_only(tmp_path, tiny_model_
     folder = repository.build_version(tmp_path / "repo", cfg, version=4, model_dir=src, shard_dir=shards)
     assert folder == tmp_path / "repo" / "lmforge" / "4"
     assert (folder / "model.py").read_text().startswith('"""The Triton python-backend model')
-    assert {p.name for p in (folder / "lmforge_runtime").iterdir()} >= {"__init__.py", "processing.py",
-                                                                         "records.py", "requestlog.py"}
+    assert {p.name for p in (folder / "lmforge_runtime").iterdir()} >= {
+        "__init__.py", "generation.py", "modelload.py", "processing.py", "records.py", "requestlog.py"}
     assert (folder / "model" / "model.safetensors").is_file()
     assert not (folder / "model" / "pytorch_model.bin").exists()
     rare = json.loads((folder / "rare_tokens.json").read_text())

@@ -20,7 +20,7 @@ def model_and_tok(tiny_model_dir):
 
 
 def _gen(model, tok, prompts, **kw):
-    args = dict(max_new_tokens=12, batch_size=8, start_id=tok.eos_token_id, max_prompt_tokens=200, stop_strings=())
+    args = dict(max_new_tokens=12, batch_size=8, max_prompt_tokens=200, stop_strings=())
     return generate(model, tok, prompts, **{**args, **kw})[0]
 
 

@@ -1,0 +1,150 @@
+"""The one generation path: prompt template, tokenisation, stopping rule and decoding.
+
+    ids = encode_prompt(tokenizer, "def add(a, b):")            # [eos, *tokens of generation_prompt(signature)]
+    outs = generate(model, tokenizer, [ids], max_new_tokens=32)  # greedy, transformers' `generate`
+    outs[0].text, outs[0].token_ids, outs[0].summary, outs[0].mean_logprob, outs[0].first_token_s
+
+Evaluation (components/evaluation/generation.py), the MLflow pyfunc
+(components/registry/hf_pyfunc.py) and the Triton model (deploy/model.py) all call this,
+so the ROUGE/BLEU that gate a promotion are measured on exactly what is served.
+
+- Prompt: `generation_prompt(signature)` (records.py: the signature, then the docstring
+  opening), tokenised without special tokens and preceded by the eos token, because every
+  training document follows an eos. `prompt_text(prompt)` accepts either a bare
+  signature or an already templated prompt.
+- Decoding: `model.generate` on left-padded rows (greedy unless `temperature > 0`, then
+  seeded sampling), up to the largest `max_new_tokens` of the batch.
+- Stopping: a row ends at eos (not part of its tokens), at the token whose decoded text
+  first contains a stop string (the docstring close; that token is kept, the text is cut
+  before the string), or at its own `max_new_tokens`. The rule is applied to the
+  generated tokens afterwards, so rows of different lengths in one batch never affect
+  each other's tokens.
+
+Imports only torch, transformers and the standard library (plus records.py): the Triton
+repository and the MLflow model carry a copy in `lmforge_runtime/`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    from lmforge.components.data.records import DOC_CLOSE, DOC_OPEN, extract_summary, generation_prompt
+except ImportError:  # inside lmforge_runtime/ (a Triton model version or an MLflow model), beside records.py
+    from .records import DOC_CLOSE, DOC_OPEN, extract_summary, generation_prompt  # type: ignore[no-redef]
+
+STOP_STRINGS: tuple[str, ...] = (DOC_CLOSE,)
+
+
+@dataclass(frozen=True)
+class Output:
+    token_ids: tuple[int, ...]   # the continuation's tokens under the stopping rule (no eos, no padding)
+    text: str                    # decoded, cut before the first stop string
+    mean_logprob: float          # mean log-probability of token_ids under the model (0.0 for none)
+    first_token_s: float         # from the start of the batch to its first generated token
+    total_s: float               # from the start of the batch to this row's last token
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def summary(self) -> str:
+        return extract_summary(self.text)
+
+
+def prompt_text(prompt: str) -> str:
+    """The templated prompt: a bare signature gets the docstring opening; a templated one is kept."""
+    return prompt if prompt.endswith(DOC_OPEN) else generation_prompt(prompt.strip())
+
+
+def encode_prompt(tokenizer: Any, prompt: str, *, max_tokens: int | None = None) -> list[int]:
+    """[eos, *ids of the templated prompt], cut from the left to `max_tokens` when given."""
+    eos = tokenizer.eos_token_id
+    assert eos is not None, "the tokenizer defines an eos token"
+    ids = [eos, *tokenizer(prompt_text(prompt), add_special_tokens=False)["input_ids"]]
+    return ids[-max_tokens:] if max_tokens else ids
+
+
+def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
+             temperature: float = 0.0, seed: int = 0, stop_strings: Sequence[str] = STOP_STRINGS,
+             scores: bool = False) -> list[Output]:
+    """Continue each encoded prompt (see encode_prompt) in one batch; one Output per prompt, in order.
+
+    `max_new_tokens` is one limit for all rows or one per row; `scores=True` fills mean_logprob.
+    """
+    import torch
+    from transformers import LogitsProcessorList, StoppingCriteriaList
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    limits = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(v) for v in max_new_tokens]
+    assert len(limits) == len(prompts) and all(v >= 1 for v in limits) and all(len(p) >= 1 for p in prompts)
+    if not prompts:
+        return []
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
+        mask[row, width - len(ids):] = 1
+    clock = _StepClock()
+    stops = [s for s in stop_strings if s]
+    sample = temperature > 0
+    if sample:
+        torch.manual_seed(seed)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max(limits),
+            do_sample=sample, temperature=temperature if sample else None, top_k=0 if sample else None,
+            top_p=1.0 if sample else None, num_beams=1, pad_token_id=pad, eos_token_id=eos,
+            logits_processor=LogitsProcessorList([clock]),
+            stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, stops)]) if stops else None,
+            return_dict_in_generate=True, output_scores=scores)
+        logprobs = (model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True).float().cpu()
+                    if scores else None)
+    end = time.perf_counter()
+    first = (clock.steps[0] if clock.steps else end) - start
+    generated = out.sequences[:, width:].cpu().tolist()
+    results = []
+    for row, limit in enumerate(limits):
+        n, text = stopping_rule(tokenizer, generated[row][:limit], stops)
+        lp = logprobs[row, :n].tolist() if logprobs is not None else []
+        last = clock.steps[n - 1] if 0 < n <= len(clock.steps) else end
+        results.append(Output(token_ids=tuple(generated[row][:n]), text=text,
+                              mean_logprob=sum(lp) / len(lp) if lp else 0.0, first_token_s=first,
+                              total_s=last - start))
+    return results
+
+
+def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str]:
+    """(how many of `tokens` the row keeps, its text): through the token completing a stop string, before eos."""
+    eos = tokenizer.eos_token_id
+    kept: list[int] = []
+    for tok in tokens:
+        if tok == eos:
+            break
+        kept.append(tok)
+        if stop_strings:
+            text = tokenizer.decode(kept, skip_special_tokens=True)
+            cuts = [text.find(s) for s in stop_strings if s in text]
+            if cuts:
+                return len(kept), text[: min(cuts)]
+    return len(kept), tokenizer.decode(kept, skip_special_tokens=True)
+
+
+class _StepClock:
+    """A logits processor that only notes when each decoding step picks its token."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.steps.append(time.perf_counter())
+        return scores

@@ -1,0 +1,192 @@
+"""Load any lmforge model folder as the model it is: plain export, cast, int8 or low-rank.
+
+    model = load_model(folder)               # eval mode, in the stored dtype (fp32 for a plain export)
+    tok = load_tokenizer(folder)             # pad = eos when the tokenizer has none
+    save_int8(quantized_model, folder)       # int8 weights + per-tensor scales in model.safetensors
+
+`lmforge.json` (written by components/compression/variant.py) says how: `load.kind` is
+- `hf` (or no lmforge.json): `from_pretrained`, in `load.dtype` (fp32 by default);
+- `int8`: model.safetensors holds each quantized Linear as `<name>.weight` (int8),
+  `<name>.weight_scale` (fp32) and `<name>.bias`; the loader rebuilds torch's dynamic int8
+  Linear from exactly those, so the reloaded model is the one that was measured;
+- `lowrank`: model.safetensors holds the factors; `LowRankLinear` goes in at the
+  recorded ranks and the factors load strictly.
+For `int8` and `lowrank`, config.json carries `model_type = lmforge_int8 / lmforge_lowrank`,
+so a plain `from_pretrained` fails loudly instead of filling the weights it cannot read
+with random ones; the real type is `load.base_model_type`.
+
+Safetensors only, no stored code runs. Imports torch, transformers, safetensors and the
+standard library only: the Triton repository and the MLflow model carry a copy in
+`lmforge_runtime/`, so the server, the pyfunc and lmforge load a folder the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+META = "lmforge.json"
+WEIGHTS = "model.safetensors"
+MARKED_TYPES = {"int8": "lmforge_int8", "lowrank": "lmforge_lowrank"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+SCALE = ".weight_scale"
+
+
+class LowRankLinear(nn.Module):
+    """y = up(down(x)): a rank-r factorisation of an out x in Linear (bias kept on `up`)."""
+
+    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.rank = in_features, out_features, rank
+        self.down = nn.Linear(in_features, rank, bias=False)
+        self.up = nn.Linear(rank, out_features, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.up(self.down(x))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
+
+
+def read_meta(model_dir: str | Path) -> dict[str, Any]:
+    path = Path(model_dir) / META
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def apply_lowrank(model: nn.Module, ranks: dict[str, int]) -> nn.Module:
+    """Swap the named Linear layers for (untrained) LowRankLinear of the given ranks, in place."""
+    for name, rank in ranks.items():
+        linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear), f"{name} is {type(linear).__name__}, not Linear"
+        layer = LowRankLinear(linear.in_features, linear.out_features, rank, linear.bias is not None)
+        set_module(model, name, layer.to(linear.weight.dtype))
+    return model
+
+
+def int8_layers(model: nn.Module) -> dict[str, nn.Module]:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    return {n: m for n, m in model.named_modules() if isinstance(m, DynamicLinear)}
+
+
+def int8_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors that store a dynamically quantized model: int8 weights and scales, the rest as is."""
+    layers = int8_layers(model)
+    out: dict[str, torch.Tensor] = {}
+    for name, layer in layers.items():
+        w, b = layer._weight_bias()
+        if w.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or w.q_zero_point() != 0:
+            raise ValueError(f"{name}: only symmetric per-tensor int8 weights are stored (got {w.qscheme()})")
+        out[f"{name}.weight"] = w.int_repr().contiguous()
+        out[f"{name}{SCALE}"] = torch.tensor([w.q_scale()], dtype=torch.float32)
+        if b is not None:
+            out[f"{name}.bias"] = b.detach().float().contiguous()
+    inside = tuple(f"{n}." for n in layers)
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if not name.startswith(inside) and not name.endswith("rotary_emb.inv_freq"):
+            out[name] = t.detach().contiguous()
+    return out
+
+
+def save_int8(model: nn.Module, folder: str | Path) -> None:
+    """Write model.safetensors and a marked config.json for a model holding dynamic int8 Linear layers."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    assert int8_layers(model), "the model holds no int8 Linear layer"
+    config = model.config.to_dict()
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": MARKED_TYPES["int8"]}, indent=2))
+    save_file(int8_tensors(model), str(folder / WEIGHTS), metadata={"format": "pt", "lmforge": "int8"})
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(folder)
+
+
+def _base_config(folder: Path, load: dict[str, Any]) -> Any:
+    from transformers import AutoConfig
+
+    raw = json.loads((folder / "config.json").read_text())
+    marked = raw.pop("model_type")
+    if marked != MARKED_TYPES[load["kind"]]:
+        raise ValueError(f"{folder / 'config.json'}: model_type is {marked!r}, expected {MARKED_TYPES[load['kind']]!r} "
+                         f"for a {load['kind']} variant; rebuild the variant")
+    return AutoConfig.for_model(load["base_model_type"], **raw)
+
+
+def _load_int8(folder: Path, load: dict[str, Any]) -> nn.Module:
+    from safetensors.torch import load_file
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+    from transformers import AutoModelForCausalLM
+
+    tensors = load_file(str(folder / WEIGHTS))
+    model = AutoModelForCausalLM.from_config(_base_config(folder, load), dtype=torch.float32)
+    names = sorted(k[: -len(SCALE)] for k in tensors if k.endswith(SCALE))
+    assert names, f"{folder / WEIGHTS} holds no int8 layer"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao is deprecated in favour of torchao, which is not installed
+        for name in names:
+            linear = model.get_submodule(name)
+            layer = DynamicLinear(linear.in_features, linear.out_features, bias_=f"{name}.bias" in tensors,
+                                  dtype=torch.qint8)
+            q = torch._make_per_tensor_quantized_tensor(tensors.pop(f"{name}.weight"),
+                                                        float(tensors.pop(f"{name}{SCALE}")[0]), 0)
+            layer.set_weight_bias(q, tensors.pop(f"{name}.bias", None))
+            set_module(model, name, layer)
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    inside = tuple(f"{n}." for n in names)
+    missing = [k for k in missing if not k.startswith(inside)
+               and not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or unexpected:
+        raise ValueError(f"{folder / WEIGHTS} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return model
+
+
+def _load_lowrank(folder: Path, load: dict[str, Any]) -> nn.Module:
+    from safetensors.torch import load_model as load_safetensors
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(_base_config(folder, load), dtype=torch.float32)
+    model = apply_lowrank(model, {k: int(v) for k, v in load["ranks"].items()})
+    missing, unexpected = load_safetensors(model, str(folder / WEIGHTS), strict=True)
+    assert not missing and not unexpected, (missing, unexpected)
+    return model
+
+
+def load_model(folder: str | Path, *, dtype: torch.dtype | None = None) -> nn.Module:
+    """The model a folder holds, in eval mode; `dtype` overrides a float model's stored dtype (not int8)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    load = read_meta(folder).get("load") or {"kind": "hf"}
+    kind = load["kind"]
+    if kind == "hf":
+        model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, trust_remote_code=False,
+                                                     dtype=dtype or DTYPES[load.get("dtype", "fp32")])
+    elif kind == "int8":
+        model = _load_int8(folder, load)
+    elif kind == "lowrank":
+        model = _load_lowrank(folder, load)
+        model = model.to(dtype) if dtype is not None else model
+    else:
+        raise ValueError(f"{folder / META}: load.kind {kind!r} is not one this lmforge loads (hf, int8, lowrank); "
+                         "rebuild the variant with this version of lmforge")
+    return model.eval()
+
+
+def load_tokenizer(folder: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
