@@ -7,8 +7,9 @@ Everything lands in the MLflow experiment `evaluation`: one run per evaluation w
 metrics, the report (markdown, JSON, a ROUGE-L histogram) and the registered model.
 The model becomes `challenger`; it becomes `champion` when the registry rules pass
 (components/registry/gate.py). When the champion was scored on another dataset
-version, it is scored again on this one first (registry.reevaluate_champion), so the
-two sides compare on the same text. Evaluation, registration and promotion are never
+version, another evaluation config (hash) or another context, it is scored again on
+the candidate's terms first (registry.reevaluate_champion), so the two sides compare on
+the same text, windows and settings. No model is scored beyond its trained context. Evaluation, registration and promotion are never
 cached: latency is measured anew, and the registry is state.
 """
 
@@ -53,21 +54,34 @@ def register_task(model_dir: str, cfg: PipelineConfig, metrics: dict[str, float]
 
 @task(name="gate-promotion", cache_policy=NO_CACHE, persist_result=False)
 def gate_task(cfg: PipelineConfig, version: str, metrics: dict[str, float],
-              champion_metrics: dict[str, float] | None) -> dict[str, Any]:
-    return gate(Workspace.from_env(), cfg.registry, version, metrics, champion_metrics=champion_metrics).to_dict()
+              champion_metrics: dict[str, float] | None, scored_champion: str | None = None) -> dict[str, Any]:
+    return gate(Workspace.from_env(), cfg.registry, version, metrics, champion_metrics=champion_metrics,
+                scored_champion=scored_champion).to_dict()
 
 
-def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str) -> tuple[dict[str, float] | None, str]:
-    """The champion's metrics on `dataset_version`: re-scored when it was scored on another one."""
+def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str,
+                        context: int) -> tuple[dict[str, float] | None, str, str | None]:
+    """(the champion's metrics, where they come from, its version) on the candidate's terms.
+
+    The champion is re-scored unless its registered metrics were measured on the same
+    dataset version, the same evaluation config (hash) and the same scored context as the
+    candidate's; the re-score uses the candidate's context, so both sides see the same windows.
+    """
     holder = current(ws, cfg.registry.model_name, CHAMPION)
     if holder is None:
-        return None, "no champion"
+        return None, "no champion", None
     tags = version_tags(ws, cfg.registry.model_name, holder)
-    if tags.get("dataset_version") == dataset_version or not cfg.registry.reevaluate_champion:
-        return None, f"champion v{holder}: registered metrics"
+    differs = [what for what, theirs, ours in (
+        ("dataset", tags.get("dataset_version"), dataset_version),
+        ("evaluation config", tags.get("evaluation_config_hash"), config_hash(cfg.evaluation)),
+        ("scored context", tags.get("evaluation_context"), str(context))) if theirs != ours]
+    if not differs or not cfg.registry.reevaluate_champion:
+        return None, f"champion v{holder}: registered metrics", holder
     path = download_model(ws, cfg.registry.model_name, holder)
-    result = evaluate_task.with_options(name="evaluate-champion")(str(path), dataset_version, cfg, False)
-    return result["metrics"], f"champion v{holder}: re-scored on dataset {dataset_version}"
+    same = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"context_length": context})})
+    result = evaluate_task.with_options(name="evaluate-champion")(str(path), dataset_version, same, False)
+    return (result["metrics"], f"champion v{holder}: re-scored (its {', '.join(differs)} differed) on dataset "
+                               f"{dataset_version} at context {result['info']['context_length']}", holder)
 
 
 @flow(name="evaluate", log_prints=True)
@@ -86,9 +100,11 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
 
     result = EvalResult.from_dict(evaluate_task(str(model_dir), version, cfg, True))
-    champion, champion_source = champion_metrics_on(ws, cfg, version)
+    context = int(result.info["context_length"])
+    champion, champion_source, scored = champion_metrics_on(ws, cfg, version, context)
     tags = {"dataset_version": version, "dataset_manifest_hash": sha256_file(ws.dataset_dir(version) / "manifest.json"),
-            "evaluation_config_hash": config_hash(cfg.evaluation), "rag": result.rag.get("status", "off")}
+            "evaluation_config_hash": config_hash(cfg.evaluation), "evaluation_context": str(context),
+            "rag": result.rag.get("status", "off")}
     with start_run(ws, "evaluation", run_name=f"eval-{run}") as mlrun:
         import mlflow
 
@@ -96,7 +112,7 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         mlflow.log_params({f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump().items()})
         mlflow.log_metrics({k: v for k, v in result.metrics.items() if math.isfinite(v)})  # e.g. no TPOT: nothing to log
         model_version = register_task(str(model_dir), cfg, result.metrics, tags)
-        decision = gate_task(cfg, model_version, result.metrics, champion)
+        decision = gate_task(cfg, model_version, result.metrics, champion, scored)
         decision["champion_metrics_source"] = champion_source
         mlflow.set_tags({"registered_version": model_version, "decision": decision["outcome"]})
         with tempfile.TemporaryDirectory() as tmp:

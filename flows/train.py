@@ -111,7 +111,9 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     manifest = ws.dataset_dir(version) / "manifest.json"
     tc = cfg.training
     run_dir.mkdir(parents=True, exist_ok=True)
+    # seq_len: the context the model was trained at; evaluation never scores positions beyond it.
     meta = {"dataset_version": version, "config_hash": config_hash(tc), "strategy": tc.parallel.strategy,
+            "seq_len": tc.seq_len,
             "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": source_commit(), "run_name": name}
     # Checked before any MLflow run opens, so a bad layout or a missing checkpoint leaves no trace but its message.
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",

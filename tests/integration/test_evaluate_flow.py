@@ -51,3 +51,31 @@ def test_evaluate_flow_registers_gates_and_reports(workspace, tiny_model_dir, ti
     assert [m["alias"] for m in json.loads(hist.output)] == ["challenger"] + (["champion"] if d["promote"] else [])
     promoted = runner.invoke(app, ["promote", "1", "--alias", "production", "--reason", "manual", "--model", name])
     assert promoted.exit_code == 0 and current(workspace, name, "production") == "1"
+
+
+def test_scored_within_the_trained_context_and_champion_rescored_when_the_eval_config_differs(
+        workspace, tiny_model_dir, tiny_config):
+    from lmforge.components.config import load_config
+    from lmforge.components.registry import set_alias, version_tags
+    from lmforge.flows.evaluate import evaluate_flow
+    from tests.conftest import TINY_CONFIG
+
+    version = make_eval_dataset(workspace, per_module=8)
+    run = make_run(workspace, tiny_model_dir, version)
+    meta_path = workspace.run_dir(run) / "export" / "lmforge.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "seq_len": 32}))   # trained at 32
+    name = tiny_config.registry.model_name
+
+    first = evaluate_flow(tiny_config)                     # the model's max_position_embeddings is 256
+    tags = version_tags(workspace, name, first["version"])
+    assert tags["evaluation_context"] == "32", tags
+    set_alias(workspace, name, "champion", first["version"], reason="test setup")
+
+    same = evaluate_flow(tiny_config)                      # same dataset, config and context: registered metrics
+    assert same["decision"]["champion_metrics_source"] == f"champion v{first['version']}: registered metrics"
+
+    other = load_config(TINY_CONFIG, ["evaluation.max_examples=4"])
+    changed = evaluate_flow(other)                         # same dataset, another evaluation config: re-scored
+    source = changed["decision"]["champion_metrics_source"]
+    assert "re-scored (its evaluation config differed)" in source and "at context 32" in source, source
+    assert changed["decision"]["champion"]["bpc"] == pytest.approx(changed["metrics"]["bpc"])  # same model, same terms
