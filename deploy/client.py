@@ -7,7 +7,9 @@
     ready_versions("127.0.0.1:8000", "lmforge")                                     # {3: True}
 
 A refused request raises RequestFailed with the server's message (for example
-"PROMPT[0] is empty; ..."); the CLI prints it on one line.
+"PROMPT[0] is empty; ..."); the CLI prints it on one line. Model-control calls (load,
+unload, the repository index) carry the server's admin key (deploy/control.py); Triton
+refuses them without it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
+from lmforge.deploy import control
 
 Protocol = Literal["http", "grpc"]
 OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
@@ -127,7 +131,7 @@ def load_model(url: str, model: str, *, timeout: float) -> None:
 
     client = make_client(url, "http", timeout=timeout)
     try:
-        client.load_model(model)
+        client.load_model(model, headers=control.headers(url))
     except InferenceServerException as e:
         raise RequestFailed(e.message() or str(e)) from None
     finally:
@@ -135,9 +139,14 @@ def load_model(url: str, model: str, *, timeout: float) -> None:
 
 
 def unload_model(url: str, model: str, *, timeout: float = 60.0) -> None:
+    """Ask the server to unload every version of `model`; RequestFailed if it refuses."""
+    from tritonclient.utils import InferenceServerException
+
     client = make_client(url, "http", timeout=timeout)
     try:
-        client.unload_model(model)
+        client.unload_model(model, headers=control.headers(url))
+    except InferenceServerException as e:
+        raise RequestFailed(e.message() or str(e)) from None
     finally:
         client.close()
 
@@ -146,7 +155,7 @@ def ready_versions(url: str, model: str) -> dict[int, bool]:
     """{version: ready} for every version of `model` the server knows of."""
     client = make_client(url, "http", timeout=10.0)
     try:
-        index = client.get_model_repository_index()
+        index = client.get_model_repository_index(headers=control.headers(url))
     finally:
         client.close()
     return {int(m["version"]): m.get("state") == "READY" for m in index
@@ -159,7 +168,8 @@ def wait_settled(url: str, model: str, *, timeout: float) -> dict[int, str]:
     while True:
         client = make_client(url, "http", timeout=10.0)
         try:
-            states = {int(m["version"]): m.get("state", "") for m in client.get_model_repository_index()
+            states = {int(m["version"]): m.get("state", "") for m in client.get_model_repository_index(
+                headers=control.headers(url))
                       if m.get("name") == model and m.get("version")}
         finally:
             client.close()

@@ -34,6 +34,7 @@ from lmforge.components.ports import free_port
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
+from lmforge.deploy import control
 
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
 SERVE_VENV_NAME = ".venv-serve"
@@ -87,7 +88,8 @@ def server_env(venv: Path | None = None) -> dict[str, str]:
     python = venv / "bin" / "python"
     libdir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
                             check=True, capture_output=True, text=True).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    # The admin key reaches the server on its command line only, never the model code's environment.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", control.ENV_ADMIN_KEY)}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
     env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
@@ -111,6 +113,8 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[s
            f"--grpc-port={ports[1]}", "--allow-metrics=true", f"--metrics-address={cfg.host}",
            f"--metrics-port={ports[2]}", "--allow-gpu-metrics=false", "--exit-timeout-secs=10"]
     cmd += [f"--load-model={name}" for name in load]
+    key = control.server_key(repo.parent)  # model load/unload need it (deploy/control.py)
+    cmd += control.restricted_flags(key)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -118,6 +122,7 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[s
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=server_env(), cwd=log_path.parent, start_new_session=True)
     _children[proc.pid] = proc
+    control.remember(f"{cfg.host}:{ports[0]}", key)
     return ServerInfo(pid=proc.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
                       repository=str(repo), log=str(log_path), started_at=now_iso())
 

@@ -1,4 +1,5 @@
-"""The real tritonserver on loopback: serving, the bad-input list, the rollout gate and rollback.
+"""The real tritonserver on loopback: serving, one generation path, the locked control plane, the bad-input
+list (HTTP 400), the rollout gate and rollback.
 
 One server for the module (started once, always stopped); the tests run in order and
 each leaves version 1 or its successor serving. The last test breaks readiness on
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -74,10 +76,78 @@ def test_serves_over_http_and_grpc_and_reports_ready(dep):
     assert processing.is_well_formed(http.as_result()) is None
     assert (http.completion, http.output_tokens) == (grpc.completion, grpc.output_tokens)  # greedy: same answer
     assert 1 <= http.output_tokens <= dep.cfg.max_new_tokens
-    two = client.generate(dep.info.url, ["def a(x):", "class B:"], max_new_tokens=3, context=["", "retrieved"])
+    two = client.generate(dep.info.url, ["def a(x):", "class B:"], max_new_tokens=3)
     assert len(two) == 2 and all(g.output_tokens <= 3 for g in two)
     rows, skipped = RequestLog(dep.requests).read()
     assert skipped == 0 and any(r["status"] == "ok" and r["prompt_chars"] == len("def foo(x):") for r in rows)
+
+
+def test_triton_pyfunc_and_evaluation_give_the_same_tokens(dep, tiny_model_dir, tmp_path):
+    """20 validation prompts: Triton (concurrent requests, dynamically batched), the MLflow pyfunc and evaluation."""
+    import mlflow.pyfunc
+    import tritonclient.http as httpclient
+
+    from lmforge.components.evaluation.generation import generate as eval_generate
+    from lmforge.components.registry.loading import load_causal_lm
+    from lmforge.components.registry.store import save_pyfunc
+
+    prompts = list(processing.VALIDATION_PROMPTS)
+    assert len(prompts) == 20
+    new = 16
+    c = httpclient.InferenceServerClient(dep.info.url, concurrency=8, network_timeout=120)
+    pending = [c.async_infer(dep.cfg.model_name, client.build_inputs([p], max_new_tokens=new)) for p in prompts]
+    served = [client.parse_result(r.get_result(), 0.0)[0] for r in pending]
+    c.close()
+
+    pyfunc = mlflow.pyfunc.load_model(str(save_pyfunc(tiny_model_dir, tmp_path / "pyfunc")))
+    ids = pyfunc.predict(prompts, params={"max_new_tokens": new, "output": "token_ids"})
+    texts = pyfunc.predict(prompts, params={"max_new_tokens": new, "output": "completion"})
+    model, tok = load_causal_lm(tiny_model_dir)
+    evaluated, _ = eval_generate(model, tok, prompts, max_new_tokens=new, batch_size=8, max_prompt_tokens=64)
+
+    for i, p in enumerate(prompts):
+        assert served[i].token_ids == evaluated[i].token_ids, p
+        assert tuple(int(t) for t in ids[i].split()) == evaluated[i].token_ids, p
+        assert served[i].completion == texts[i] == evaluated[i].text, p
+        assert served[i].output_tokens == evaluated[i].tokens >= 1
+
+
+def test_model_control_needs_the_key(dep):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    from lmforge.deploy import control
+
+    key_file = dep.root / control.KEY_FILE
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    for mod, url in ((httpclient, dep.info.url), (grpcclient, dep.info.grpc_url)):
+        c = mod.InferenceServerClient(url)
+        for headers in (None, {control.HEADER: "not-the-key"}):
+            with pytest.raises(InferenceServerException, match="restricted"):
+                c.unload_model(dep.cfg.model_name, headers=headers)
+            with pytest.raises(InferenceServerException, match="restricted"):
+                c.load_model(dep.cfg.model_name, headers=headers)
+        c.close()
+    req = urllib.request.Request(f"http://{dep.info.url}/v2/repository/models/{dep.cfg.model_name}/unload",
+                                 data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 403
+    assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)  # our client holds the key
+    assert server.is_ready(dep.info)
+    assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1  # inference stays open
+
+
+def test_a_bad_request_is_http_400_naming_the_problem(dep):
+    body = {"inputs": [{"name": "PROMPT", "shape": [1, 1], "datatype": "BYTES", "data": ["   "]}]}
+    req = urllib.request.Request(f"http://{dep.info.url}/v2/models/{dep.cfg.model_name}/infer",
+                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400
+    assert "PROMPT[0] is empty" in json.loads(e.value.read())["error"]
+    assert server.is_ready(dep.info)
 
 
 def _refused(fn) -> str:
