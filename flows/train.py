@@ -118,6 +118,7 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     # Checked before any MLflow run opens, so a bad layout or a missing checkpoint leaves no trace but its message.
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
                       run_dir=run_dir, resume=resume, meta=meta)
+    console.print(f"hardware: {job.hardware.summary()}")
     run_kwargs = {"run_id": info["mlflow_run_id"]} if resume else {"run_name": name}
     with start_run(ws, "training", **run_kwargs) as run:
         import mlflow
@@ -131,7 +132,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
         mlflow.log_dict(job.ds_config, f"config/deepspeed_config-{attempt}.json")
         mlflow.set_tags({"dataset_version": version, "dataset_manifest_sha256": sha256_file(manifest) if manifest.exists() else "",
                          "strategy": tc.parallel.strategy, "applied": ",".join(applied(job.ds_config)),
-                         "layout": json.dumps(job.layout.to_dict()), "git_commit": meta["git_commit"] or ""})
+                         "layout": json.dumps(job.layout.to_dict()), "git_commit": meta["git_commit"] or "",
+                         **{f"hardware.{k}": str(v)[:500] for k, v in job.hardware.to_dict().items()}})
         launched = launch_task(job, run.info.run_id, job.start_step, tc.max_steps)
         steps = read_steps(run_dir)
         curve = loss_curve_png(steps, run_dir / "loss_curve.png", title=name)
@@ -147,5 +149,6 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
                "first_loss": round(first["loss"], 4), "final_loss": round(last["loss"], 4),
                "tokens_per_s": round(sum(e["tokens_per_s"] for e in steps[-5:]) / min(5, len(steps)), 1),
                "mfu": round(sum(e["mfu"] for e in steps[-5:]) / min(5, len(steps)), 4),
-               "seconds": round(launched["seconds"], 1), "backend": launched["backend"]}
+               "seconds": round(launched["seconds"], 1), "backend": launched["backend"],
+               "precision": job.hardware.precision.name}
     return {"run": name, "export": str(export), "mlflow_run_id": info["mlflow_run_id"], "summary": summary}

@@ -1,7 +1,7 @@
 """The [training] table: model, recipe and parallel layout.
 
     [training]
-    max_steps = 200
+    max_steps = 200            # num_ranks unset = every visible GPU (CUDA) or 2 CPU processes
     micro_batch_size = 8
     [training.model]
     preset = "demo"            # tiny | demo | 125m | 1b; any size key below overrides the preset
@@ -105,7 +105,7 @@ class TrainingConfig(Section):
     seed: int = Field(0, description="seeds the weights and the data order (a function of seed, rank and step)")
     model: ModelConfig = ModelConfig()
     parallel: ParallelConfig = ParallelConfig()
-    num_ranks: int = Field(2, ge=1, description="local ranks for the deepspeed launcher (GPUs, or CPU processes)")
+    num_ranks: int | None = Field(None, ge=1, description="local ranks for the deepspeed launcher; unset = every visible GPU on CUDA, 2 CPU processes on CPU")
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs; unset = this machine only")
     master_port: int | None = Field(None, ge=1024, le=65535, description="rendezvous port; unset = a free one")
     seq_len: int = Field(128, ge=8, description="tokens per training window")
@@ -121,7 +121,8 @@ class TrainingConfig(Section):
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     grad_clip: float = Field(1.0, ge=0, description="gradient norm clip; 0 = off")
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where the accelerator supports it, else fp32")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where it is really faster: CUDA with bf16 support, or a CPU whose measured bf16 matmul beats fp32")
+    compile: bool | None = Field(None, description="torch.compile the model through DeepSpeed's engine.compile(); unset = on for CUDA, off on CPU")
     activation_checkpointing: bool = Field(False, description="recompute decoder activations in backward to save memory")
     save_every: int = Field(50, ge=1, description="save a DeepSpeed checkpoint every N steps (and at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept; older ones are deleted")

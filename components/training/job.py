@@ -4,19 +4,24 @@
                       run_dir=ws.run_dir("demo-20260101-120000"), resume=False, meta={"dataset_version": v})
     result = launch(job.launch)            # components/training/launcher.py
     job.ds_config, job.layout              # what was generated, for the run's record
+    job.hardware.summary()                 # device, precision and why, peak FLOP/s and its source
 
 Everything that can be checked before ranks start is checked here (layout, data, resume
-state), so a bad setting costs a second, not a launch.
+state, num_ranks against the visible GPUs), so a bad setting costs a second, not a launch. The
+precision `auto` resolves to and the peak FLOP/s of the device are decided here too, once,
+before the ranks start (components/accelerator.py, components/training/perf.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmforge.components.accelerator import Precision, choose_precision, cpu_model, pick_device, visible_gpus
 from lmforge.components.data.shards import read_index
 from lmforge.components.errors import UserError
 from lmforge.components.sections.training import TrainingConfig
@@ -24,7 +29,11 @@ from lmforge.components.training import checkpoint as ckpt
 from lmforge.components.training.launcher import LaunchRequest
 from lmforge.components.training.layout import Layout, check_layout, world_size_of
 from lmforge.components.training.model import load_tokenizer
+from lmforge.components.training.perf import Peak, device_peak
 from lmforge.components.training.strategies import deepspeed_config
+
+
+CPU_DEFAULT_RANKS = 2
 
 
 @dataclass(frozen=True)
@@ -33,12 +42,63 @@ class Job:
     layout: Layout
     ds_config: dict[str, Any]
     start_step: int
+    hardware: "Hardware"
 
 
-def bf16_supported() -> bool:
+@dataclass(frozen=True)
+class Hardware:
+    """Where and how the ranks compute, decided once before they start (and logged by the flow)."""
+
+    device: str                  # "cuda" | "cpu"
+    device_name: str
+    gpus: tuple[str, ...]        # physical ids the ranks run on; empty on CPU
+    precision: Precision
+    peak: Peak                   # of one device: one GPU, or the whole CPU
+    compile: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "device_name": self.device_name, "gpus": list(self.gpus),
+                "precision": self.precision.name, "precision_reason": self.precision.reason,
+                "peak_flops_per_device": self.peak.flops, "peak_source": self.peak.source, "compile": self.compile}
+
+    def summary(self) -> str:
+        where = f"{self.device_name} (GPUs {','.join(self.gpus)})" if self.gpus else self.device_name
+        return (f"{where}: {self.precision.name} ({self.precision.reason}); peak {self.peak.flops / 1e12:.3g} TFLOP/s per "
+                f"device ({self.peak.source}); compile {'on' if self.compile else 'off'}")
+
+
+def num_ranks_for(cfg: TrainingConfig, gpus: list[str]) -> int:
+    """training.num_ranks checked against the visible GPUs; unset = all of them (CUDA) or 2 (CPU)."""
+    if cfg.hostfile is not None:
+        return cfg.num_ranks or 1  # the hostfile's slots decide; world_size_of reads them
+    if not gpus:
+        return cfg.num_ranks or CPU_DEFAULT_RANKS
+    if cfg.num_ranks is None:
+        return len(gpus)
+    if cfg.num_ranks > len(gpus):
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        seen = f"CUDA_VISIBLE_DEVICES={env}" if env is not None else "all of this machine's"
+        raise UserError("training.num_ranks", cfg.num_ranks, f"is more than the {len(gpus)} visible GPU(s) ({seen})",
+                        f"Set training.num_ranks to at most {len(gpus)}, or unset it to use every visible GPU")
+    return cfg.num_ranks
+
+
+def training_hardware(cfg: TrainingConfig) -> Hardware:
+    """The device, the precision `auto` resolves to (with its reason), the peak and whether to compile."""
     import torch
 
-    return bool(torch.cuda.is_bf16_supported()) if torch.cuda.is_available() else True
+    device = pick_device()
+    gpus = tuple(visible_gpus())
+    precision = choose_precision(cfg.precision, device)
+    peak = device_peak(precision.name, device)
+    compile_ = cfg.compile if cfg.compile is not None else device.type == "cuda"
+    if compile_ and (cfg.parallel.pipeline.stages > 1 or cfg.parallel.tensor.autotp_size > 1):
+        if cfg.compile:
+            raise UserError("training.compile", True, "is not supported with pipeline stages or AutoTP",
+                            "Set training.compile = false, or use a data-parallel strategy")
+        compile_ = False
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+    return Hardware(device=device.type, device_name=name, gpus=gpus, precision=precision, peak=peak, compile=compile_)
 
 
 def next_attempt(run_dir: Path) -> int:
@@ -53,7 +113,10 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
     if "train" not in index["splits"] or index["splits"]["train"]["tokens"] <= cfg.seq_len:
         raise UserError("shards", shards, f"hold too few train tokens for training.seq_len={cfg.seq_len}",
                         "Use more data or a shorter seq_len")
-    layout = check_layout(cfg, vocab_size=len(tok), world_size=world_size_of(cfg), bf16_supported=bf16_supported())
+    gpus = visible_gpus()
+    cfg = cfg.model_copy(update={"num_ranks": num_ranks_for(cfg, gpus)})
+    hardware = training_hardware(cfg)
+    layout = check_layout(cfg, vocab_size=len(tok), world_size=world_size_of(cfg), bf16_supported=hardware.precision.name == "bf16")
     start = 0
     if resume:
         start, folder = ckpt.latest_complete(Path(run_dir) / "checkpoints")
@@ -64,10 +127,10 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
         if start >= cfg.max_steps:
             raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
                             "Raise training.max_steps to train further")
-    ds = deepspeed_config(cfg, layout)
+    ds = deepspeed_config(cfg, layout, device=hardware.device)
     request = {"training": cfg.model_dump(mode="json"), "layout": layout.to_dict(), "ds_config": ds,
                "run_dir": str(run_dir), "shards": str(shards), "tokenizer": str(tokenizer), "resume": resume,
-               "meta": meta, "attempt": next_attempt(run_dir)}
+               "meta": meta, "attempt": next_attempt(run_dir), "hardware": hardware.to_dict()}
     req = LaunchRequest(run_dir=Path(run_dir), request=request, num_ranks=cfg.num_ranks, hostfile=cfg.hostfile,
-                        master_port=cfg.master_port, timeout_s=timeout_s)
-    return Job(launch=req, layout=layout, ds_config=ds, start_step=start)
+                        master_port=cfg.master_port, timeout_s=timeout_s, gpus=hardware.gpus)
+    return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware)

@@ -6,7 +6,7 @@
     result.events          # the step events rank 0 emitted, in order
 
 The backend is DeepSpeed's accelerator's (gloo on CPU, NCCL on CUDA), so the same command
-runs on both. Threads per rank = cores / local ranks, so that ranks x threads = cores. A
+runs on both; on CUDA the ranks go to the GPUs named in `gpus` (`--include localhost:<ids>`). Threads per rank = cores / local ranks, so that ranks x threads = cores. A
 hostfile is passed through for multi-node. Each rank writes its own log
 (`--enable_each_rank_log`); they are tailed and streamed with a rank prefix. When a rank
 fails, LaunchFailed carries that rank's last lines; a UserError raised inside a rank
@@ -58,6 +58,7 @@ class LaunchRequest:
     request: dict[str, Any]          # what components.training.rank reads (config, layout, paths)
     num_ranks: int = 2
     hostfile: str | None = None
+    gpus: tuple[str, ...] = ()       # physical GPU ids to run on (one rank each); empty = CPU ranks
     master_port: int | None = None
     timeout_s: float | None = None
 
@@ -80,8 +81,13 @@ def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int) ->
            "--module", "--no_local_rank", "--enable_each_rank_log", str(log_dir)]
     if req.hostfile:
         cmd += ["--hostfile", req.hostfile]
+    elif req.gpus:
+        # --include names the GPUs the scheduler gave (CUDA_VISIBLE_DEVICES); --num_gpus would make
+        # DeepSpeed drop that variable and take GPUs 0..N-1 of the whole machine.
+        assert len(req.gpus) >= req.num_ranks, (req.gpus, req.num_ranks)
+        cmd += ["--include", "localhost:" + ",".join(req.gpus[:req.num_ranks])]
     else:
-        cmd += ["--num_gpus", str(req.num_ranks)]
+        cmd += ["--num_gpus", str(req.num_ranks)]  # CPU ranks: DeepSpeed's CPU accelerator takes any count
     return cmd + ["lmforge.components.training.rank", "--request", str(request_path)]
 
 

@@ -2,6 +2,7 @@
 
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
     model = build_model(cfg.training.model, tok, seq_len=cfg.training.seq_len, seed=cfg.training.seed)
+    model = build_model(..., zero3_config=ds_config)   # ZeRO-3: built partitioned, under deepspeed.zero.Init
     n = count_params(model)
     flops = train_flops_per_token(cfg.training.model, vocab_size=len(tok), seq_len=128)
 
@@ -51,17 +52,43 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch
     )
 
 
-def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int) -> Any:
-    """A freshly initialised model in fp32 (DeepSpeed casts it for bf16 training)."""
+def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, zero3_config: dict[str, Any] | None = None) -> Any:
+    """A freshly initialised model in fp32 (DeepSpeed casts it for bf16 training).
+
+    With `zero3_config` (the run's DeepSpeed config; the process group must be up) the model is
+    built under `deepspeed.zero.Init`: each parameter is partitioned over the ranks as it is
+    created, so no rank ever holds the whole model. transformers then initialises the weights
+    module by module on rank 0 (gathered, in the same order and from the same seed), so the
+    weights equal those of the plain path.
+    """
     from transformers import LlamaForCausalLM
 
+    config = llama_config(cfg, tokenizer, seq_len=seq_len)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(cfg, tokenizer, seq_len=seq_len))
-    return model.float()
+    if zero3_config is None:
+        # Built without weight init, then initialised from the seed: the same draws, in the same
+        # order, as the ZeRO-3 path below (where construction draws nothing).
+        from transformers.initialization import no_init_weights
+
+        with no_init_weights():
+            model = LlamaForCausalLM(config)
+        torch.manual_seed(seed)
+        model.initialize_weights()
+        model.tie_weights()
+        return model.float()
+    from transformers.integrations import HfDeepSpeedConfig
+
+    # transformers reads ZeRO-3 from this object while it lives; dropped after, so that the export's
+    # save_pretrained and from_pretrained later in this process run as usual.
+    hf_ds = HfDeepSpeedConfig(zero3_config)
+    model = LlamaForCausalLM._from_config(config, dtype=torch.float32)
+    del hf_ds
+    return model
 
 
 def count_params(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Parameters of the whole model, also when ZeRO-3 holds only a partition of each (`ds_numel`)."""
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
 def param_count(cfg: ModelConfig, *, vocab_size: int) -> int:

@@ -1,35 +1,121 @@
-"""The machine's measured matmul peak, and model FLOPs utilisation against it.
+"""The peak FLOP/s a run's MFU is measured against, and the MFU itself (never above 1).
 
-    peak = matmul_peak_flops(torch.bfloat16, device="cpu")     # FLOP/s of this process's threads
-    mfu(tokens_per_s=9000, flops_per_token=3.2e7, peak_flops=7e11)
+    peak = device_peak("bf16", torch.device("cuda"))   # Peak(flops=9.89e14, source="datasheet: NVIDIA H100 SXM, dense bf16")
+    peak = device_peak("fp32", torch.device("cpu"))    # Peak(flops=1.1e11, source="measured: 2048^2 fp32 GEMM, 2 threads ...")
+    mfu(tokens_per_s=9000, flops_per_token=3.2e7, peak_flops=peak.flops)   # raises MfuAboveOne above 1
 
-MFU is measured against what this machine's GEMM actually reaches (not a datasheet), so
-on a CPU it says how much of the achievable matmul throughput training uses.
+For a GPU in the datasheet table the peak is NVIDIA's dense (non-sparse) figure for the
+precision in use; fp32 on CUDA runs its matmuls as TF32 (the rank turns it on), so it is
+measured against the TF32 figure. Any other device gets a large-GEMM peak measured once per
+machine before ranks start, with every core, and cached (components/accelerator.py). A
+measured figure is a lower bound of the true peak, so the cache keeps the best one seen and
+a measurement taken while the machine was busy is taken again next time.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import time
+from dataclasses import asdict, dataclass
 
 import torch
 
+from lmforge.components.accelerator import cache_get, cache_put, matmul_flops
 
-def matmul_peak_flops(dtype: torch.dtype, *, device: str = "cpu", n: int = 1024, seconds: float = 0.6) -> float:
-    """Best FLOP/s of n x n matmuls over ~`seconds`."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    a @ b
-    sync()
-    best, deadline = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        sync()
-        best = max(best, 4 * 2 * n ** 3 / (time.perf_counter() - t0))
-    return best
+T = 1e12
+# (pattern on torch.cuda.get_device_name, product, dense TFLOP/s by precision). Order matters: the
+# first match wins, so variants come before the family name. Sources: NVIDIA product datasheets.
+DATASHEET: list[tuple[str, str, dict[str, float]]] = [
+    (r"H100.*NVL", "NVIDIA H100 NVL", {"bf16": 835 * T, "tf32": 417.5 * T, "fp32": 60 * T}),
+    (r"H100.*PCIe", "NVIDIA H100 PCIe", {"bf16": 756.5 * T, "tf32": 378 * T, "fp32": 51.2 * T}),
+    (r"\bH100\b", "NVIDIA H100 SXM", {"bf16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T}),
+    (r"\bH200\b.*NVL", "NVIDIA H200 NVL", {"bf16": 835 * T, "tf32": 417.5 * T, "fp32": 60 * T}),
+    (r"\bH200\b", "NVIDIA H200 SXM", {"bf16": 989.4 * T, "tf32": 494.7 * T, "fp32": 66.9 * T}),
+    (r"\bA100\b", "NVIDIA A100", {"bf16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T}),
+    (r"\bL40S\b", "NVIDIA L40S", {"bf16": 362.05 * T, "tf32": 183 * T, "fp32": 91.6 * T}),
+    (r"\bL40\b", "NVIDIA L40", {"bf16": 181.05 * T, "tf32": 90.5 * T, "fp32": 90.5 * T}),
+    (r"\bL4\b", "NVIDIA L4", {"bf16": 121 * T, "tf32": 60 * T, "fp32": 30.3 * T}),
+    (r"\bA10\b", "NVIDIA A10", {"bf16": 125 * T, "tf32": 62.5 * T, "fp32": 31.2 * T}),
+]
+_SIZES = (512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class Peak:
+    flops: float       # dense FLOP/s of one device (one GPU, or the whole CPU with all its cores)
+    source: str        # "datasheet: ..." or "measured: ..."
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class MfuAboveOne(RuntimeError):
+    """An MFU above 1: the FLOP count or the peak is wrong, and the figure must not be logged."""
+
+
+def datasheet_peak(device_name: str, precision: str) -> Peak | None:
+    for pattern, product, figures in DATASHEET:
+        if re.search(pattern, device_name) and precision in figures:
+            return Peak(figures[precision], f"datasheet: {product} ({device_name}), dense {precision}")
+    return None
+
+
+def peak_precision(precision: str, device: torch.device) -> str:
+    """The precision whose peak applies: fp32 matmuls on CUDA run as TF32 (see the rank)."""
+    return "tf32" if device.type == "cuda" and precision == "fp32" else precision
+
+
+def device_peak(precision: str, device: torch.device | str) -> Peak:
+    device = torch.device(device)
+    key = peak_precision(precision, device)
+    if device.type == "cuda":
+        found = datasheet_peak(torch.cuda.get_device_name(device), key)
+        if found is not None:
+            return found
+    return measured_peak(key, device)
+
+
+def measured_peak(precision: str, device: torch.device, *, seconds_per_size: float = 0.25, max_matmul_s: float = 0.3) -> Peak:
+    """The best GEMM FLOP/s over growing square sizes (until one matmul takes `max_matmul_s`), cached per machine."""
+    entry = f"peak:{device.type}:{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}:{precision}"
+    cached = cache_get(entry)
+    cores = os.cpu_count() or 1
+    if cached is not None and cached["quiet"]:
+        return Peak(cached["flops"], cached["source"] + " (cached)")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    old_threads, old_tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
+    if device.type == "cpu":
+        torch.set_num_threads(cores)  # the peak of the machine, which all local ranks share
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    best, best_n = 0.0, 0
+    try:
+        for n in _SIZES:
+            flops, one = matmul_flops(dtype, n=n, device=device, seconds=seconds_per_size)
+            if flops > best:
+                best, best_n = flops, n
+            if one > max_matmul_s:
+                break
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    threads = f"{cores} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
+    source = f"measured: best {precision} GEMM up to {best_n}^2, {threads}, {time.strftime('%Y-%m-%d')}"
+    if cached is not None and cached["flops"] >= best:
+        best, source = cached["flops"], cached["source"]
+    # A figure taken while other work shared the cores is too low; measure again next time.
+    quiet = device.type != "cpu" or load < cores / 2
+    cache_put(entry, {"flops": best, "source": source, "quiet": quiet, "load_avg": load})
+    return Peak(best, source)
 
 
 def mfu(*, tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float:
-    return tokens_per_s * flops_per_token / peak_flops if peak_flops > 0 else 0.0
+    """Model FLOPs utilisation: tokens/s x FLOPs/token / peak. Above 1 is a bug and raises MfuAboveOne."""
+    assert peak_flops > 0, peak_flops
+    value = tokens_per_s * flops_per_token / peak_flops
+    if value > 1.0:
+        raise MfuAboveOne(f"MFU {value:.3f} > 1: {tokens_per_s:.0f} tokens/s x {flops_per_token:.4g} FLOPs/token exceeds "
+                          f"the peak {peak_flops:.4g} FLOP/s; the peak (delete the cached figure in ~/.cache/lmforge/"
+                          f"hardware.json to re-measure it) or the FLOP count is wrong")
+    return value

@@ -1,12 +1,18 @@
 """The rank entry point: one process of a DeepSpeed training job (run by the deepspeed launcher).
 
-    deepspeed --num_gpus 2 --module --no_local_rank components.training.rank --request runs/r1/request.json
+    deepspeed --num_gpus 2 --module --no_local_rank lmforge.components.training.rank --request runs/r1/request.json
 
 The request (written by components/training/launcher.py) holds the training section, the
 generated DeepSpeed config, the layout and the paths. Rank 0 appends one JSON line per
 logged step to <run>/metrics.jsonl and prints it after EVENT_PREFIX for the launcher's
 progress bar. Every `save_every` steps all ranks save a checkpoint, and rank 0 marks it
 complete only after a barrier. At the end every rank takes part in the export.
+
+The request's `hardware` (components/training/job.py) says the device, the precision and the
+peak FLOP/s, all decided before the ranks started. Tensors reach the device in one place each:
+batches through `to_device` (pinned, non-blocking on CUDA), collectives through
+DeviceCollectives. Only logged steps read anything back from the device (the loss, one gather
+of the memory figures); throughput is taken over the steps since the last log.
 """
 
 from __future__ import annotations
@@ -39,8 +45,91 @@ def _emit(run_dir: Path, event: dict[str, Any]) -> None:
     print(EVENT_PREFIX + json.dumps(event), flush=True)
 
 
-def _rng_state() -> list[int]:
-    return torch.get_rng_state().tolist()
+class DeviceCollectives:
+    """Every tensor this rank hands to torch.distributed is made here, on the engine's device.
+
+        comms = DeviceCollectives(engine.device, world=dist.get_world_size())
+        loss = comms.mean(step_loss)                 # one all_reduce and one host read
+        per_rank = comms.gather_floats([1.0, 2.0])   # [[1.0, 2.0], [..]] from every rank
+
+    NCCL has no CPU backend ("No backend type associated with device type cpu"), so a CPU
+    tensor in a collective only fails on a GPU machine; building them in one place keeps the
+    rank loop from creating one by accident. `host` is the only device-to-host read.
+    """
+
+    def __init__(self, device: torch.device | str, *, world: int) -> None:
+        self.device, self.world = torch.device(device), world
+
+    def tensor(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float64, device=self.device)
+
+    def _check(self, t: torch.Tensor) -> torch.Tensor:
+        assert t.device == self.device, f"collective on {t.device}, engine on {self.device}"
+        return t
+
+    def host(self, t: torch.Tensor) -> list[float]:
+        return t.detach().cpu().tolist()
+
+    def mean(self, value: torch.Tensor) -> float:
+        """The mean over ranks of a scalar that lives on the device."""
+        import torch.distributed as dist
+
+        t = self._check(value.detach().to(self.device, torch.float64).reshape(1))
+        dist.all_reduce(t)
+        return self.host(t)[0] / self.world
+
+    def gather_floats(self, values: list[float]) -> list[list[float]]:
+        import torch.distributed as dist
+
+        mine = self._check(self.tensor(values))
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        dist.all_gather(out, mine)
+        return [self.host(t) for t in out]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Small picklable objects (the RNG states at a checkpoint). torch moves them through the
+        current device under NCCL, which the rank set with torch.cuda.set_device before init."""
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+MEMORY_KEYS = ("params", "grads", "optimizer", "total", "rss", "device_peak", "idle_fraction")
+
+
+def memory_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
+    """Per-rank memory figures from gathered float rows: byte counts back to ints."""
+    return [{k: (v if k == "idle_fraction" else int(v)) for k, v in zip(MEMORY_KEYS, row, strict=True)} for row in rows]
+
+
+def rng_state() -> dict[str, Any]:
+    """This rank's CPU and (when CUDA is up) CUDA generator states, JSON-able."""
+    cuda = torch.cuda.get_rng_state().tolist() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"cpu": torch.get_rng_state().tolist(), "cuda": cuda}
+
+
+def restore_rng(state: Any) -> None:
+    if isinstance(state, list):  # checkpoints before the CUDA state was kept: the CPU state alone
+        state = {"cpu": state, "cuda": None}
+    torch.set_rng_state(torch.tensor(state["cpu"], dtype=torch.uint8))
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
+
+
+def devices_in_job(device_type: str, world: int) -> int:
+    """How many devices' peaks the job's throughput is measured against: every GPU, or every
+    machine when the ranks are CPU processes that share one machine's cores."""
+    if device_type == "cuda":
+        return world
+    local = int(os.environ.get("LOCAL_SIZE", world) or world)
+    return max(1, world // max(1, local))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,25 +137,34 @@ def main(argv: list[str] | None = None) -> int:
     watch_supervisor()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     req = json.loads(args.request.read_text())
+    hw = req["hardware"]
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # host-side work; on CPU ranks x threads = cores
 
     import deepspeed
     import torch.distributed as dist
 
+    from lmforge.components.accelerator import to_device
     from lmforge.components.sections.training import TrainingConfig
     from lmforge.components.training import checkpoint as ckpt
     from lmforge.components.training.data import TokenWindows
     from lmforge.components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
     from lmforge.components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token
-    from lmforge.components.training.perf import matmul_peak_flops, mfu
+    from lmforge.components.training.perf import mfu
     from lmforge.components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
     from lmforge.components.training.strategies import for_deepspeed
 
     cfg = TrainingConfig.model_validate(req["training"])
     layout, ds_config = req["layout"], req["ds_config"]
     run_dir, ckpt_dir = Path(req["run_dir"]), Path(req["run_dir"]) / "checkpoints"
+    pp, bf16 = layout["pp"], layout["bf16"]
+    if hw["device"] == "cuda":
+        # Before the process group: NCCL, all_gather_object and every default-device tensor use this GPU.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if not bf16:
+            torch.backends.cuda.matmul.allow_tf32 = True  # fp32 matmuls as TF32: the peak in the request assumes it
+            torch.backends.cudnn.allow_tf32 = True
     t_import = time.perf_counter()
     deepspeed.init_distributed()
     t_init = time.perf_counter()
@@ -76,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(Path(req["tokenizer"]))
     windows = TokenWindows.open(Path(req["shards"]), seq_len=cfg.seq_len, seed=cfg.seed)
-    model = build_model(cfg.model, tokenizer, seq_len=cfg.seq_len, seed=cfg.seed)
+    zero3 = layout["zero_stage"] == 3 and pp == 1
+    model = build_model(cfg.model, tokenizer, seq_len=cfg.seq_len, seed=cfg.seed,
+                        zero3_config=for_deepspeed(ds_config) if zero3 else None)
     n_params = count_params(model)
-    pp, tp, bf16 = layout["pp"], layout["tp"], layout["bf16"]
     if pp > 1:
         net = build_pipeline(model, stages=pp, partition=ds_config["pipeline"]["partition"],
                              activation_checkpoint_interval=ds_config["pipeline"]["activation_checkpoint_interval"])
@@ -88,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         net = model
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
                                            config=for_deepspeed(ds_config))
+    if hw["compile"]:
+        engine.compile()
     if pp > 1:
         dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
     else:
@@ -96,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         dp_rank, dp_size = groups._get_data_parallel_rank(), groups._get_data_parallel_world_size()
     assert dp_size == layout["dp"], (dp_size, layout)
     device = engine.device
+    comms = DeviceCollectives(device, world=world)
     idle = IdleClock.attach(engine) if pp > 1 else None
     t_engine = time.perf_counter()
     if rank == 0:
@@ -107,71 +209,89 @@ def main(argv: list[str] | None = None) -> int:
         step, folder = ckpt.latest_complete(ckpt_dir)
         _, client = engine.load_checkpoint(str(ckpt_dir), tag=folder.name)
         assert client is not None and client["step"] == step, (client, step)
-        torch.set_rng_state(torch.tensor(client["rng"][rank], dtype=torch.uint8))
+        restore_rng(client["rng"][rank])
         start = step
         if rank == 0:
             print(f"resumed from {folder.name} (step {step}, data position {client['data_position']})", flush=True)
 
     dtype = torch.bfloat16 if bf16 else torch.float32
-    peak_t = torch.tensor([matmul_peak_flops(dtype, device=str(device))], dtype=torch.float64)
-    dist.all_reduce(peak_t)  # ranks share the machine: the sum is what all of them together reach
-    peak = float(peak_t.item())
+    # Measured (or looked up) once before the ranks started: see components/training/perf.py.
+    peak = hw["peak_flops_per_device"] * devices_in_job(hw["device"], world)
     flops_per_token = train_flops_per_token(cfg.model, vocab_size=len(tokenizer), seq_len=cfg.seq_len)
     tokens_per_step = layout["global_batch"] * cfg.seq_len
     if rank == 0:
-        print(f"model {n_params / 1e6:.2f}M params; layout {json.dumps(layout)}; peak {peak / 1e9:.0f} GFLOP/s", flush=True)
+        print(f"model {n_params / 1e6:.2f}M params; layout {json.dumps(layout)}; {hw['device']} {hw['precision']} "
+              f"({hw['precision_reason']}); peak {peak / 1e9:.0f} GFLOP/s ({hw['peak_source']}); "
+              f"compile {'on' if hw['compile'] else 'off'}", flush=True)
+
+    def place(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        mbs = windows.micro_batches(step, dp_rank=dp_rank, dp_size=dp_size, micro=layout["micro"], accum=layout["accum"])
+        return [(to_device(x, device), to_device(y, device)) for x, y in mbs]
 
     loss_val = float("nan")
+    state_mem: dict[str, int] | None = None  # model-state bytes: fixed once Adam's states exist (from step 2)
+    state_mem_step = -1
+    nxt = place(start) if start < cfg.max_steps else []
+    window_t0, window_steps = time.perf_counter(), 0
     for step in range(start, cfg.max_steps):
-        lr = float(engine.get_lr()[0])
-        t0 = time.perf_counter()
-        micro = windows.micro_batches(step, dp_rank=dp_rank, dp_size=dp_size, micro=layout["micro"], accum=layout["accum"])
-        done = step + 1
+        lr = float(engine.get_lr()[0])  # the scheduler's host value: no device sync
+        micro, done = nxt, step + 1
         logging_step = done % cfg.log_every == 0 or done == cfg.max_steps or done == start + 1
-        mem: dict[str, int] = {}
+        measure_mem = logging_step and state_mem_step < start + 2
+        t0 = time.perf_counter()
         if pp > 1:
-            loss = engine.train_batch(iter([(x.to(device), y.to(device)) for x, y in micro])).detach().float()
+            loss = engine.train_batch(iter(micro)).detach().float()
+            if measure_mem:
+                state_mem, state_mem_step = model_state_bytes(engine), done
         else:
             total = torch.zeros((), device=device)
             for i, (x, y) in enumerate(micro):
-                out = engine(input_ids=x.to(device))
-                mb_loss = lm_loss(out.logits, y.to(device))
+                out = engine(input_ids=x)
+                mb_loss = lm_loss(out.logits, y)
                 engine.backward(mb_loss)
-                if logging_step and i == len(micro) - 1:
+                if measure_mem and i == len(micro) - 1:
                     # Measured between the last backward and the step: gradients are all alive here,
                     # which is the moment the ZeRO paper's model-state count describes.
-                    mem = model_state_bytes(engine)
+                    state_mem, state_mem_step = model_state_bytes(engine), done
                 engine.step()
                 total += mb_loss.detach().float()
             loss = total / len(micro)
-        dt = time.perf_counter() - t0  # before the logging collective, so the idle fraction is the schedule's own
-        idle_fraction = idle.idle_fraction(dt) if idle is not None else 0.0
-        dist.all_reduce(loss)
-        loss_val = float(loss.item()) / world
+        step_s = time.perf_counter() - t0  # pipeline: before any collective, so the idle fraction is the schedule's own
+        if done < cfg.max_steps:
+            nxt = place(done)  # the next batch is built and copied while the device still works on this one
+        window_steps += 1
         if logging_step:
-            mem = mem or model_state_bytes(engine)
-            mem.update(rss=host_rss_bytes(), device_peak=device_peak_bytes() or 0, idle_fraction=idle_fraction)
-            per_rank: list[Any] = [None] * world
-            dist.all_gather_object(per_rank, mem)
+            loss_val = comms.mean(loss)  # the step's one host sync; steps between logs never wait for the device
+            now = time.perf_counter()
+            dt = (now - window_t0) / window_steps
+            window_t0, window_steps = now, 0
+            assert state_mem is not None
+            idle_fraction = idle.idle_fraction(step_s) if idle is not None else 0.0
+            mine = [state_mem["params"], state_mem["grads"], state_mem["optimizer"], state_mem["total"],
+                    host_rss_bytes(), device_peak_bytes() or 0, idle_fraction]
+            per_rank = memory_rows(comms.gather_floats([float(v) for v in mine]))
             if rank == 0:
                 tps = tokens_per_step / dt
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=flops_per_token, peak_flops=peak),
+                                "peak_flops": peak, "flops_per_token": flops_per_token,
                                 "memory": per_rank, "attempt": req["attempt"], "max_steps": cfg.max_steps})
+        elif idle is not None:
+            idle.idle_fraction(step_s)
         if done % cfg.save_every == 0 or done == cfg.max_steps:
-            rngs: list[Any] = [None] * world
-            dist.all_gather_object(rngs, _rng_state())
+            rngs = comms.gather_objects(rng_state())
             tag = ckpt.tag_for(done)
             engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False,
                                    client_state={"step": done, "data_position": done * layout["global_batch"], "rng": rngs})
-            dist.barrier()
+            comms.barrier()
             if rank == 0:
                 ckpt.mark_complete(ckpt_dir, tag, step=done, world_size=world, extra={"layout": layout})
                 ckpt.prune(ckpt_dir, keep=cfg.keep_checkpoints)
-            dist.barrier()
+            comms.barrier()
+            window_t0 = time.perf_counter()  # a save is not training time
 
     _export(engine, req, layout, tokenizer, cfg, windows, dtype, loss_val, peak, n_params)
-    dist.barrier()
+    comms.barrier()
     return 0
 
 

@@ -1,10 +1,10 @@
 """The DeepSpeed config of a run, built by separate, ordered, gated functions (torchtitan style).
 
     layout = check_layout(cfg.training, vocab_size=4096, world_size=2)
-    ds = deepspeed_config(cfg.training, layout)      # a JSON-able dict for deepspeed.initialize
+    ds = deepspeed_config(cfg.training, layout, device="cuda")   # a JSON-able dict for deepspeed.initialize
 
 Order: base recipe -> apply_zero -> apply_offload -> apply_pipeline -> apply_tensor_parallel
--> apply_activation_checkpointing. Each function returns a new dict and leaves it unchanged
+-> apply_activation_checkpointing -> apply_fused_optimizer (CUDA only). Each function returns a new dict and leaves it unchanged
 when its feature is off, so a layout reads as the list of what was applied (`applied(ds)`).
 """
 
@@ -109,13 +109,23 @@ def apply_activation_checkpointing(ds: dict[str, Any], cfg: TrainingConfig, layo
     return out
 
 
-def deepspeed_config(cfg: TrainingConfig, layout: Layout) -> dict[str, Any]:
+def apply_fused_optimizer(ds: dict[str, Any], device: str) -> dict[str, Any]:
+    """On CUDA, torch's AdamW with fused=True (one kernel for all parameters); not for the host optimizer of offload."""
+    if device != "cuda" or not ds["optimizer"]["params"].get("torch_adam"):
+        return ds
+    out = _with(ds, "fused_adamw")
+    out["optimizer"]["params"]["fused"] = True
+    return out
+
+
+def deepspeed_config(cfg: TrainingConfig, layout: Layout, *, device: str = "cpu") -> dict[str, Any]:
     ds = base_config(cfg, layout)
     ds = apply_zero(ds, cfg.parallel)
     ds = apply_offload(ds, cfg.parallel)
     ds = apply_pipeline(ds, cfg.parallel, layout)
     ds = apply_tensor_parallel(ds, cfg.parallel, layout)
     ds = apply_activation_checkpointing(ds, cfg, layout)
+    ds = apply_fused_optimizer(ds, device)
     return ds
 
 

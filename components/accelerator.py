@@ -1,0 +1,216 @@
+"""The device a stage runs on and the precision it computes in, both chosen from the hardware found.
+
+    dev = pick_device()                            # torch.device("cuda") when there is a GPU, else cpu
+    choice = choose_precision("auto", dev)         # Precision(name="fp32", reason="bf16 matmul 1.1 vs fp32 34 GFLOP/s ...")
+    with autocast(dev, choice): loss = model(...)  # bf16 autocast only when the choice is bf16
+    x = to_device(x, dev)                          # pinned + non-blocking on CUDA, a no-op on CPU
+    gpus = visible_gpus()                          # ["0", "1"]: the GPUs this process may use
+
+Every stage that puts tensors on a device (training ranks, evaluation, compression fine-tuning,
+distillation) takes it from here, so placement is decided in one place.
+
+`precision = "auto"` picks bf16 only where it is really faster: on CUDA where
+`torch.cuda.is_bf16_supported()`; on CPU by timing a bf16 against an fp32 matmul (a CPU without
+AVX512-BF16/AMX runs bf16 ~30x slower than fp32, one with them ~4x faster). The CPU probe runs
+once per machine and is cached in `machine_cache()` (~/.cache/lmforge, or $LMFORGE_CACHE_DIR),
+keyed by the CPU, its flags, torch's build and the ISA overrides (ATEN_CPU_CAPABILITY,
+ONEDNN_MAX_CPU_ISA) that change which kernels run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmforge.components.errors import UserError
+
+CACHE_ENV = "LMFORGE_CACHE_DIR"
+BF16_MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this much to be worth its rounding
+_ISA_ENVS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str          # "bf16" | "fp32"
+    reason: str        # one line: what was measured or checked, and why this precision
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.name == "bf16" else torch.float32
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def pick_device() -> torch.device:
+    """The first visible GPU when CUDA is available, else the CPU."""
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def visible_gpus() -> list[str]:
+    """Physical ids of the GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else all of them."""
+    if not torch.cuda.is_available():
+        return []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return [str(i) for i in range(torch.cuda.device_count())]
+    ids = [s.strip() for s in env.split(",") if s.strip()]
+    if not all(s.isdigit() for s in ids):
+        raise UserError("CUDA_VISIBLE_DEVICES", env, "names GPUs by UUID, and DeepSpeed's launcher takes indices only",
+                        "Set it to GPU indices (nvidia-smi -L lists them), e.g. CUDA_VISIBLE_DEVICES=0,1")
+    return ids[:torch.cuda.device_count()]
+
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """`t` on `device`; from pinned memory and non-blocking when that is a GPU."""
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@contextlib.contextmanager
+def on_device(model: torch.nn.Module, device: torch.device | str) -> Iterator[torch.nn.Module]:
+    """`model` moved to `device` for the block, and back to where it was after."""
+    home = model_device(model)
+    model.to(device)
+    try:
+        yield model
+    finally:
+        model.to(home)
+
+
+def autocast(device: torch.device | str, precision: Precision) -> contextlib.AbstractContextManager[Any]:
+    device = torch.device(device)
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision.name == "bf16")
+
+
+def choose_precision(requested: str, device: torch.device | str | None = None) -> Precision:
+    """`requested` ("auto" | "bf16" | "fp32") resolved for `device`, with the reason."""
+    device = torch.device(device) if device is not None else pick_device()
+    if requested in ("bf16", "fp32"):
+        return Precision(requested, f"{requested} was set in the config")
+    if requested != "auto":
+        raise UserError("precision", requested, "is not a precision", "Use auto, bf16 or fp32")
+    if device.type == "cuda":
+        ok = bool(torch.cuda.is_bf16_supported())
+        name = torch.cuda.get_device_name(device)
+        return Precision("bf16" if ok else "fp32", f"torch.cuda.is_bf16_supported() is {ok} on {name}")
+    probe = cpu_bf16_probe()
+    ratio = probe["bf16_flops"] / max(probe["fp32_flops"], 1.0)
+    name = "bf16" if ratio >= BF16_MIN_SPEEDUP else "fp32"
+    flags = ", ".join(f"{f}: {'yes' if f in probe['flags'] else 'no'}" for f in ("avx512_bf16", "amx_bf16"))
+    return Precision(name, f"bf16 matmul {probe['bf16_flops'] / 1e9:.1f} vs fp32 {probe['fp32_flops'] / 1e9:.1f} GFLOP/s "
+                           f"on this CPU ({ratio:.2f}x; {flags}; {'cached' if probe['cached'] else 'measured now'})")
+
+
+# --- the per-machine cache ------------------------------------------------------------------
+
+def machine_cache() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "lmforge") / "hardware.json"
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What decides matmul speed here: CPU model, its flags, core count, torch build and ISA overrides."""
+    isa = ",".join(f"{k}={os.environ.get(k, '')}" for k in _ISA_ENVS)
+    raw = f"{cpu_model()}|{sorted(cpu_flags())}|{os.cpu_count()}|torch {torch.__version__}|{isa}"
+    return f"{platform.node()}:{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+
+def cache_get(entry: str) -> dict[str, Any] | None:
+    path = machine_cache()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get(machine_key(), {}).get(entry)
+
+
+def cache_put(entry: str, value: dict[str, Any]) -> None:
+    from lmforge.components.workspace import atomic_write_json
+
+    path = machine_cache()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    data.setdefault(machine_key(), {})[entry] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, data)
+    except OSError:
+        pass  # a read-only home costs a re-measurement next time, nothing else
+
+
+# --- the CPU probe --------------------------------------------------------------------------
+
+def matmul_flops(dtype: torch.dtype, *, n: int, device: torch.device | str = "cpu", seconds: float = 0.1,
+                 max_reps: int = 50) -> tuple[float, float]:
+    """(best FLOP/s, seconds of one matmul) of n x n matmuls over about `seconds` (at least one timed)."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=gen).to(device=device, dtype=dtype)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    a @ b  # first call: kernel selection, allocation
+    sync()
+    best_s, deadline = float("inf"), time.perf_counter() + seconds
+    for _ in range(max_reps):
+        t0 = time.perf_counter()
+        a @ b
+        sync()
+        best_s = min(best_s, time.perf_counter() - t0)
+        if time.perf_counter() > deadline:
+            break
+    return 2 * n ** 3 / best_s, best_s
+
+
+def cpu_bf16_probe(*, n: int = 512) -> dict[str, Any]:
+    """bf16 and fp32 matmul FLOP/s on this CPU (cached per machine): {"bf16_flops", "fp32_flops", "flags", "cached"}."""
+    cached = cache_get("cpu_bf16_probe")
+    if cached is not None:
+        return {**cached, "cached": True}
+    # Alternated, best of each: a burst of load from other processes then lowers both, not one.
+    fp32 = bf16 = 0.0
+    for _ in range(2):
+        fp32 = max(fp32, matmul_flops(torch.float32, n=n, seconds=0.05)[0])
+        bf16 = max(bf16, matmul_flops(torch.bfloat16, n=n, seconds=0.05)[0])
+    value = {"bf16_flops": bf16, "fp32_flops": fp32, "n": n, "threads": torch.get_num_threads(),
+             "flags": sorted(f for f in cpu_flags() if "bf16" in f or f.startswith("amx")),
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    cache_put("cpu_bf16_probe", value)
+    return {**value, "cached": False}
