@@ -3,6 +3,7 @@
     log = RequestLog(ws.requests)             # writer (Triton's model.py) and reader (monitoring)
     log.append(RequestRecord(ts=now_iso(), model="lmforge", version="3", prompt_chars=31, ...))
     rows, skipped = log.read()                # corrupt or partial lines are skipped and counted
+    rows, skipped = log.read(model="lmforge", version="3")   # only what that served version answered
 
 Standard library only: the Triton model repository carries a copy of this file, and it
 runs inside the server's own Python (.venv-serve), which does not have lmforge installed.
@@ -61,8 +62,9 @@ class RequestLog:
     def files(self) -> list[Path]:
         return sorted(self.folder.glob("requests-*.jsonl"))
 
-    def read(self, since: datetime | None = None, until: datetime | None = None) -> tuple[list[dict], int]:
-        """All well-formed records with since <= ts < until, and the number of lines skipped as corrupt."""
+    def read(self, since: datetime | None = None, until: datetime | None = None, *, model: str | None = None,
+             version: str | None = None) -> tuple[list[dict], int]:
+        """Well-formed records with since <= ts < until (and of `model`/`version` when given); corrupt lines skipped."""
         rows: list[dict] = []
         skipped = 0
         for path in self.files():
@@ -71,6 +73,9 @@ class RequestLog:
                     record = _parse(raw)
                     if record is None:
                         skipped += 1
+                        continue
+                    if (model is not None and record["model"] != model) or \
+                            (version is not None and str(record["version"]) != str(version)):
                         continue
                     ts = datetime.fromisoformat(record["ts"])
                     if (since is None or ts >= since) and (until is None or ts < until):

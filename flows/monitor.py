@@ -14,6 +14,7 @@ flows.train.train_flow directly in the embedded default. Every trigger is record
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from lmforge.monitoring.trigger import STARTED, plan_trigger, read_triggers, rec
 
 # The options that change the reference profile (the calibration has its own key).
 REFERENCE_KEYS = ("reference_split", "reference_max_rows", "seed")
+PRODUCTION = "production"   # the alias deploy moves when a version serves (deploy/service.py)
 
 
 def serving_featurizer(tokenizer_dir: Path, rare_ids: frozenset[int]) -> Any:
@@ -55,21 +57,50 @@ def serving_featurizer(tokenizer_dir: Path, rare_ids: frozenset[int]) -> Any:
     return featurize
 
 
-def reference_folder(ws: Workspace, version: str, cfg: MonitoringConfig, rare_min_count: int) -> Path:
+@dataclass(frozen=True)
+class Served:
+    """The registry version behind `production`: what the request log's rows were answered by."""
+    registry_model: str
+    version: str               # the registry version, also Triton's version number in the request log
+    model_dir: Path            # its Hugging Face folder: the tokenizer serving uses
+    dataset_version: str       # the dataset it was trained on: the reference's prompts
+
+
+def served_model(ws: Workspace, cfg: PipelineConfig) -> Served:
+    """The production version, its folder and its training dataset; UserError when nothing is in production."""
+    from lmforge.components.registry import current, download_model
+
+    name = cfg.registry.model_name
+    version = current(ws, name, PRODUCTION)
+    if version is None:
+        raise UserError("monitor", f"{name}@{PRODUCTION}", "is not set, so no version serves traffic to compare",
+                        "Deploy a model first: lmforge run deploy")
+    model_dir = download_model(ws, name, version)
+    meta = model_dir / "lmforge.json"
+    dataset = json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
+    if not dataset or not (ws.dataset_dir(dataset) / "records").is_dir():
+        raise UserError("monitor", f"{name} v{version}", f"names no dataset in this workspace (dataset_version={dataset})",
+                        "Monitor in the workspace that trained it, or re-run the data stage that made its dataset")
+    return Served(registry_model=name, version=version, model_dir=model_dir, dataset_version=dataset)
+
+
+def reference_folder(ws: Workspace, served: Served, cfg: MonitoringConfig, rare_min_count: int) -> Path:
     key = config_hash(MonitoringConfig(**{k: getattr(cfg, k) for k in REFERENCE_KEYS}))
-    return ws.monitoring / "reference" / f"{version}-{key}-rare{rare_min_count}"
+    tok = sha256_tree(served.model_dir)[:8]
+    return ws.monitoring / "reference" / f"{served.dataset_version}-{tok}-{key}-rare{rare_min_count}"
 
 
 @task(name="monitor-reference", cache_policy=INPUTS + TASK_SOURCE, persist_result=True,
       retries=1, retry_delay_seconds=2)
-def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_count: int) -> str:
-    """Build and save the reference profile of a dataset version (once per version and options)."""
+def reference_task(ws_root: str, served: Served, cfg: MonitoringConfig, rare_min_count: int) -> str:
+    """Build and save the reference profile of the served version (its dataset, its tokenizer; once per version)."""
     from lmforge.deploy.repository import rare_token_ids
 
     ws = Workspace(Path(ws_root))
-    folder = reference_folder(ws, version, cfg, rare_min_count)
+    folder = reference_folder(ws, served, cfg, rare_min_count)
     if (folder / "reference.json").is_file():
         return str(folder)
+    version = served.dataset_version
     data = ws.dataset_dir(version)
     records = data / "records" / f"{cfg.reference_split}.jsonl"
     if not records.is_file():
@@ -80,7 +111,7 @@ def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_c
     signatures = [r["signature"] for r in parsed]
     shards = ws.training_shards(version)
     rare_ids = frozenset(rare_token_ids(shards, rare_min_count))
-    featurize = serving_featurizer(data / "tokenizer", rare_ids)
+    featurize = serving_featurizer(served.model_dir, rare_ids)   # the served model's tokenizer, as serving uses
     rows = reference_rows(signatures, featurize, [r.get("module", "-") for r in parsed])
     if len(rows) < 2 * 10:
         raise UserError("monitoring.reference_split", cfg.reference_split,
@@ -88,13 +119,15 @@ def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_c
     ref = build_reference(rows, cfg)
     meta = {"dataset_version": version, "split": cfg.reference_split, "signatures": len(signatures),
             "rare_token_min_count": rare_min_count, "rare_ids": len(rare_ids), "shards": str(shards),
-            "tokenizer_hash": sha256_tree(data / "tokenizer"), "created_at": datetime.now(timezone.utc).isoformat(),
+            "served_version": served.version, "model_sha256": sha256_tree(served.model_dir),
+            "created_at": datetime.now(timezone.utc).isoformat(),
             "options": {k: getattr(cfg, k) for k in REFERENCE_KEYS}}
     save_reference(folder, ref, meta)
     with start_run(Workspace(Path(ws_root)), "monitoring", run_name=f"reference-{version[:8]}"):
         import mlflow
 
-        mlflow.set_tags({"stage": "monitor", "kind": "reference", "dataset_version": version})
+        mlflow.set_tags({"stage": "monitor", "kind": "reference", "dataset_version": version,
+                         "served_version": served.version})
         mlflow.log_params({"split": cfg.reference_split, "rare_token_min_count": rare_min_count, **meta["options"]})
         mlflow.log_metrics({"reference_rows": len(ref.rows), "reference_modules": int(ref.rows["module"].nunique())})
         mlflow.log_artifacts(str(folder), artifact_path="reference")
@@ -102,10 +135,13 @@ def reference_task(ws_root: str, version: str, cfg: MonitoringConfig, rare_min_c
 
 
 @task(name="monitor-assess", persist_result=False)
-def assess_task(ws_root: str, ref_folder: str, cfg: MonitoringConfig, now: datetime) -> Assessment:
+def assess_task(ws_root: str, ref_folder: str, cfg: MonitoringConfig, now: datetime, model: str,
+                version: str) -> Assessment:
+    """Drift of `model` version `version`'s request-log rows (no other version's) against its reference."""
     ws = Workspace(Path(ws_root))
     ref = load_reference(Path(ref_folder))
-    return assess(ref, Path(ref_folder), RequestLog(ws.requests), cfg, now=now, windows_folder=ws.monitoring / "windows")
+    return assess(ref, Path(ref_folder), RequestLog(ws.requests), cfg, now=now, model=model, version=version,
+                  windows_folder=ws.monitoring / "windows" / f"{model}-v{version}")
 
 
 def start_retraining(cfg: PipelineConfig) -> dict[str, Any]:
@@ -146,8 +182,8 @@ def _summary(cfg: PipelineConfig, version: str, ref_meta: dict[str, Any], a: Ass
         "calibration": a.calibration.to_dict() if a.calibration else None,
         "log": {"requests_read": a.requests_read, "corrupt_lines_skipped": a.corrupt_lines,
                 "window_minutes": m.window_minutes, "decision_windows": m.decision_windows},
-        "reference": {"dataset_version": version, "split": m.reference_split, "rows": ref_meta["rows"],
-                      "modules": ref_meta["modules"]},
+        "reference": {"dataset_version": version, "served_version": ref_meta.get("served_version"),
+                      "split": m.reference_split, "rows": ref_meta["rows"], "modules": ref_meta["modules"]},
         "trigger": trigger,
     }
 
@@ -186,19 +222,18 @@ def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: 
     ws = Workspace.from_env().ensure()
     if not m.enabled:
         return {"decision": None, "report": None, "summary": "monitoring disabled (monitoring.enabled=false)"}
-    version = ws.latest_dataset()
-    if version is None:
-        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
     now = now or datetime.now(timezone.utc)
     if now.tzinfo is None:
         raise UserError("now", now, "has no time zone", "Pass a timezone-aware datetime (UTC)")
+    served = served_model(ws, cfg)
+    version = served.dataset_version
 
-    ref_folder = reference_task(str(ws.root), version, m, cfg.deploy.rare_token_min_count)
+    ref_folder = reference_task(str(ws.root), served, m, cfg.deploy.rare_token_min_count)
     if not (Path(ref_folder) / "reference.json").is_file():  # a cached result whose folder was removed since
-        ref_folder = reference_task.with_options(refresh_cache=True)(str(ws.root), version, m,
+        ref_folder = reference_task.with_options(refresh_cache=True)(str(ws.root), served, m,
                                                                      cfg.deploy.rare_token_min_count)
     ref_meta = json.loads((Path(ref_folder) / "reference.json").read_text())
-    a = assess_task(str(ws.root), ref_folder, m, now)
+    a = assess_task(str(ws.root), ref_folder, m, now, cfg.deploy.model_name, served.version)
 
     plan = plan_trigger(a.result.status, history=read_triggers(ws.monitoring), cfg=m, now=now)
     trigger: dict[str, Any] = plan.to_record(window=a.window, drifted=a.result.drifted, started=False)
@@ -225,4 +260,4 @@ def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: 
     print(f"monitor: {summary['decision']} ({a.result.reason}); trigger: {trigger['action']}; report {paths['html']}")
     return {"decision": summary["decision"], "report": paths["html"], "summary": brief, "reason": a.result.reason,
             "trigger": {k: v for k, v in trigger.items() if k != "result"}, "mlflow_run_id": run_id,
-            "dataset_version": version}
+            "dataset_version": version, "served_version": served.version}

@@ -2,7 +2,7 @@
 
     ref = load_reference(ref_folder)
     a = assess(ref, ref_folder, RequestLog(ws.requests), cfg, now=datetime.now(timezone.utc),
-               windows_folder=ws.monitoring / "windows")
+               windows_folder=ws.monitoring / "windows", model="lmforge", version="3")   # the served version's rows
     a.result.status        # "drift" | "no drift" | "insufficient data"
     a.over_time            # [{"start", "rows", "status", "ratios": {column: score / threshold}}, ...]
 
@@ -60,7 +60,8 @@ def _decide(view: DatasetProfileView | None, ref: Reference, ref_folder: Path,
 
 
 def assess(ref: Reference, ref_folder: Path, log: RequestLog, cfg: MonitoringConfig, *, now: datetime,
-           windows_folder: Path | None = None) -> Assessment:
+           windows_folder: Path | None = None, model: str | None = None, version: str | None = None) -> Assessment:
+    """Decide on the request log's rows (only `model`/`version`'s when given: the version the reference belongs to)."""
     assert now.tzinfo is not None, "now must be timezone-aware"
     step = timedelta(minutes=cfg.window_minutes)
     current_start = window_start(now, cfg.window_minutes)
@@ -68,7 +69,8 @@ def assess(ref: Reference, ref_folder: Path, log: RequestLog, cfg: MonitoringCon
     decision_start = current_start - (cfg.decision_windows - 1) * step
     lookback_start = min(decision_start, current_start - (cfg.lookback_windows - 1) * step)
 
-    frames, corrupt = read_windows(log, since=lookback_start, until=end, minutes=cfg.window_minutes)
+    frames, corrupt = read_windows(log, since=lookback_start, until=end, minutes=cfg.window_minutes, model=model,
+                                   version=version)
     views = {start: profile(frame) for start, frame in frames.items()}
     if windows_folder is not None:
         for start, view in views.items():

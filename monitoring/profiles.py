@@ -8,8 +8,8 @@
     merged = rollup(views.values())                     # whylogs profiles merge, so windows roll up
 
 `featurize(signatures) -> [{"prompt_chars", "prompt_tokens", "rare_token_rate"}, ...]` is handed
-in by the caller (flows/monitor.py builds it from deploy/processing.py and the dataset
-tokenizer), so the reference and the request log measure prompts the same way.
+in by the caller (flows/monitor.py builds it from deploy/processing.py and the served
+model's own tokenizer), so the reference and the request log measure prompts the same way.
 """
 
 from __future__ import annotations
@@ -128,10 +128,11 @@ def to_frame(records: list[dict]) -> pd.DataFrame:
     return frame
 
 
-def read_windows(log: RequestLog, *, since: datetime, until: datetime,
-                 minutes: int) -> tuple[dict[datetime, pd.DataFrame], int]:
-    """Request-log rows with since <= ts < until, grouped by window start; and the corrupt lines skipped."""
-    records, skipped = log.read(since=since, until=until)
+def read_windows(log: RequestLog, *, since: datetime, until: datetime, minutes: int, model: str | None = None,
+                 version: str | None = None) -> tuple[dict[datetime, pd.DataFrame], int]:
+    """Request-log rows with since <= ts < until (of one served model version when given), by window start;
+    and the corrupt lines skipped."""
+    records, skipped = log.read(since=since, until=until, model=model, version=version)
     if not records:
         return {}, skipped
     frame = to_frame(records)

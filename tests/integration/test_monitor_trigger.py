@@ -17,7 +17,7 @@ from lmforge.components.config import load_config
 from lmforge.components.requestlog import RequestLog
 from lmforge.monitoring.traffic import shifted_prompts
 from tests.conftest import TINY_CONFIG
-from tests.unit.monitoring.dataset import make_dataset, signatures, write_requests
+from tests.unit.monitoring.dataset import make_dataset, serve, signatures, write_requests
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -67,6 +67,7 @@ def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
     from lmforge.flows.monitor import monitor_flow, serving_featurizer
 
     version = make_dataset(workspace, tiny_model_dir)
+    assert serve(workspace, tiny_model_dir, version, model_name="lmforge-tiny") == "1"   # the rows' version
     featurize = serving_featurizer(workspace.dataset_dir(version) / "tokenizer", frozenset())
     now = datetime.now(timezone.utc)
     held_out = signatures(workspace, version, "test")

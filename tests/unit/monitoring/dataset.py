@@ -92,3 +92,16 @@ def write_requests(log: RequestLog, prompts: list[str], featurize, *, ts: dateti
                                  rare_token_rate=feats["rare_token_rate"], output_tokens=rng.randint(1, 16),
                                  output_chars=rng.randint(1, 80), mean_logprob=-rng.uniform(0.5, 4.0),
                                  latency_ms=rng.uniform(20, 200), status=status))
+
+
+def serve(ws: Workspace, model_dir: Path, dataset_version: str, *, model_name: str) -> str:
+    """Register a copy of `model_dir` trained on `dataset_version` and point `production` at it (real MLflow)."""
+    from lmforge.components.registry import register_model, set_alias
+    from lmforge.components.sections.registry import RegistryConfig
+
+    copy = ws.root / "served-src" / dataset_version
+    shutil.copytree(model_dir, copy, dirs_exist_ok=True)
+    (copy / "lmforge.json").write_text(json.dumps({"dataset_version": dataset_version}))
+    version = register_model(ws, RegistryConfig(model_name=model_name), copy, metrics={}, tags={})
+    set_alias(ws, model_name, "production", version, reason="test: serving")
+    return version
