@@ -46,6 +46,21 @@ class LowRankLinear(nn.Module):
         self.down = nn.Linear(in_features, rank, bias=False)
         self.up = nn.Linear(rank, out_features, bias=bias)
 
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, rank: int,
+                    svd: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> "LowRankLinear":
+        """The best rank-`rank` approximation of `linear` in Frobenius and spectral norm (Eckart-Young);
+        `svd` = torch.linalg.svd(W.float(), full_matrices=False) when the caller already has it."""
+        u, s, vh = svd if svd is not None else torch.linalg.svd(linear.weight.detach().float(), full_matrices=False)
+        layer = cls(linear.in_features, linear.out_features, rank, linear.bias is not None)
+        root = s[:rank].sqrt()
+        # Splitting sqrt(s) between the factors keeps both factors' scales alike (better in low precision).
+        layer.down.weight.data.copy_((root[:, None] * vh[:rank]).to(linear.weight.dtype))
+        layer.up.weight.data.copy_((u[:, :rank] * root[None, :]).to(linear.weight.dtype))
+        if linear.bias is not None:
+            layer.up.bias.data.copy_(linear.bias.detach())
+        return layer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.up(self.down(x))
 
@@ -93,9 +108,12 @@ def int8_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
         if b is not None:
             out[f"{name}.bias"] = b.detach().float().contiguous()
     inside = tuple(f"{n}." for n in layers)
-    for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if not name.startswith(inside) and not name.endswith("rotary_emb.inv_freq"):
-            out[name] = t.detach().contiguous()
+    seen: set[int] = set()  # tied tensors (embeddings and an unquantized lm_head) are stored once
+    for name, t in model.state_dict().items():
+        if name.startswith(inside) or not isinstance(t, torch.Tensor) or t.data_ptr() in seen:
+            continue
+        seen.add(t.data_ptr())
+        out[name] = t.detach().contiguous()
     return out
 
 
@@ -132,22 +150,24 @@ def _load_int8(folder: Path, load: dict[str, Any]) -> nn.Module:
     model = AutoModelForCausalLM.from_config(_base_config(folder, load), dtype=torch.float32)
     names = sorted(k[: -len(SCALE)] for k in tensors if k.endswith(SCALE))
     assert names, f"{folder / WEIGHTS} holds no int8 layer"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao is deprecated in favour of torchao, which is not installed
-        for name in names:
-            linear = model.get_submodule(name)
-            layer = DynamicLinear(linear.in_features, linear.out_features, bias_=f"{name}.bias" in tensors,
-                                  dtype=torch.qint8)
-            q = torch._make_per_tensor_quantized_tensor(tensors.pop(f"{name}.weight"),
-                                                        float(tensors.pop(f"{name}{SCALE}")[0]), 0)
-            layer.set_weight_bias(q, tensors.pop(f"{name}.bias", None))
-            set_module(model, name, layer)
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
     inside = tuple(f"{n}." for n in names)
+    quantized = {k: tensors.pop(k) for k in list(tensors) if k.startswith(inside)}
+    # The float tensors first, into the plain model; torch.ao's layers have a state_dict format of their own.
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
     missing = [k for k in missing if not k.startswith(inside)
                and not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
     if missing or unexpected:
         raise ValueError(f"{folder / WEIGHTS} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao is deprecated in favour of torchao, which is not installed
+        for name in names:
+            linear = model.get_submodule(name)
+            bias = quantized.get(f"{name}.bias")
+            layer = DynamicLinear(linear.in_features, linear.out_features, bias_=bias is not None, dtype=torch.qint8)
+            q = torch._make_per_tensor_quantized_tensor(quantized[f"{name}.weight"],
+                                                        float(quantized[f"{name}{SCALE}"][0]), 0)
+            layer.set_weight_bias(q, bias)
+            set_module(model, name, layer)
     return model
 
 

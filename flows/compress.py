@@ -6,7 +6,11 @@
 Steps: download the parent (registry alias `compression.source_alias`, the champion by
 default); check every enabled technique against it before any work; measure the parent;
 then per variant: build (components/compression/), measure (same code as the parent),
-register as a new version tagged `parent_version`. Finally the policy moves `compressed`
+load it through its MLflow pyfunc and through the serving runtime Triton runs
+(components/registry/verify.py; the latter when deploy is enabled), and only if both
+load it and agree token for token with lmforge, register it as a new version tagged
+`parent_version`. A variant that fails is not registered; the reason is printed, tagged
+on the MLflow run (`<variant>.not_registered`) and returned under `not_registered`. Finally the policy moves `compressed`
 to the smallest variant within the quality tolerance, or removes it and says why none
 qualifies. The MLflow experiment `compression` holds one run per stage run with every
 variant's metrics, the registered models, the table (markdown, JSON) and the chart (PNG).
@@ -29,10 +33,12 @@ from lmforge.components.compression.variant import read_meta
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
 from lmforge.components.registry import current, download_model, register_model, resolve_version, set_alias, version_tags
+from lmforge.components.registry.verify import verify_servable
 from lmforge.components.sections.compression import CompressionConfig
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, atomic_write_json, atomic_write_text
+from lmforge.deploy.server import serve_venv
 
 ALIAS = "compressed"
 
@@ -61,6 +67,11 @@ def build_task(name: str, parent_dir: str, out_dir: str, cfg: CompressionConfig,
 @task(name="compress-evaluate", persist_result=False)
 def evaluate_task(model_dir: str, dataset_dir: str, cfg: EvaluationConfig) -> dict[str, float]:
     return evaluate_variant(Path(model_dir), Path(dataset_dir), cfg)
+
+
+@task(name="compress-verify", persist_result=False)
+def verify_task(model_dir: str, serve_python: str | None) -> str | None:
+    return verify_servable(Path(model_dir), serve_python=Path(serve_python) if serve_python else None)
 
 
 @task(name="compress-register", retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_unless_user_error,
@@ -105,6 +116,8 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     parent_metrics = evaluate_task.with_options(name="compress-evaluate-parent")(parent_dir, dataset_dir, eval_cfg)
     variants: dict[str, dict[str, float]] = {}
     versions: dict[str, str] = {}
+    rejected: dict[str, str] = {}
+    serve_python = str(serve_venv() / "bin" / "python") if cfg.deploy.enabled else None
     with start_run(ws, "compression", run_name=f"compress-v{parent_version}") as mlrun:
         import mlflow
 
@@ -116,6 +129,12 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         for name in names:
             path = build_task.with_options(name=f"compress-build-{name}")(name, parent_dir, str(out_root / name), c, shard_dir)
             metrics = evaluate_task.with_options(name=f"compress-evaluate-{name}")(path, dataset_dir, eval_cfg)
+            problem = verify_task.with_options(name=f"compress-verify-{name}")(path, serve_python)
+            if problem:
+                rejected[name] = problem
+                mlflow.set_tag(f"{name}.not_registered", problem[:500])
+                print(f"{name}: not registered: {problem}")
+                continue
             variants[name] = metrics
             mlflow.log_metrics({f"{name}.{k}": v for k, v in _finite(metrics).items()})
             tags = {"variant": name, "technique": TECHNIQUES[name], "run_name": f"compress-v{parent_version}-{name}",
@@ -134,11 +153,12 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
             set_alias(ws, model_name, ALIAS, chosen, reason=why)
         elif current(ws, model_name, ALIAS) is not None:
             set_alias(ws, model_name, ALIAS, None, reason=f"parent v{parent_version}: {why}")
-        table = tradeoff_markdown(rows)
+        table = tradeoff_markdown(rows) + "".join(f"\n\n{n}: not registered: {reason}" for n, reason in rejected.items())
         with tempfile.TemporaryDirectory() as tmp:
             atomic_write_text(Path(tmp) / "tradeoff.md", f"# Compression of {model_name} v{parent_version}\n\n{table}\n\n"
                               f"Policy: {why}\n")
-            atomic_write_json(Path(tmp) / "tradeoff.json", {"rows": rows, "compressed": chosen, "policy": why})
+            atomic_write_json(Path(tmp) / "tradeoff.json", {"rows": rows, "compressed": chosen, "policy": why,
+                                                              "not_registered": rejected})
             tradeoff_chart(rows, Path(tmp) / "tradeoff.png", title=f"{model_name} v{parent_version}: compression trade-off")
             mlflow.log_artifacts(tmp, artifact_path="tradeoff")
         mlflow.set_tags({"compressed_version": chosen or "none", "policy": why[:500]})
@@ -147,4 +167,5 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     print(f"Compression of {model_name} v{parent_version} on dataset {dataset_version}:\n{table}")
     print(f"{ALIAS}: " + (f"v{chosen} ({pick}): {why}" if chosen else f"none: {why}"))
     return {"summary": rows, "compressed": chosen, "compressed_variant": pick, "policy": why,
-            "parent_version": parent_version, "versions": versions, "mlflow_run_id": run_id}
+            "parent_version": parent_version, "versions": versions, "not_registered": rejected,
+            "mlflow_run_id": run_id}

@@ -4,9 +4,11 @@
     apply_lowrank(model, {"model.layers.0.mlp.up_proj": 16})  # same shapes as a saved variant
     quantize_int8(model, skip=["lm_head"])                  # torch.ao dynamic int8 Linear layers
 
-Only these structural edits are ever applied when a variant is loaded, and each is
-driven by plain data (names and ranks) in the variant's lmforge.json: loading never
-executes stored code or unpickles anything.
+LowRankLinear, apply_lowrank and set_module live in components/modelload.py, the loader
+the server and the MLflow pyfunc carry, and are re-exported here. Only these structural
+edits are ever applied when a variant is loaded, and each is driven by plain data (names
+and ranks) in the variant's lmforge.json: loading never executes stored code or
+unpickles anything.
 """
 
 from __future__ import annotations
@@ -17,37 +19,10 @@ import torch
 from torch import nn
 
 from lmforge.components.errors import UserError
+from lmforge.components.modelload import LowRankLinear, apply_lowrank, set_module  # the loader's own layers
 
-
-class LowRankLinear(nn.Module):
-    """y = up(down(x)): a rank-r factorisation of an out x in Linear (bias kept on `up`)."""
-
-    def __init__(self, in_features: int, out_features: int, rank: int, bias: bool) -> None:
-        super().__init__()
-        self.in_features, self.out_features, self.rank = in_features, out_features, rank
-        self.down = nn.Linear(in_features, rank, bias=False)
-        self.up = nn.Linear(rank, out_features, bias=bias)
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int,
-                    svd: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> "LowRankLinear":
-        """The best rank-`rank` approximation of `linear` in Frobenius and spectral norm (Eckart-Young);
-        `svd` = torch.linalg.svd(W.float(), full_matrices=False) when the caller already has it."""
-        u, s, vh = svd if svd is not None else torch.linalg.svd(linear.weight.detach().float(), full_matrices=False)
-        layer = cls(linear.in_features, linear.out_features, rank, linear.bias is not None)
-        root = s[:rank].sqrt()
-        # Splitting sqrt(s) between the factors keeps both factors' scales alike (better in low precision).
-        layer.down.weight.data.copy_((root[:, None] * vh[:rank]).to(linear.weight.dtype))
-        layer.up.weight.data.copy_((u[:, :rank] * root[None, :]).to(linear.weight.dtype))
-        if linear.bias is not None:
-            layer.up.bias.data.copy_(linear.bias.detach())
-        return layer
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.up(self.down(x))
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
+__all__ = ["LowRankLinear", "apply_lowrank", "count_params", "is_int8_linear", "linear_layers", "linear_weight_bytes",
+           "quantize_int8", "require_linear", "select", "set_module", "weight_bytes"]
 
 
 def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
@@ -65,22 +40,6 @@ def require_linear(model: nn.Module, model_dir: object) -> dict[str, nn.Linear]:
 
 def select(layers: dict[str, nn.Linear], suffixes: list[str]) -> dict[str, nn.Linear]:
     return {n: m for n, m in layers.items() if any(n == s or n.endswith("." + s) for s in suffixes)}
-
-
-def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
-
-
-def apply_lowrank(model: nn.Module, ranks: dict[str, int]) -> nn.Module:
-    """Swap the named Linear layers for (untrained) LowRankLinear of the given ranks, in place."""
-    for name, rank in ranks.items():
-        linear = model.get_submodule(name)
-        assert isinstance(linear, nn.Linear), f"{name} is {type(linear).__name__}, not Linear"
-        layer = LowRankLinear(linear.in_features, linear.out_features, rank, linear.bias is not None)
-        set_module(model, name, layer.to(linear.weight.dtype))
-    return model
 
 
 def quantize_int8(model: nn.Module, *, skip: list[str] = ()) -> nn.Module:

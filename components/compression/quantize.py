@@ -2,21 +2,22 @@
 
     int8_dir = quantize_int8_variant(model_dir, out / "int8", QuantizeConfig())
     bf16_dir = cast_variant(model_dir, out / "bf16", "bf16")
-    model = load_variant(int8_dir)        # DynamicQuantizedLinear layers, re-quantized from the stored fp32
+    model = load_variant(int8_dir)        # dynamic int8 Linear layers, rebuilt from the stored int8 weights
 
 Dynamic int8 keeps int8 weights and quantizes activations per batch at run time, which
-speeds up the Linear layers on CPU without calibration data. A quantized tensor has no
-safetensors form, so the int8 folder stores the fp32 weights and the recipe; the
-quantization is deterministic (per-tensor min/max), so re-applying it at load gives
-the very model measured here. A plain `from_pretrained` on that folder still gets the
-correct float model.
+speeds up the Linear layers on CPU without calibration data. The folder stores what
+the quantized model holds: each quantized Linear's int8 weight, its per-tensor scale and
+its float bias, in model.safetensors (components/modelload.py `save_int8`); the loader
+that Triton and the MLflow pyfunc carry rebuilds exactly those layers, so every
+consumer runs the int8 model measured here. config.json is marked `lmforge_int8`, so a
+plain `from_pretrained` refuses the folder instead of loading int8 numbers as floats.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lmforge.components.compression.modules import require_linear, select
+from lmforge.components.compression.modules import quantize_int8, require_linear, select
 from lmforge.components.compression.variant import DTYPES, load_parent, save_variant
 from lmforge.components.errors import UserError
 from lmforge.components.sections.compression import QuantizeConfig
@@ -30,8 +31,9 @@ def quantize_int8_variant(model_dir: Path, out_dir: Path, cfg: QuantizeConfig) -
         raise UserError("compression.quantize.skip", cfg.skip, "skips every Linear layer, so nothing is quantized",
                         "Name fewer modules in skip")
     recipe = {**cfg.model_dump(mode="json"), "quantized_layers": len(layers) - len(skipped), "scheme": "qint8 per-tensor dynamic"}
-    return save_variant(model, out_dir, parent_dir=parent, technique="quantize-int8", recipe=recipe,
-                        load={"kind": "int8_dynamic", "skip": list(cfg.skip)})
+    quantized = quantize_int8(model, skip=list(cfg.skip))
+    return save_variant(quantized, out_dir, parent_dir=parent, technique="quantize-int8", recipe=recipe,
+                        load={"kind": "int8", "skip": list(cfg.skip)})
 
 
 def cast_variant(model_dir: Path, out_dir: Path, dtype: str) -> Path:

@@ -7,23 +7,24 @@
 
 lmforge.json records `technique`, `recipe` (the config section it was built with plus
 what it decided, e.g. the rank of each layer), `load` (how to rebuild it) and `parent`
-(the parent's folder and its own lmforge.json). `load` is one of:
+(the parent's folder and its own lmforge.json). `load` is one of (components/modelload.py
+reads it: the same loader runs in evaluation, in the MLflow pyfunc and in Triton):
 
 - `hf`: `from_pretrained` is the whole story (pruned, distilled, merged-LoRA, cast).
-- `int8_dynamic`: the fp weights are stored, and the same deterministic dynamic
-  quantization is re-applied at load (quantized tensors have no safetensors form).
+- `int8`: the int8 weights and their scales are stored (modelload.save_int8), and the
+  dynamic int8 Linear layers are rebuilt from them at load.
 - `lowrank`: model.safetensors holds the factors, and config.json the dense
-  architecture under `model_type = "lmforge_lowrank"`, so a plain `from_pretrained`
-  fails loudly ("unrecognized model") instead of filling the missing dense weights with
-  random ones; the loader restores the recorded base model type, swaps in
-  `LowRankLinear` at the recorded ranks, then loads the factors strictly.
+  architecture under `model_type = "lmforge_lowrank"`; the loader restores the
+  recorded base model type, swaps in `LowRankLinear` at the recorded ranks, then loads
+  the factors strictly.
+For int8 and lowrank a plain `from_pretrained` fails loudly ("unrecognized model")
+instead of filling the weights it cannot read with random ones.
 
 Nothing is ever unpickled and no stored code runs.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,20 +32,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmforge.components.compression.modules import apply_lowrank, count_params, linear_weight_bytes, quantize_int8, weight_bytes
+from lmforge.components.compression.modules import count_params, linear_weight_bytes, weight_bytes
 from lmforge.components.errors import UserError
+from lmforge.components.modelload import DTYPES, MARKED_TYPES, META, WEIGHTS, load_model, read_meta, save_int8
 from lmforge.components.workspace import atomic_dir, atomic_write_json
 
-META = "lmforge.json"
-WEIGHTS = "model.safetensors"
-LOWRANK_MODEL_TYPE = "lmforge_lowrank"
+__all__ = ["DTYPES", "META", "WEIGHTS", "disk_bytes", "load_parent", "load_variant", "read_meta", "save_variant",
+           "variant_stats"]
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def read_meta(model_dir: Path) -> dict[str, Any]:
-    path = Path(model_dir) / META
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _check_model_dir(model_dir: Path) -> Path:
@@ -57,38 +53,19 @@ def _check_model_dir(model_dir: Path) -> Path:
 
 def load_variant(model_dir: Path, *, dtype: torch.dtype | None = None) -> nn.Module:
     """Rebuild the model a folder holds, in eval mode; `dtype` overrides the stored float dtype (not for int8)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from safetensors.torch import load_model
-
     model_dir = _check_model_dir(model_dir)
-    load = read_meta(model_dir).get("load", {"kind": "hf"})
-    kind = load["kind"]
-    if kind == "hf":
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype or DTYPES[load.get("dtype", "fp32")])
-    elif kind == "int8_dynamic":
-        model = quantize_int8(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval(),
-                              skip=load.get("skip", []))
-    elif kind == "lowrank":
-        raw = json.loads((model_dir / "config.json").read_text())
-        assert raw.pop("model_type") == LOWRANK_MODEL_TYPE, "a lowrank variant's config.json is marked as such"
-        config = AutoConfig.for_model(load["base_model_type"], **raw)
-        model = apply_lowrank(AutoModelForCausalLM.from_config(config, dtype=torch.float32),
-                              {k: int(v) for k, v in load["ranks"].items()})
-        missing, unexpected = load_model(model, model_dir / WEIGHTS, strict=True)
-        assert not missing and not unexpected, (missing, unexpected)
-        if dtype is not None:
-            model = model.to(dtype)
-    else:
-        raise UserError(f"{model_dir / META} load.kind", kind, "is not a known variant kind",
-                        "Rebuild the variant with this version of lmforge")
-    return model.eval()
+    try:
+        return load_model(model_dir, dtype=dtype)
+    except ValueError as e:  # modelload names the file and the problem
+        raise UserError("model folder", model_dir, f"cannot be loaded: {e}",
+                        "Rebuild the variant with this version of lmforge (lmforge run compress)") from None
 
 
 def load_parent(model_dir: Path) -> tuple[nn.Module, Path]:
     """The parent in fp32 (techniques work in full precision), and the folder its tokenizer is in."""
     model_dir = _check_model_dir(model_dir)
     kind = read_meta(model_dir).get("load", {"kind": "hf"})["kind"]
-    if kind == "int8_dynamic":
+    if kind == "int8":
         raise UserError("compression parent", model_dir, "is an int8 variant",
                         "Compress the float model it was built from (its lmforge.json names it under parent)")
     return load_variant(model_dir, dtype=torch.float32), model_dir
@@ -103,10 +80,13 @@ def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique
     parent_dir = Path(parent_dir)
     parent_meta = read_meta(parent_dir)
     with atomic_dir(Path(out_dir)) as tmp:
-        if load["kind"] == "lowrank":
+        if load["kind"] == "int8":
+            load = {**load, "base_model_type": model.config.model_type}
+            save_int8(model, tmp)
+        elif load["kind"] == "lowrank":
             config = model.config.to_dict()
             load = {**load, "base_model_type": config["model_type"]}
-            atomic_write_json(tmp / "config.json", {**config, "model_type": LOWRANK_MODEL_TYPE})
+            atomic_write_json(tmp / "config.json", {**config, "model_type": MARKED_TYPES["lowrank"]})
             if getattr(model, "generation_config", None) is not None:
                 model.generation_config.save_pretrained(tmp)
             save_model(model, str(tmp / WEIGHTS))  # handles tied embeddings, unlike save_file

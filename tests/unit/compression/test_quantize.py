@@ -1,3 +1,4 @@
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -21,8 +22,23 @@ def test_int8_reload_equals_the_requantized_parent(tiny_model_dir, tmp_path, ids
     assert 0 < diff < 0.1 * logits(parent, ids).abs().max()
     assert linear_weight_bytes(parent) >= 3.5 * linear_weight_bytes(reloaded)
     meta = read_meta(out)
-    assert meta["load"]["kind"] == "int8_dynamic" and meta["parent"]["path"] == str(tiny_model_dir)
+    assert meta["load"]["kind"] == "int8" and meta["parent"]["path"] == str(tiny_model_dir)
     assert not list(out.glob("*.bin")) and not list(out.glob("*.pt"))
+
+
+def test_int8_is_stored_as_int8_and_a_plain_from_pretrained_refuses_it(tiny_model_dir, tmp_path):
+    from safetensors import safe_open
+
+    out = quantize_int8_variant(tiny_model_dir, tmp_path / "int8", QuantizeConfig())
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes["model.layers.0.self_attn.q_proj.weight"] == "I8" and dtypes["lm_head.weight"] == "I8"
+    assert dtypes["model.layers.0.self_attn.q_proj.weight_scale"] == "F32"
+    assert dtypes["model.embed_tokens.weight"] == "F32"  # embeddings are not Linear: kept in float
+    parent_bytes = (tiny_model_dir / "model.safetensors").stat().st_size
+    assert (out / "model.safetensors").stat().st_size < 0.5 * parent_bytes
+    with pytest.raises(Exception, match="lmforge_int8"):
+        AutoModelForCausalLM.from_pretrained(out)
 
 
 def test_int8_skip_keeps_named_layers_in_float(tiny_model_dir, tmp_path):
