@@ -1,21 +1,32 @@
 """The `lmforge` command line.
 
-    lmforge run data|features|train|evaluate|compress|deploy|monitor|all [--config F] [--set k=v ...]
-    lmforge status                      # datasets, training runs, models and aliases, deployments
+    lmforge run data|features|train|evaluate|compress|deploy|monitor|all [--config demo|tiny|F.toml] [--set k=v ...] [--json]
+    lmforge status [--json]             # datasets, training runs, models and aliases, deployments
     lmforge ui mlflow [--port 5000]     # the MLflow UI on the workspace's store, on loopback
+    lmforge --version
 
-A user error prints one line, `error: ...`, and exits 2; `--debug` shows the traceback.
-Other command groups (plan, registry, serve, deploy, monitor, prefect) live in
-`flows/commands/` and are mounted here.
+Conventions, for every command:
+- errors go to stderr as one line, `error: ...`; `--debug`, anywhere on the line, adds the traceback;
+- exit codes: 0 ok, 1 the work failed, 2 a usage or configuration error (a bad option,
+  config value or input: anything a UserError names before the work starts);
+- `--json` prints one JSON document and nothing else on stdout (flows/output.py);
+- quiet by default (flows/quiet.py); `-v`/`--verbose`, anywhere on the line, lets
+  third-party progress bars, warnings and the training ranks' output through.
+
+Command groups live in flows/commands/<name>.py, each exposing `app` (a typer.Typer,
+mounted as `lmforge <name> ...`) or `register(app)` (adds top-level commands). Every
+module there whose name does not start with "_" is mounted.
 """
 
 from __future__ import annotations
 
+import enum
 import importlib
-import importlib.util
-import os
+import pkgutil
 import subprocess
 import sys
+import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,26 +35,57 @@ from rich.console import Console
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
+from lmforge.flows import quiet
+from lmforge.flows.output import emit_json, json_mode
 
 console = Console()
+err_console = Console(stderr=True)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lmforge: raw text to a monitored model behind Triton, as Prefect flows.")
 ui_app = typer.Typer(no_args_is_help=True, help="Open the web UIs on loopback.")
 app.add_typer(ui_app, name="ui")
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
+# The stages `lmforge run` takes, in pipeline order; tests/unit/core/test_cli_conventions.py
+# checks this against lmforge.flows.pipeline.STAGES (which imports Prefect, too slow for --help).
+STAGE_NAMES = ("data", "features", "train", "evaluate", "compress", "deploy", "monitor")
+Stage = enum.Enum("Stage", {name: name for name in (*STAGE_NAMES, "all")}, type=str)  # choices in --help
+
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
-# Command groups defined in flows/commands/<name>.py, each exposing `app` (a typer.Typer,
-# mounted as `lmforge <name> ...`) or `register(app)` (adds top-level commands).
-COMMAND_GROUPS: list[str] = ["plan", "registry", "serve", "monitor", "prefect"]
+# Global flags that may stand anywhere on the command line; main() takes them out before click parses.
+DEBUG_FLAGS = ("--debug",)
+VERBOSE_FLAGS = ("-v", "--verbose")
 
-_state = {"debug": False}
+
+class WorkFailed(Exception):
+    """The work itself failed (exit 1), as opposed to a usage or configuration error (exit 2)."""
+
+
+def package_version() -> str:
+    try:
+        return version("lmforge")
+    except PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown"
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"lmforge {package_version()}")
+        raise typer.Exit()
 
 
 @app.callback()
-def _main(debug: Annotated[bool, typer.Option("--debug", help="show tracebacks")] = False) -> None:
-    _state["debug"] = debug
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="show tracebacks (anywhere on the line)")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+                                          help="show third-party progress bars, warnings and rank output")] = False,
+    show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="print lmforge's version and exit")] = False,
+) -> None:
+    """Flags are read by main() wherever they stand; these declarations put them in --help."""
 
 
 def load(config: Path | None, overrides: list[str] | None) -> Any:
@@ -52,41 +94,64 @@ def load(config: Path | None, overrides: list[str] | None) -> Any:
     return load_config(config, overrides or [])
 
 
+def start_work(ws: Workspace) -> None:
+    """Create the workspace and the embedded Prefect home (if that is the Prefect in use), and say which Prefect."""
+    from lmforge.flows import PREFECT, prefect_home
+
+    ws.ensure()
+    prefect_home.prepare(PREFECT)
+    err_console.print(f"[dim]{PREFECT.describe()}[/dim]", highlight=False)
+
+
 @app.command()
 def run(
-    stage: Annotated[str, typer.Argument(help="a stage name, or 'all' for the whole pipeline")],
+    stage: Annotated[Stage, typer.Argument(help="a stage, or 'all' for the whole pipeline in order")],
     config: ConfigOpt = None,
     set_: SetOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="training: continue from the last complete checkpoint")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run one stage, or `all` of them in order."""
-    from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
-
+    stage = stage.value
     cfg = load(config, set_)
-    stages = available_stages()
     if stage in ("data", "all"):
         from lmforge.components.data.ingest import check_source
 
         check_source(cfg.data.source)  # fail in one line before Prefect starts, not in a flow run's log
+    ws = Workspace.from_env()
+    start_work(ws)
+    from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
     from lmforge.flows.summary import headline, print_run_summary
 
-    if stage == "all":
-        result = pipeline_flow(cfg, resume=resume)
-        print_run_summary(result, console, ws=Workspace.from_env(), model_name=cfg.registry.model_name)
-        return
-    if stage not in stages:
-        raise UserError("stage", stage, "is not a stage", f"Choose one of: {', '.join(stages)}, all")
-    kwargs = {"resume": resume} if stage == "train" else {}
-    result = stage_flow(stage)(cfg, **kwargs)
-    console.print(f"[bold]{stage}[/bold]: {headline(stage, result)}")
+    if stage != "all" and stage not in available_stages():
+        raise UserError("stage", stage, "is not installed here", f"Choose one of: {', '.join(available_stages())}, all")
+    with json_mode(as_json):
+        try:
+            if stage == "all":
+                result = pipeline_flow(cfg, resume=resume)
+            else:
+                result = stage_flow(stage)(cfg, **({"resume": resume} if stage == "train" else {}))
+        except Exception as e:  # a failure inside the work, UserError included: the work failed
+            raise WorkFailed(one_line(e)) from e
+        if not as_json:
+            if stage == "all":
+                print_run_summary(result, console, ws=ws, model_name=cfg.registry.model_name)
+            else:
+                console.print(f"[bold]{stage}[/bold]: {headline(stage, result)}")
+    if as_json:
+        emit_json(result if stage == "all" else {"stage": stage, "result": result})
 
 
 @app.command()
-def status() -> None:
+def status(as_json: JsonOpt = False) -> None:
     """What the workspace holds: datasets, training runs, models and aliases, deployments."""
-    from lmforge.flows.status import render_status
+    from lmforge.flows.status import render_status, status_dict
 
-    render_status(Workspace.from_env(), console)
+    ws = Workspace.from_env()
+    if as_json:
+        emit_json(status_dict(ws))
+    else:
+        render_status(ws, console)
 
 
 @ui_app.command("mlflow")
@@ -114,30 +179,71 @@ def ui_prefect(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 42
     raise typer.Exit(subprocess.call(cmd, env=prefect_local.server_env(ws)))
 
 
+def command_modules() -> list[str]:
+    """The modules under flows/commands/ to mount, by name (those not starting with "_")."""
+    from lmforge.flows import commands
+
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+
+
 def _mount_groups() -> None:
-    for name in COMMAND_GROUPS:
-        if importlib.util.find_spec(f"lmforge.flows.commands.{name}") is None:
-            continue
+    for name in command_modules():
         module = importlib.import_module(f"lmforge.flows.commands.{name}")
         if hasattr(module, "register"):
             module.register(app)
-        else:
+        elif hasattr(module, "app"):
             app.add_typer(module.app, name=name)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app, turning a UserError into one line and exit code 2."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get("LMFORGE_DEBUG") == "1"
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its message's lines joined with " | " (a UserError is one line already)."""
+    text = " | ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
+    return text if isinstance(e, (UserError, WorkFailed)) else f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _fail(e: BaseException, code: int, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(e, file=sys.stderr)
+    print(f"error: {one_line(e)}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_cli(argv: list[str]) -> int:
+    """Run the app on `argv`; the exit code (0 ok, 1 the work failed, 2 usage or configuration)."""
+    debug = any(a in DEBUG_FLAGS for a in argv)
+    verbose = any(a in VERBOSE_FLAGS for a in argv)
+    argv = [a for a in argv if a not in DEBUG_FLAGS + VERBOSE_FLAGS]
+    quiet.configure(verbose=verbose or debug)
+    if not debug:
+        quiet.one_line_failures()
     _mount_groups()
     try:
-        # standalone mode: usage errors print click's message and exit 2, Ctrl-C exits 1
-        app(args=argv, prog_name="lmforge", standalone_mode=True)
+        rc = app(args=argv, prog_name="lmforge", standalone_mode=False)
+    except typer.Abort:                            # Ctrl-C
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except typer.TyperException as e:              # usage: unknown option, bad choice, missing argument
+        if type(e).__name__ == "NoArgsIsHelpError":   # `lmforge plan` alone and the like: the help is the answer
+            e.show(file=sys.stderr)  # type: ignore[attr-defined]
+            return 2
+        ctx = getattr(e, "ctx", None)
+        where = f" (see: {ctx.command_path} --help)" if ctx is not None else ""
+        message = " ".join(e.format_message().split())
+        print(f"error: {message}{where}", file=sys.stderr)
+        return 2
     except UserError as e:
-        if debug:
-            raise
-        console.print(f"[red]error:[/red] {e}", soft_wrap=True, highlight=False)
-        sys.exit(2)
+        return _fail(e, 2, debug)
+    except WorkFailed as e:
+        return _fail(e.__cause__ if debug and e.__cause__ else e, 1, debug)
+    except Exception as e:  # a failure lmforge did not name: still one line, the traceback under --debug
+        return _fail(e, 1, debug)
+    return rc if isinstance(rc, int) else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    sys.exit(run_cli(list(sys.argv[1:] if argv is None else argv)))
+
 
 if __name__ == "__main__":
     main()

@@ -2,19 +2,21 @@
 
     server = start_server(ws, port=4200)       # `prefect server start`, detached, waits for /api/health
     start_worker(ws, server.api_url)           # `prefect worker start --pool lmforge-process`
-    stop_all(ws)                               # both, by the pids recorded in <ws>/prefect/
+    deploy_all(ws, server.api_url)             # `prefect deploy --all --prefect-file <packaged prefect.yaml>`
+    stop_all(ws)                               # both, by the records (pid + start time) in <ws>/prefect/
 
 The server keeps its database in the workspace (<ws>/prefect), the same one the
 embedded mode uses, so flow runs made before `up` show in its UI. While it is up,
 `lmforge` commands send their runs to it (see `active_api_url`); the plain `prefect`
-CLI needs `PREFECT_API_URL`, which `up` prints.
+CLI needs `PREFECT_API_URL`, which `up` prints. Processes are started, recognised and
+stopped by components/supervisor.py: a recorded pid that now belongs to another process
+is treated as gone, never signalled.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,11 +25,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmforge.components import supervisor
 from lmforge.components.errors import UserError
-from lmforge.components.workspace import Workspace, atomic_write_json
+from lmforge.components.resources import prefect_yaml
+from lmforge.components.workspace import Workspace
 
 WORK_POOL = "lmforge-process"
 STATE_FILE = "server.json"
+WORKER_FILE = "worker.json"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class ServerInfo:
     api_url: str
     ui_url: str
     pid: int
+    create_time: float = 0.0
 
 
 def prefect_bin() -> str:
@@ -50,12 +56,13 @@ def server_env(ws: Workspace, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
-def wait_healthy(api_url: str, *, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+def wait_healthy(api_url: str, *, timeout: float, rec: supervisor.ProcessRecord | None = None,
+                 log: Path | None = None) -> None:
     """Poll `<api>/health` until it answers 200; fail with the log's tail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}:\n{_tail(log)}")
+        if rec is not None and not supervisor.alive(rec):
+            raise RuntimeError(f"prefect server exited:\n{_tail(log)}")
         try:
             with urllib.request.urlopen(f"{api_url}/health", timeout=2) as r:
                 if r.status == 200:
@@ -70,67 +77,70 @@ def start_server(ws: Workspace, *, port: int = 4200, timeout: float = 120) -> Se
     existing = active_server(ws)
     if existing is not None:
         return existing
-    ws.prefect.mkdir(parents=True, exist_ok=True)
     log = ws.prefect / "server.log"
     api_url = f"http://127.0.0.1:{port}/api"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                                env=server_env(ws), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    rec = supervisor.start([prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                           log=log, env=server_env(ws))
     try:
-        wait_healthy(api_url, timeout=timeout, proc=proc, log=log)
+        wait_healthy(api_url, timeout=timeout, rec=rec, log=log)
     except BaseException:
-        _kill(proc.pid)
+        supervisor.stop(rec)
         raise
-    info = ServerInfo(api_url=api_url, ui_url=f"http://127.0.0.1:{port}", pid=proc.pid)
-    atomic_write_json(ws.prefect / STATE_FILE, info.__dict__)
+    info = ServerInfo(api_url=api_url, ui_url=f"http://127.0.0.1:{port}", pid=rec.pid, create_time=rec.create_time)
+    supervisor.save(rec, ws.prefect / STATE_FILE, api_url=info.api_url, ui_url=info.ui_url)
     return info
 
 
+def prefect_cli(ws: Workspace, api_url: str, *args: str, check: bool = True,
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`prefect <args>` against `api_url`; its output goes to <ws>/prefect/cli.log. A failure (with `check`)
+    raises one line: the command, its exit code, its last line and where the rest is."""
+    done = subprocess.run([prefect_bin(), *args], cwd=cwd, env=server_env(ws, api_url), capture_output=True, text=True)
+    log = ws.prefect / "cli.log"
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"$ prefect {' '.join(args)}  (exit {done.returncode})\n{done.stdout}{done.stderr}\n")
+    if check and done.returncode != 0:
+        last = next((line.strip() for line in reversed((done.stdout + done.stderr).splitlines()) if line.strip()), "")
+        raise RuntimeError(f"`prefect {' '.join(args[:3])}` failed with exit code {done.returncode}: {last} "
+                           f"(full output: {log})")
+    return done
+
+
 def ensure_work_pool(ws: Workspace, api_url: str) -> None:
-    env = server_env(ws, api_url)
-    inspect = subprocess.run([prefect_bin(), "work-pool", "inspect", WORK_POOL], env=env, capture_output=True, text=True)
-    if inspect.returncode == 0:
+    if prefect_cli(ws, api_url, "work-pool", "inspect", WORK_POOL, check=False).returncode == 0:
         return
-    made = subprocess.run([prefect_bin(), "work-pool", "create", WORK_POOL, "--type", "process"],
-                          env=env, capture_output=True, text=True)
-    if made.returncode != 0:
-        raise RuntimeError(f"could not create work pool {WORK_POOL}: {made.stdout}{made.stderr}")
+    prefect_cli(ws, api_url, "work-pool", "create", WORK_POOL, "--type", "process")
 
 
 def start_worker(ws: Workspace, api_url: str) -> int:
-    """A process worker for the lmforge pool; flow runs start in the repo root with this Python."""
+    """A process worker for the lmforge pool; flow runs start in the workspace with this Python."""
     ensure_work_pool(ws, api_url)
-    pid_file = ws.prefect / "worker.pid"
-    if pid_file.exists() and _alive(int(pid_file.read_text())):
-        return int(pid_file.read_text())
-    repo = Path(__file__).resolve().parent.parent
+    running = supervisor.load(ws.prefect / WORKER_FILE)
+    if running is not None and supervisor.alive(running):
+        return running.pid
     env = server_env(ws, api_url)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    with open(ws.prefect / "worker.log", "ab") as out:
-        proc = subprocess.Popen([prefect_bin(), "worker", "start", "--pool", WORK_POOL, "--name", "lmforge-local"],
-                                env=env, cwd=repo, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    pid_file.write_text(str(proc.pid))
-    return proc.pid
+    rec = supervisor.start([prefect_bin(), "worker", "start", "--pool", WORK_POOL, "--name", "lmforge-local"],
+                           log=ws.prefect / "worker.log", env=env, cwd=ws.root)
+    supervisor.save(rec, ws.prefect / WORKER_FILE)
+    return rec.pid
 
 
 def deploy_all(ws: Workspace, api_url: str) -> str:
-    """`prefect deploy --all` from the repo root, against the server."""
+    """`prefect deploy --all` of the packaged prefect.yaml (module entrypoints), run from the workspace."""
     ensure_work_pool(ws, api_url)
-    repo = Path(__file__).resolve().parent.parent
-    done = subprocess.run([prefect_bin(), "--no-prompt", "deploy", "--all"], cwd=repo, env=server_env(ws, api_url),
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"prefect deploy --all failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return done.stdout
+    return prefect_cli(ws, api_url, "--no-prompt", "deploy", "--all", "--prefect-file", str(prefect_yaml()),
+                       cwd=ws.root).stdout
 
 
 def active_server(ws: Workspace) -> ServerInfo | None:
-    """The server `up` started for this workspace, if it is still running."""
+    """The server `up` started for this workspace, if that very process is still running."""
     state = ws.prefect / STATE_FILE
-    if not state.exists():
+    rec = supervisor.load(state)
+    if rec is None or not supervisor.alive(rec):
         return None
-    info = ServerInfo(**json.loads(state.read_text()))
-    return info if _alive(info.pid) else None
+    data = json.loads(state.read_text())
+    return ServerInfo(api_url=data["api_url"], ui_url=data["ui_url"], pid=rec.pid, create_time=rec.create_time)
 
 
 def active_api_url(ws: Workspace) -> str | None:
@@ -139,20 +149,20 @@ def active_api_url(ws: Workspace) -> str | None:
 
 
 def stop_worker(ws: Workspace) -> bool:
-    pid_file = ws.prefect / "worker.pid"
-    if not pid_file.exists():
-        return False
-    stopped = _kill(int(pid_file.read_text()))
-    pid_file.unlink()
-    return stopped
+    return _stop(ws.prefect / WORKER_FILE)
 
 
 def stop_server(ws: Workspace) -> bool:
-    state = ws.prefect / STATE_FILE
-    if not state.exists():
+    return _stop(ws.prefect / STATE_FILE)
+
+
+def _stop(state: Path) -> bool:
+    """Stop the process a state file records (only if it is that very process), then drop the file."""
+    rec = supervisor.load(state)
+    if rec is None:
         return False
-    stopped = _kill(json.loads(state.read_text())["pid"])
-    state.unlink()
+    stopped = supervisor.stop(rec)
+    state.unlink(missing_ok=True)
     return stopped
 
 
@@ -166,39 +176,6 @@ def require_server(ws: Workspace) -> ServerInfo:
     if info is None:
         raise UserError("prefect server", None, "is not running for this workspace", "Start it with: lmforge prefect up")
     return info
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _kill(pid: int, grace: float = 10) -> bool:
-    """SIGTERM the process group, then SIGKILL after `grace` seconds; True if it was running."""
-    if not _alive(pid):
-        return False
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _alive(pid):
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        time.sleep(0.2)
-    if _alive(pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return True
 
 
 def _tail(log: Path | None, n: int = 30) -> str:

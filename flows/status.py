@@ -1,6 +1,7 @@
 """`lmforge status`: what the workspace holds, read from its files and the MLflow registry.
 
     render_status(Workspace.from_env(), Console())
+    status_dict(Workspace.from_env())       # the same, as JSON-able data (`lmforge status --json`)
 """
 
 from __future__ import annotations
@@ -65,11 +66,17 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
              "state": f"stopped {str(s['stopped_at'])[:19]}" if s.get("stopped_at") else f"running (pid {s.get('pid')})"}]
 
 
+def status_dict(ws: Workspace) -> dict[str, Any]:
+    """{"workspace": root, "datasets": [...], "training_runs": [...], "registered_models": [...], "deployments": [...]}."""
+    return {"workspace": str(ws.root), "datasets": dataset_rows(ws), "training_runs": run_rows(ws),
+            "registered_models": registry_rows(ws), "deployments": deployment_rows(ws)}
+
+
 def render_status(ws: Workspace, console: Console) -> None:
-    console.print(f"workspace: {ws.root}")
-    sections = [("datasets", dataset_rows(ws)), ("training runs", run_rows(ws)),
-                ("registered models", registry_rows(ws)), ("deployments", deployment_rows(ws))]
-    for title, rows in sections:
+    status = status_dict(ws)
+    console.print(f"workspace: {status.pop('workspace')}")
+    for key, rows in status.items():
+        title = key.replace("_", " ")
         if not rows:
             console.print(f"[bold]{title}[/bold]: none")
             continue

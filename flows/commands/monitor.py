@@ -22,12 +22,14 @@ from rich.table import Table
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
+from lmforge.flows.output import emit_json, json_mode
 
 app = typer.Typer(no_args_is_help=True, help="Drift reports and demo traffic.")
 console = Console()
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
 
 def latest_report(ws: Workspace) -> Path:
@@ -39,31 +41,31 @@ def latest_report(ws: Workspace) -> Path:
 
 
 @app.command()
-def report(as_json: Annotated[bool, typer.Option("--json", help="print summary.json as is")] = False) -> None:
+def report(as_json: Annotated[bool, typer.Option("--json", help="print summary.json, plus the report's path")] = False) -> None:
     """Print the latest drift summary and the path of its HTML report."""
     folder = latest_report(Workspace.from_env())
     summary = json.loads((folder / "summary.json").read_text())
     if as_json:
-        console.print_json(json.dumps(summary, default=str))
-    else:
-        drift = summary["drift"]
-        console.print(f"[bold]{summary['decision']}[/bold]: {drift['reason']}")
-        console.print(f"window {summary['window']['start']} → {summary['window']['end']}: {drift['rows']} requests "
-                      f"(min {drift['min_rows']}); corrupt log lines skipped: "
-                      f"{summary['log']['corrupt_lines_skipped']}")
-        if drift["columns"]:
-            table = Table(title_justify="left")
-            for col in ("column", "test", "p-value", "score", "threshold", "drift"):
-                table.add_column(col)
-            for name, c in drift["columns"].items():
-                table.add_row(name, c["test"], _num(c["pvalue"]), _num(c["score"]), _num(c["threshold"]),
-                              "[red]DRIFT[/red]" if c["drifted"] else "ok")
-            console.print(table)
-        if summary.get("calibration"):
-            cal = summary["calibration"]
-            console.print(f"calibration: {cal['splits']} A/A splits of {cal['rows']} requests, false alarm rate "
-                          f"{cal['false_alarm_rate']:.3f} (target {cal['target']})")
-        console.print(f"trigger: {summary['trigger']['action']} ({summary['trigger']['reason']})")
+        emit_json({**summary, "report_html": str(folder / "report.html")})
+        return
+    drift = summary["drift"]
+    console.print(f"[bold]{summary['decision']}[/bold]: {drift['reason']}")
+    console.print(f"window {summary['window']['start']} → {summary['window']['end']}: {drift['rows']} requests "
+                  f"(min {drift['min_rows']}); corrupt log lines skipped: "
+                  f"{summary['log']['corrupt_lines_skipped']}")
+    if drift["columns"]:
+        table = Table(title_justify="left")
+        for col in ("column", "test", "p-value", "score", "threshold", "drift"):
+            table.add_column(col)
+        for name, c in drift["columns"].items():
+            table.add_row(name, c["test"], _num(c["pvalue"]), _num(c["score"]), _num(c["threshold"]),
+                          "[red]DRIFT[/red]" if c["drifted"] else "ok")
+        console.print(table)
+    if summary.get("calibration"):
+        cal = summary["calibration"]
+        console.print(f"calibration: {cal['splits']} A/A splits of {cal['rows']} requests, false alarm rate "
+                      f"{cal['false_alarm_rate']:.3f} (target {cal['target']})")
+    console.print(f"trigger: {summary['trigger']['action']} ({summary['trigger']['reason']})")
     console.print(f"report: {folder / 'report.html'}")
 
 
@@ -79,8 +81,9 @@ def traffic(
     url: Annotated[str | None, typer.Option(help="Triton HTTP host:port (default: the workspace's server)")] = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Send demo requests to the served model through the Triton client."""
+    """Send demo requests to the served model through the Triton client; say how many were served."""
     from lmforge.components.config import load_config
     from lmforge.deploy.client import RequestFailed, generate
     from lmforge.deploy.server import read_state, running_server
@@ -109,6 +112,11 @@ def traffic(
         generate(url, [prompt], model=model, max_new_tokens=m.traffic_max_new_tokens)
 
     kind = "shifted" if shifted else "normal"
-    with console.status(f"sending {count} {kind} requests to {url} ({m.traffic_concurrency} at a time)"):
+    with json_mode(as_json), console.status(f"sending {count} {kind} requests to {url} ({m.traffic_concurrency} at a time)"):
         result = send_traffic(prompts, send, kind=kind, concurrency=m.traffic_concurrency, refused=(RequestFailed,))
-    console.print_json(json.dumps(result.to_dict()))
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    r = result.to_dict()
+    console.print(f"{r['kind']}: {r['sent']} sent, {r['ok']} served, {r['refused']} refused in {r['seconds']} s"
+                  f" ({r['requests_per_s']} requests/s)")

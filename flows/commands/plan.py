@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-import json
+import enum
 from typing import Annotated
 
 import typer
@@ -19,28 +19,33 @@ from rich.table import Table
 from lmforge.components.sections.training import PRESETS, ModelConfig
 from lmforge.components.training.model import param_count
 from lmforge.components.training.planner import PlanInput, make_plan, parse_size, shape_for
+from lmforge.flows.output import emit_json
 
 console = Console()
+
+
+class Precision(str, enum.Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
 
 
 def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="preset (tiny, demo, 125m, 1b) or size (7b, 1.3e9)")] = "7b",
     devices: Annotated[int, typer.Option(help="GPUs (or CPU ranks) in the job", min=1)] = 8,
     memory_gb: Annotated[float, typer.Option("--memory-gb", help="memory per device, GB", min=0.1)] = 80.0,
-    precision: Annotated[str, typer.Option(help="bf16 | fp16 | fp32")] = "bf16",
-    seq_len: Annotated[int, typer.Option("--seq-len", min=1)] = 2048,
-    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1)] = 1,
+    precision: Annotated[Precision, typer.Option(help="training precision of weights and activations")] = Precision.bf16,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="tokens per sequence")] = 2048,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", min=1, help="sequences per device per step")] = 1,
     vocab: Annotated[int, typer.Option(help="vocabulary size, for presets and the logits", min=2)] = 32000,
-    activation_checkpointing: Annotated[bool, typer.Option("--activation-checkpointing")] = False,
+    activation_checkpointing: Annotated[bool, typer.Option(
+        "--activation-checkpointing", help="recompute activations in the backward pass (keeps one per layer)")] = False,
     pp: Annotated[int, typer.Option(help="pipeline stages", min=1)] = 1,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree", min=1)] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Per-device memory (weights, gradients, optimizer, activations) per strategy; recommends the cheapest that fits."""
-    from lmforge.components.errors import UserError
-
-    if precision not in ("bf16", "fp16", "fp32"):
-        raise UserError("--precision", precision, "is not a precision", "Use bf16, fp16 or fp32")
+    precision = Precision(precision).value
     if model.lower() in PRESETS:
         cfg = ModelConfig(preset=model.lower())
         s = cfg.sizes()
@@ -53,7 +58,7 @@ def plan(
                                  micro_batch=micro_batch, activation_checkpointing=activation_checkpointing, pp=pp, tp=tp,
                                  label=model, **shape))
     if as_json:
-        console.print_json(json.dumps(result.to_dict()))
+        emit_json(result.to_dict())
         return
     table = Table(title=f"{model}: {params / 1e9:.3g}B params on {devices} x {memory_gb:g} GB, {precision}, "
                         f"seq {seq_len} x micro-batch {micro_batch}, pp {pp} x tp {tp} x dp {result.dp}")

@@ -10,7 +10,6 @@ The model is `[registry] model_name` of the config (--config/--set), or --model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lmforge.components.workspace import Workspace
+from lmforge.flows.output import emit_json
 
 app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
 console = Console()
@@ -26,7 +26,7 @@ console = Console()
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="registered model name (default: [registry] model_name)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of a table")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
 
 def _model(model: str | None, config: Path | None, set_: list[str] | None) -> str:
@@ -49,7 +49,7 @@ def list_(model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
     name = _model(model, config, set_)
     rows = list_versions(Workspace.from_env(), name)
     if as_json:
-        console.print_json(json.dumps(rows, default=str))
+        emit_json(rows)
         return
     table = Table(title=f"{name}: {len(rows)} versions", title_justify="left")
     for col in ("version", "aliases", "bpc", "unigram_bpc", "rougeL", "bleu", "decision", "parent", "dataset", "training run"):
@@ -71,7 +71,7 @@ def history(alias: Annotated[str | None, typer.Option(help="only this alias")] =
     name = _model(model, config, set_)
     moves = read_history(Workspace.from_env(), name, alias=alias)
     if as_json:
-        console.print_json(json.dumps([m.to_dict() for m in moves]))
+        emit_json([m.to_dict() for m in moves])
         return
     table = Table(title=f"{name}: alias history", title_justify="left")
     for col in ("when (UTC)", "who", "alias", "action", "from", "to", "why"):
@@ -84,12 +84,15 @@ def history(alias: Annotated[str | None, typer.Option(help="only this alias")] =
 @app.command()
 def rollback(reason: Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit trail)")],
              alias: Annotated[str, typer.Option(help="the alias to move back")] = "champion",
-             model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+             model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Move an alias (champion by default) back to its previous holder, recording why."""
     from lmforge.components.registry import rollback as do_rollback
 
     name = _model(model, config, set_)
     move = do_rollback(Workspace.from_env(), name, reason=reason, alias=alias)
+    if as_json:
+        emit_json(move.to_dict())
+        return
     console.print(f"{name}@{alias}: version {move.from_version} -> {move.to_version} ({move.why}; by {move.who})")
 
 
@@ -97,7 +100,7 @@ def rollback(reason: Annotated[str, typer.Option("--reason", "-r", help="why (ke
 def promote(version: Annotated[str, typer.Argument(help="the version to point the alias at")],
             reason: Annotated[str, typer.Option("--reason", "-r", help="why (kept in the audit trail)")],
             alias: Annotated[str, typer.Option(help="the alias to move")] = "champion",
-            model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None) -> None:
+            model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Point an alias at a version by hand (bypassing the gate), recording why."""
     from lmforge.components.registry import resolve_version, set_alias
 
@@ -105,4 +108,7 @@ def promote(version: Annotated[str, typer.Argument(help="the version to point th
     ws = Workspace.from_env()
     v = resolve_version(ws, name, version)
     move = set_alias(ws, name, alias, v, reason=reason, action="promote")
+    if as_json:
+        emit_json(move.to_dict())
+        return
     console.print(f"{name}@{alias}: version {move.from_version or '-'} -> {move.to_version} ({move.why}; by {move.who})")

@@ -1,0 +1,85 @@
+"""Quiet by default: a run shows lmforge's own lines, not third-party progress bars and known noise.
+
+    quiet.configure(verbose=False)   # once, first thing in the CLI: environment, log levels, warning filters
+    quiet.verbose()                  # True under `lmforge -v ...` (LMFORGE_VERBOSE=1); ranks' output shows then
+
+Everything is set in one place and mostly through the environment, so that it reaches
+every child too: DeepSpeed's ranks, the Prefect worker and the flow runs it starts. A value
+the user already set wins (setdefault). Only the warnings listed in KNOWN_NOISE are
+filtered, by their text: any other warning, and every error, still shows. `-v` sets
+nothing and lets everything through.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+ENV_VERBOSE = "LMFORGE_VERBOSE"
+
+# Read by the libraries when they are imported, in this process and in its children.
+QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",                 # transformers' "Loading weights", "Writing model shards"
+    "TQDM_DISABLE": "1",                                 # any other tqdm bar (tqdm reads TQDM_* as defaults)
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",     # mlflow's "Downloading artifacts" / "Uploading artifacts"
+    "TRANSFORMERS_VERBOSITY": "error",                   # "You are using a model of type ..." and its kind
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+
+# (message prefix, category): warnings that say nothing a user of lmforge can act on.
+KNOWN_NOISE: list[tuple[str, type[Warning]]] = [
+    # mlflow, for every registration: lmforge's pyfunc takes a DataFrame on purpose.
+    ("Add type hints to the `predict` method", UserWarning),
+    # DeepSpeed and the torch it runs on: deprecations inside their own code.
+    ("torch.distributed.reduce_op is deprecated", FutureWarning),
+    ("The 'DeepSpeedCPUAdam'", UserWarning),
+    ("`torch.cuda.amp.custom_fwd(args...)` is deprecated", FutureWarning),
+    ("`torch.cuda.amp.custom_bwd(args...)` is deprecated", FutureWarning),
+    ("torch.cuda.amp.GradScaler(args...)` is deprecated", FutureWarning),
+    ("pkg_resources is deprecated as an API", UserWarning),
+]
+
+# Loggers whose INFO/WARNING lines are routine here ("Setting accelerator to CPU" on a CPU machine).
+NOISY_LOGGERS = {"DeepSpeed": logging.ERROR, "transformers": logging.ERROR, "mlflow.pyfunc": logging.ERROR,
+                 "mlflow.models.model": logging.ERROR, "mlflow.utils.requirements_utils": logging.ERROR}
+
+
+def verbose() -> bool:
+    return os.environ.get(ENV_VERBOSE) == "1"
+
+
+def pythonwarnings() -> str:
+    """KNOWN_NOISE as a PYTHONWARNINGS value, so that child interpreters filter the same warnings."""
+    return ",".join(f"ignore:{msg}:{cat.__name__}" for msg, cat in KNOWN_NOISE if "," not in msg and ":" not in msg)
+
+
+def configure(*, verbose: bool = False) -> None:
+    """Quiet (or, with `verbose`, leave alone) this process and every process it starts from now on."""
+    os.environ[ENV_VERBOSE] = "1" if verbose else "0"
+    if verbose:
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    inherited = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [inherited, pythonwarnings()]))
+    for msg, cat in KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=re.escape(msg), category=cat)
+    for name, level in NOISY_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+
+
+class DropTracebacks(logging.Filter):
+    """Prefect logs a failed run's traceback; the CLI says the error in one line (`--debug` shows both)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def one_line_failures() -> None:
+    """Drop tracebacks from Prefect's flow- and task-run logs in this process."""
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logging.getLogger(name).addFilter(DropTracebacks())
