@@ -1,12 +1,15 @@
 """The monitor stage: profile the request log against the training reference, decide, report, retrain on drift.
 
-    lmforge run monitor                         # on the latest dataset and the workspace's request log
+    lmforge run monitor                         # the production version's traffic against its own reference
     monitor_flow(load_config("configs/demo.toml"))   # {"decision", "report", "summary", ...}
 
+The reference is the served version's own (the `production` alias: its dataset, its
+tokenizer), and only that version's rows of the request log are read.
 Monitoring decides (monitoring/), this flow acts: on "drift: retrain", outside the
-cool-down, it starts the training deployment (`monitoring.training_deployment`) with
-`run_deployment` when a Prefect server is configured (PREFECT_API_URL), or runs
-flows.train.train_flow directly in the embedded default. Every trigger is recorded in
+cool-down and when no retrain holds the lock, it starts retraining, the lifecycle of
+flows/retrain.py: the `monitoring.training_deployment` (retrain/on-demand) with
+`run_deployment` when a Prefect server is configured (PREFECT_API_URL), or
+flows.retrain.retrain_flow directly in the embedded default. Every trigger is recorded in
 <workspace>/monitoring/triggers.jsonl; the report and its summary go to
 <workspace>/monitoring/reports/<time>/ and to the MLflow experiment `monitoring`.
 """
@@ -144,10 +147,20 @@ def assess_task(ws_root: str, ref_folder: str, cfg: MonitoringConfig, now: datet
                   windows_folder=ws.monitoring / "windows" / f"{model}-v{version}")
 
 
-def start_retraining(cfg: PipelineConfig) -> dict[str, Any]:
-    """Start the training deployment on a Prefect server, or the train flow right here in the embedded default."""
+def start_retraining(cfg: PipelineConfig, reason: str) -> dict[str, Any]:
+    """Start the retrain deployment on a Prefect server, or flows.retrain.retrain_flow here in the embedded default.
+
+    Retraining is the lifecycle (data with the new domain, train, evaluate and gate, compress,
+    deploy: flows/retrain.py). A retrain that is already running (its lock is held) is not
+    started again: {"started": False, "busy": "..."}.
+    """
     from prefect.settings import PREFECT_API_URL
 
+    from lmforge.flows.retrain import BUSY, retrain_busy, retrain_flow
+
+    busy = retrain_busy(Workspace.from_env())
+    if busy:
+        return {"started": False, "busy": busy}
     name = cfg.monitoring.training_deployment
     api_url = PREFECT_API_URL.value()   # the environment's, or a `temporary_settings` override
     if api_url:
@@ -155,22 +168,18 @@ def start_retraining(cfg: PipelineConfig) -> dict[str, Any]:
         from prefect.exceptions import ObjectNotFound
 
         try:
-            run = run_deployment(name=name, parameters={"cfg": cfg.model_dump(mode="json")}, timeout=0,
-                                 tags=["lmforge", "trigger:drift"])
+            run = run_deployment(name=name, parameters={"cfg": cfg.model_dump(mode="json"), "reason": reason},
+                                 timeout=0, tags=["lmforge", "trigger:drift"])
         except ObjectNotFound:
             raise UserError("monitoring.training_deployment", name,
                             f"is not a deployment on the Prefect server at {api_url}",
                             "Register the deployments (lmforge prefect deploy) or set training_deployment") from None
         return {"started": True, "via": "deployment", "deployment": name, "flow_run_id": str(run.id),
                 "flow_run_name": run.name}
-    from lmforge.flows.pipeline import available_stages, stage_flow
-
-    if "train" not in available_stages():
-        raise UserError("monitor", "drift", "needs the training stage to retrain, and flows/train.py is missing",
-                        "Install the full lmforge, or set monitoring.retrain=false")
-    result = stage_flow("train")(cfg)
-    brief = result.get("summary", result) if isinstance(result, dict) else result
-    return {"started": True, "via": "flow", "flow": "train", "result": brief}
+    result = retrain_flow(cfg, reason=reason)
+    if result["outcome"] == BUSY:   # another process took the lock between the check and the flow
+        return {"started": False, "busy": result["reason"]}
+    return {"started": True, "via": "flow", "flow": "retrain", "result": result}
 
 
 def _summary(cfg: PipelineConfig, version: str, ref_meta: dict[str, Any], a: Assessment, trigger: dict[str, Any],
@@ -239,7 +248,9 @@ def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: 
     trigger: dict[str, Any] = plan.to_record(window=a.window, drifted=a.result.drifted, started=False)
     if plan.action == STARTED:
         try:
-            trigger.update(start_retraining(cfg))
+            trigger.update(start_retraining(cfg, reason=f"{plan.decision}: {a.result.reason}"))
+            if trigger.get("busy"):
+                trigger["action"] = "busy"   # not a start: the cool-down does not count it
         except Exception as e:
             trigger.update(started=False, error=f"{type(e).__name__}: {e}")
             record_trigger(ws.monitoring, trigger)
@@ -259,5 +270,6 @@ def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: 
              "false_alarm_rate": a.calibration.false_alarm_rate if a.calibration else None}
     print(f"monitor: {summary['decision']} ({a.result.reason}); trigger: {trigger['action']}; report {paths['html']}")
     return {"decision": summary["decision"], "report": paths["html"], "summary": brief, "reason": a.result.reason,
-            "trigger": {k: v for k, v in trigger.items() if k != "result"}, "mlflow_run_id": run_id,
+            "trigger": {k: v for k, v in trigger.items() if k != "result"}, "retrain": trigger.get("result"),
+            "mlflow_run_id": run_id,
             "dataset_version": version, "served_version": served.version}

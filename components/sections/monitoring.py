@@ -60,8 +60,13 @@ class MonitoringConfig(Section):
 
     # Acting on a decision.
     retrain: bool = Field(True, description="start retraining on drift (false: decide and record only)")
-    training_deployment: str = Field("train/on-demand", pattern=r"^[^/]+/[^/]+$",
-                                     description="the Prefect deployment started on drift when a server is configured")
+    training_deployment: str = Field("retrain/on-demand", pattern=r"^[^/]+/[^/]+$",
+                                     description="the Prefect deployment started on drift when a server is configured "
+                                                 "(retrain: data, train, evaluate and gate, compress, deploy)")
+    retrain_source: str | None = Field(
+        None, description="a second corpus (JSONL with text, and optional prompt/reference/module fields) holding "
+                          "the new traffic's domain; retraining mixes it with the served model's dataset. Unset = "
+                          "retrain on the served dataset alone (the new domain is then not learned)")
     cooldown_minutes: float = Field(360.0, ge=0, description="no second retrain within this long of the last one")
 
     # Demo traffic (lmforge monitor traffic).

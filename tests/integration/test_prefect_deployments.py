@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXPECTED = {
     "pipeline/nightly": "0 2 * * *",
     "monitor/hourly": "0 * * * *",
-    "compress/after-training": None,
+    "compress/on-demand": None,
+    "retrain/on-demand": None,
     "data/on-demand": None,
     "features/on-demand": None,
     "train/on-demand": None,

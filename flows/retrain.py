@@ -1,0 +1,159 @@
+"""The drift loop's retraining: the lifecycle, not one stage, one retrain at a time.
+
+    retrain_flow(cfg, reason="drift: prompt_tokens")    # {"outcome", "serving", "reason", "stages", ...}
+    retrain_busy(ws)                                     # "a retrain is already running (pid 4242, since ...)" | None
+
+flows/monitor.py starts this on drift (the `retrain/on-demand` deployment on a Prefect
+server, or this flow directly in the embedded default). The stages, as subflows:
+
+1. data: the served model's dataset (every split's records) plus the new traffic's
+   domain, `monitoring.retrain_source` (a second corpus), written as one JSONL source;
+2. train; 3. evaluate, which registers the model and runs the gate;
+4. compress; 5. deploy, through Triton's rollout gate (only when the gate promoted).
+
+A model serves only if it passed the gate; otherwise the old version keeps serving and
+the reason is recorded, in the result and in `<ws>/monitoring/retrains.jsonl`. One retrain
+at a time: the flow holds an exclusive fcntl lock on `<ws>/monitoring/retrain.lock` for
+its whole run (a second one returns outcome "busy" at once and changes nothing); the
+kernel drops the lock when the holder dies, so a crash never leaves it stuck. The Prefect
+deployment also has concurrency limit 1 with CANCEL_NEW.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from lmforge.components.config import PipelineConfig, as_config
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace, atomic_write_text
+
+LOCK_FILE = "retrain.lock"
+JOURNAL = "retrains.jsonl"
+SERVING, REFUSED, BUSY = "serving", "refused", "busy"
+
+
+def _lock_path(ws: Workspace) -> Path:
+    return ws.monitoring / LOCK_FILE
+
+
+@contextlib.contextmanager
+def retrain_lock(ws: Workspace) -> Iterator[str | None]:
+    """Hold the retrain lock for the block; yields None when held here, else who holds it (nothing is waited for)."""
+    path = _lock_path(ws)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            yield f"a retrain is already running ({f.read().strip() or 'holder unknown'})"
+            return
+        try:
+            f.truncate(0)
+            f.write(f"pid {os.getpid()}, since {datetime.now(timezone.utc).isoformat()}")
+            f.flush()
+            yield None
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def retrain_busy(ws: Workspace) -> str | None:
+    """Who holds the retrain lock right now, or None when a retrain may start."""
+    with retrain_lock(ws) as holder:
+        return holder
+
+
+def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out: Path) -> dict[str, Any]:
+    """One JSONL source: the served dataset's records and the retrain_source corpus; {"path", "old", "new"}."""
+    v = cfg.data.validation
+    rows: list[str] = []
+    records = ws.dataset_dir(dataset_version) / "records"
+    for split in ("train", "validation", "test"):
+        path = records / f"{split}.jsonl"
+        for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+            if line.strip():
+                r = json.loads(line)
+                rows.append(json.dumps({v.id_field: r["id"], v.text_field: r["text"], v.prompt_field: r["signature"],
+                                        v.reference_field: r["summary"], v.group_field: r["module"]}))
+    old = len(rows)
+    if not old:
+        raise UserError("retrain", f"dataset {dataset_version}", "has no records to retrain on",
+                        "Re-run the data stage that made the served model's dataset")
+    new = 0
+    source = cfg.monitoring.retrain_source
+    if source is not None:
+        path = Path(source).expanduser()
+        if not path.is_file() or path.suffix != ".jsonl":
+            raise UserError("monitoring.retrain_source", source, "is not a JSONL file",
+                            "Point it at a JSONL corpus of the new traffic's domain (a `text` field per line), "
+                            "or unset it")
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows += lines
+        new = len(lines)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, "\n".join(rows) + "\n")
+    return {"path": str(out), "old": old, "new": new, "source": source}
+
+
+def _record(ws: Workspace, result: dict[str, Any]) -> dict[str, Any]:
+    path = ws.monitoring / JOURNAL
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(result, sort_keys=True, default=str) + "\n").encode())
+    finally:
+        os.close(fd)
+    return result
+
+
+@flow(name="retrain", log_prints=True)
+def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual") -> dict[str, Any]:
+    """Data (with the new domain), train, evaluate + gate, compress, deploy; {"outcome", "serving", "reason", ...}."""
+    from lmforge.components.registry import current
+    from lmforge.flows.monitor import served_model
+    from lmforge.flows.pipeline import stage_flow
+
+    cfg = as_config(cfg)
+    ws = Workspace.from_env().ensure()
+    started = datetime.now(timezone.utc).isoformat()
+    name = cfg.registry.model_name
+    with retrain_lock(ws) as holder:
+        if holder is not None:
+            return _record(ws, {"at": started, "trigger": reason, "outcome": BUSY, "reason": holder,
+                                "serving": current(ws, name, "production"), "stages": {}})
+        served = served_model(ws, cfg)
+        corpus = retrain_corpus(ws, cfg, served.dataset_version,
+                                ws.monitoring / "retrain" / started.replace(":", "") / "corpus.jsonl")
+        run_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": corpus["path"]})})
+        stages: dict[str, Any] = {"corpus": corpus}
+        stages["data"] = stage_flow("data")(run_cfg)["summary"]
+        stages["train"] = stage_flow("train")(run_cfg)["summary"]
+        evaluated = stage_flow("evaluate")(run_cfg)
+        stages["evaluate"] = evaluated["summary"]
+        decision = evaluated["decision"]
+        result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
+                  "stages": stages}
+        if not decision["promote"]:
+            result.update(outcome=REFUSED, serving=current(ws, name, "production"),
+                          reason=f"gate: {decision['reason']}")
+        else:
+            stages["compress"] = stage_flow("compress")(run_cfg).get("summary")
+            from lmforge.deploy.rollout import RolloutRefused
+
+            try:
+                stages["deploy"] = stage_flow("deploy")(run_cfg)["summary"]
+                result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
+            except RolloutRefused as e:
+                result.update(outcome=REFUSED, reason=f"rollout: {e}")
+            result["serving"] = current(ws, name, "production")
+        print(f"retrain: {result['outcome']}: v{result['serving']} serves; {result['reason']}")
+        return _record(ws, result)
