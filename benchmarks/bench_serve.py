@@ -195,7 +195,7 @@ def main() -> None:
                     print(point, flush=True)
                     results["points"].append(point)
         finally:
-            server.stop_server(info.pid)
+            server.stop_server(info)
         import os
 
         send, close = naive_sender(model_dir, args.new_tokens, threads=os.cpu_count() or 1)

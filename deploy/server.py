@@ -3,22 +3,21 @@
     info = start_server(ws.triton / "repo", cfg, log_path=ws.triton / "server.log")   # ports 0 = free ones
     wait_ready(info, timeout=cfg.readiness_timeout_s)      # /v2/health/ready == 200, or UserError with the log tail
     write_state(ws, info, model="lmforge", version=3)      # <ws>/triton/state.json, read by `lmforge status`
-    stop_server(info.pid)                                  # SIGTERM, then SIGKILL of its process group
+    stop_server(info)                                      # SIGTERM, then SIGKILL of its process group
 
 The binary and its python backend come from nvidia-pytriton in the serving environment
-(.venv-serve, or $LMFORGE_SERVE_VENV), run as DESIGN.md §6 says: that venv's bin first
+(.venv-serve, or $LMFORGE_SERVE_VENV), run as docs/architecture.md (Serving) says: that venv's bin first
 on PATH, VIRTUAL_ENV set to it (the python stub takes its site-packages from there),
 and LD_LIBRARY_PATH at its base interpreter's libpython. The server uses explicit model
 control (models load only when asked), strict readiness (ready = every loaded model
-ready), and keeps running when a model fails to load.
+ready), and keeps running when a model fails to load. The process is started, recognised
+(pid + start time, never its name) and stopped by components/supervisor.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from lmforge.components import supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.requestlog import now_iso
@@ -38,8 +38,6 @@ from lmforge.deploy import control
 
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
 SERVE_VENV_NAME = ".venv-serve"
-
-_children: dict[int, subprocess.Popen] = {}  # servers this process started, so that stopping one reaps it
 
 
 @dataclass(frozen=True)
@@ -52,6 +50,11 @@ class ServerInfo:
     repository: str
     log: str
     started_at: str
+    create_time: float = 0.0   # the process's start time (psutil): with pid, what names it
+
+    @property
+    def process(self) -> supervisor.ProcessRecord:
+        return supervisor.ProcessRecord(pid=self.pid, create_time=self.create_time, pgid=self.pid)
 
     @property
     def url(self) -> str:
@@ -116,15 +119,11 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[s
     key = control.server_key(repo.parent)  # model load/unload need it (deploy/control.py)
     cmd += control.restricted_flags(key)
     log_path = Path(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        # Its own session: Ctrl-C in a terminal that ran `lmforge serve --detach` does not reach it.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=server_env(), cwd=log_path.parent, start_new_session=True)
-    _children[proc.pid] = proc
+    # Its own session: Ctrl-C in a terminal that ran `lmforge serve --detach` does not reach it.
+    rec = supervisor.start(cmd, log=log_path, env=server_env(), cwd=log_path.parent)
     control.remember(f"{cfg.host}:{ports[0]}", key)
-    return ServerInfo(pid=proc.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
-                      repository=str(repo), log=str(log_path), started_at=now_iso())
+    return ServerInfo(pid=rec.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                      repository=str(repo), log=str(log_path), started_at=now_iso(), create_time=rec.create_time)
 
 
 def is_ready(info: ServerInfo, *, timeout: float = 2.0) -> bool:
@@ -147,7 +146,7 @@ def wait_ready(info: ServerInfo, *, timeout: float) -> None:
     """Block until the server answers ready; raise UserError (with the log's tail) if it dies or times out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not is_running(info.pid):
+        if not is_running(info):
             raise UserError("tritonserver", info.pid, f"exited while starting: {log_tail(info.log)}",
                             f"See {info.log}")
         if is_ready(info):
@@ -157,35 +156,14 @@ def wait_ready(info: ServerInfo, *, timeout: float) -> None:
                     f"See {info.log}, or raise deploy.readiness_timeout_s")
 
 
-def is_running(pid: int) -> bool:
-    """True while `pid` is a live tritonserver (not a zombie, not a recycled pid)."""
-    proc = _children.get(pid)
-    if proc is not None:  # ours: poll() also reaps it; /proc may still show the pre-exec cmdline just after start
-        return proc.poll() is None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return b"tritonserver" in cmdline and stat.rsplit(")", 1)[1].split()[0] != "Z"
+def is_running(info: ServerInfo) -> bool:
+    """True while the very process `info` names runs (a recycled pid or a zombie is not it)."""
+    return supervisor.alive(info.process)
 
 
-def stop_server(pid: int, *, timeout: float = 30.0) -> bool:
-    """Stop a server: SIGTERM (it drains in-flight requests), then SIGKILL of its process group. True if it ran."""
-    if not is_running(pid):
-        _reap(pid)
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and is_running(pid):
-        time.sleep(0.1)
-        _reap(pid, block=False)
-    if is_running(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)  # the group: the server and its python-backend stubs
-    _reap(pid)
-    return True
+def stop_server(info: ServerInfo, *, timeout: float = 30.0) -> bool:
+    """Stop a server: SIGTERM to it (it drains in-flight requests), then SIGKILL of its group. True if it ran."""
+    return supervisor.stop(info.process, grace=timeout, group=False)
 
 
 def log_tail(path: str | Path, *, lines: int = 6) -> str:
@@ -229,7 +207,7 @@ def running_server(ws: Workspace) -> ServerInfo | None:
     if not state or "server" not in state:
         return None
     info = info_from_state(state)
-    return info if is_running(info.pid) and is_live(info) else None
+    return info if is_running(info) and is_live(info) else None
 
 
 def _port_taken(host: str, port: int) -> bool:
@@ -240,14 +218,3 @@ def _port_taken(host: str, port: int) -> bool:
         except OSError:
             return True
     return False
-
-
-def _reap(pid: int, *, block: bool = True) -> None:
-    proc = _children.get(pid)
-    if proc is None:
-        return
-    try:
-        proc.wait(timeout=5 if block else 0.01)
-        _children.pop(pid, None)
-    except subprocess.TimeoutExpired:
-        pass

@@ -24,8 +24,8 @@ from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.deploy import client
 from lmforge.deploy.repository import build_version, served_versions
 from lmforge.deploy.rollout import RolloutResult, rollout
-from lmforge.deploy.server import (ServerInfo, read_state, running_server, start_server, stop_server, wait_ready,
-                           write_state)
+from lmforge.deploy.server import (ServerInfo, info_from_state, read_state, running_server, start_server, stop_server,
+                                   wait_ready, write_state)
 
 PRODUCTION = "production"
 
@@ -47,7 +47,7 @@ def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
     try:
         wait_ready(info, timeout=cfg.readiness_timeout_s)
     except BaseException:
-        stop_server(info.pid)
+        stop_server(info)
         raise
     write_state(ws, info, model=cfg.model_name, version=None)
     return info
@@ -136,6 +136,6 @@ def stop(ws: Workspace) -> dict[str, Any]:
     state = read_state(ws)
     if not state or "server" not in state:
         return {"stopped": False, "reason": "no server recorded in this workspace"}
-    stopped = stop_server(int(state["server"]["pid"]))
+    stopped = stop_server(info_from_state(state))
     atomic_write_json(ws.triton / "state.json", {**state, "pid": None, "stopped_at": now_iso()})
     return {"stopped": stopped, "pid": state["server"]["pid"]}

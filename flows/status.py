@@ -60,10 +60,17 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
     state = ws.triton / "state.json"
     if not state.exists():
         return []
+    from lmforge.deploy.server import info_from_state, is_running
+
     s = json.loads(state.read_text())
+    if s.get("stopped_at"):
+        where = f"stopped {str(s['stopped_at'])[:19]}"
+    elif "server" in s and is_running(info_from_state(s)):
+        where = f"running (pid {s.get('pid')})"
+    else:
+        where = f"not running (pid {s.get('pid')} has exited)"
     return [{"model": s.get("model"), "version": s.get("version"), "http": s.get("url"),
-             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}",
-             "state": f"stopped {str(s['stopped_at'])[:19]}" if s.get("stopped_at") else f"running (pid {s.get('pid')})"}]
+             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}", "state": where}]
 
 
 def status_dict(ws: Workspace) -> dict[str, Any]:

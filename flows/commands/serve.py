@@ -80,7 +80,7 @@ def serve(
 
     try:
         while not done.wait(1.0):
-            if not is_running(info.pid):
+            if not is_running(info):
                 raise UserError("tritonserver", info.pid, "exited", f"See {info.log}")
     except KeyboardInterrupt:
         pass

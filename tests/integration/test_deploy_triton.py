@@ -64,8 +64,8 @@ def dep(tmp_path_factory, tiny_model_dir):
         assert first.ok and first.serving == [1] and d.promoted == [1]
         yield d
     finally:
-        assert server.stop_server(info.pid), "the server should still have been running"
-        assert not server.is_running(info.pid)
+        assert server.stop_server(info), "the server should still have been running"
+        assert not server.is_running(info)
 
 
 def test_serves_over_http_and_grpc_and_reports_ready(dep):

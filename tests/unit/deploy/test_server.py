@@ -1,4 +1,4 @@
-"""How tritonserver is launched (DESIGN.md §6), without starting it."""
+"""How tritonserver is launched (docs/architecture.md, Serving), without starting it."""
 
 from __future__ import annotations
 
@@ -54,4 +54,17 @@ def test_state_file_round_trip(tmp_path):
     assert {k: state[k] for k in ("model", "version", "http", "grpc", "pid", "url")} == {
         "model": "lmforge", "version": 4, "http": 1, "grpc": 2, "pid": 123, "url": "http://127.0.0.1:1"}
     assert server.info_from_state(state) == info
-    assert server.running_server(ws) is None  # pid 123 is not a tritonserver
+    assert server.running_server(ws) is None  # pid 123 with another start time is not our server
+
+
+def test_a_recorded_server_whose_pid_was_reused_is_not_running_and_not_stopped(tmp_path):
+    """The state names a pid that now belongs to another process (this test's): not ours, never signalled."""
+    import os
+
+    import psutil
+
+    info = server.ServerInfo(pid=os.getpid(), host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
+                             repository="/r", log="/l", started_at="2026-01-01T00:00:00+00:00",
+                             create_time=psutil.Process().create_time() - 100)
+    assert not server.is_running(info)
+    assert server.stop_server(info, timeout=1) is False   # and this process is still here to assert it
