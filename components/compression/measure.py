@@ -1,14 +1,13 @@
-"""Evaluate a variant folder as the evaluation stage does, but loaded with `load_variant`.
+"""Evaluate a variant folder as the evaluation stage does, and add its size.
 
     metrics = evaluate_variant(variant_dir, ws.dataset_dir(v), cfg.evaluation)
     metrics["bpc"], metrics["rougeL"], metrics["tokens_per_s"], metrics["weight_bytes"]
 
-`components.evaluation.evaluate_model_dir` loads folders with a plain `from_pretrained`,
-which would score an int8 variant as the float model it is stored as, and cannot build
-a low-rank one. This runs the same measurements (evaluation's bits_per_character,
-generate, score_texts and latency summary, on the same seeded sample of the split) on
-the model `load_variant` rebuilds, and adds its size: params, bytes on disk, bytes of
-weights in memory. The parent is measured with this too, so every row of the trade-off
+This runs the evaluation stage's measurements (bits_per_character, the shared generation
+path, score_texts and the latency summary, on the same seeded sample of the split) on the
+model `load_variant` rebuilds (int8 as int8, low-rank with its factors: the loader
+Triton and the pyfunc run), and adds its size: params, bytes on disk, bytes of weights
+in memory. The parent is measured with this too, so every row of the trade-off
 table comes from the same code on the same machine within minutes.
 """
 
@@ -26,16 +25,8 @@ from lmforge.components.evaluation.evaluate import read_split
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import summarize
 from lmforge.components.evaluation.text_metrics import score_texts
+from lmforge.components.modelload import load_tokenizer
 from lmforge.components.sections.evaluation import EvaluationConfig
-
-
-def load_tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
 
 
 def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) -> dict[str, float]:

@@ -34,14 +34,14 @@ class FinetuneConfig(Section):
     lr: float = Field(3e-4, gt=0, lt=1, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, lt=1, description="AdamW weight decay")
     threads: int = Field(0, ge=0, description="torch CPU threads while training (0 = leave torch's default)")
-    bf16: bool = Field(True, description="bf16 autocast on CPU (several times the fp32 matmul rate on this kind of CPU)")
+    bf16: bool | None = Field(None, description="bf16 autocast; unset = only where bf16 is faster (CUDA with bf16, or a CPU whose measured bf16 matmul beats fp32)")
 
 
 class QuantizeConfig(Section):
     """int8 dynamic quantization of Linear layers for CPU serving, and fp16/bf16 casts."""
 
     enabled: bool = True
-    int8: bool = Field(True, description="build the int8 dynamic variant (torch.ao quantize_dynamic, re-applied at load)")
+    int8: bool = Field(True, description="build the int8 dynamic variant (torch.ao quantize_dynamic; stored as int8 weights + scales)")
     casts: list[Literal["bf16", "fp16"]] = Field(["bf16"], description="half-precision casts to build, one variant each")
     skip: list[str] = Field([], description="module-name suffixes kept in float (e.g. 'lm_head')")
 

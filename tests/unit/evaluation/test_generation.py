@@ -75,3 +75,36 @@ def test_latency_summary_from_hand_timings():
     assert s["ttft_ms"] == pytest.approx(100.0)
     assert s["tpot_ms"] == pytest.approx(100.0)  # (0.5 - 0.1) / 4; the one-token row has no TPOT
     assert s["tokens_per_s"] == pytest.approx(10.0)
+
+
+def test_rows_with_their_own_limits_in_one_batch_match_each_alone(model_and_tok):
+    from lmforge.components import generation as shared
+
+    model, tok = model_and_tok
+    encoded = [shared.encode_prompt(tok, p) for p in PROMPTS[:3]]
+    assert encoded[0][0] == tok.eos_token_id and len({len(e) for e in encoded}) > 1  # eos first; padding needed
+    together = shared.generate(model, tok, encoded, max_new_tokens=[3, 9, 5], stop_strings=(), scores=True)
+    alone = [shared.generate(model, tok, [e], max_new_tokens=n, stop_strings=(), scores=True)[0]
+             for e, n in zip(encoded, [3, 9, 5])]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert [o.tokens for o in together] == [3, 9, 5]
+    assert all(o.mean_logprob < 0 for o in together)
+    assert together[0].mean_logprob == pytest.approx(alone[0].mean_logprob, abs=1e-4)
+
+
+class _CharTokenizer:
+    """One character per token id; id 0 is eos."""
+    eos_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i != 0)
+
+
+def test_stopping_rule_keeps_the_stop_token_cuts_the_text_and_ends_at_eos():
+    from lmforge.components.generation import stopping_rule
+
+    tok = _CharTokenizer()
+    ids = [ord(c) for c in 'Ab."""x']
+    assert stopping_rule(tok, ids, ('"""',)) == (6, "Ab.")
+    assert stopping_rule(tok, [ord("A"), 0, ord("B")], ('"""',)) == (1, "A")
+    assert stopping_rule(tok, ids, ()) == (7, 'Ab."""x')
