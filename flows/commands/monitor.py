@@ -27,7 +27,7 @@ from lmforge.flows.output import emit_json, json_mode
 app = typer.Typer(no_args_is_help=True, help="Drift reports and demo traffic.")
 console = Console()
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 

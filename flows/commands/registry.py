@@ -23,7 +23,7 @@ from lmforge.flows.output import emit_json
 app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
 console = Console()
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="registered model name (default: [registry] model_name)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]

@@ -12,6 +12,7 @@ The server's address comes from <workspace>/triton/state.json, written by
 
 from __future__ import annotations
 
+import enum
 import json
 import signal
 import threading
@@ -23,12 +24,20 @@ from rich.console import Console
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
+from lmforge.flows.output import emit_json, json_mode
 
 console = Console()
+err_console = Console(stderr=True)
 deploy_app = typer.Typer(no_args_is_help=True, help="Manage the Triton deployment: rollback, stop.")
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML (default configs/demo.toml)")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
+
+
+class Protocol(str, enum.Enum):
+    http = "http"
+    grpc = "grpc"
 
 
 def _cfg(config: Path | None, set_: list[str] | None) -> Any:
@@ -51,12 +60,27 @@ def serve(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     detach: Annotated[bool, typer.Option("--detach", help="leave the server running and return")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Start Triton on loopback with the last rolled-out version (or roll out deploy.alias), then block."""
-    from lmforge.deploy import service
-
     cfg = _cfg(config, set_)
     ws = Workspace.from_env().ensure()
+    with json_mode(as_json):
+        info, versions = _start_serving(ws, cfg, detach)
+    if as_json:
+        emit_json({"model": cfg.deploy.model_name, "version": versions[-1], "http": f"http://{info.url}",
+                   "grpc": info.grpc_url, "pid": info.pid, "log": info.log})
+    else:
+        console.print(f"serving {cfg.deploy.model_name} v{versions[-1]}: http://{info.url}  grpc {info.grpc_url}  "
+                      f"(ready: curl localhost:{info.http_port}/v2/health/ready; log {info.log})")
+    if detach:
+        return
+    _block_until_stopped(ws, info)
+
+
+def _start_serving(ws: Workspace, cfg: Any, detach: bool) -> tuple[Any, list[int]]:
+    from lmforge.deploy import service
+
     info = service.ensure_server(ws, cfg.deploy)
     try:
         versions = service.serve_current(ws, cfg.deploy, info)
@@ -69,11 +93,13 @@ def serve(
         if not detach:
             service.stop(ws)
         raise
-    console.print(f"serving {cfg.deploy.model_name} v{versions[-1]}: http://{info.url}  grpc {info.grpc_url}  "
-                  f"(ready: curl localhost:{info.http_port}/v2/health/ready; log {info.log})")
-    if detach:
-        return
-    console.print("Ctrl-C stops the server")
+    return info, versions
+
+
+def _block_until_stopped(ws: Workspace, info: Any) -> None:
+    from lmforge.deploy import service
+
+    err_console.print("Ctrl-C stops the server")
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     from lmforge.deploy.server import is_running
@@ -85,12 +111,12 @@ def serve(
     except KeyboardInterrupt:
         pass
     finally:
-        console.print(json.dumps(service.stop(ws)))
+        err_console.print(json.dumps(service.stop(ws)))
 
 
 def generate(
     prompt: Annotated[str, typer.Argument(help="a signature, e.g. 'def foo(x):'")],
-    protocol: Annotated[str, typer.Option("--protocol", "-p", help="http or grpc")] = "http",
+    protocol: Annotated[Protocol, typer.Option("--protocol", "-p", help="how to reach Triton")] = Protocol.http,
     max_new_tokens: Annotated[int | None,
                               typer.Option("--max-new-tokens", help="default: deploy.max_new_tokens")] = None,
     version: Annotated[int | None, typer.Option("--version", help="a specific loaded version")] = None,
@@ -103,8 +129,7 @@ def generate(
     from lmforge.deploy.client import generate as gen
     from lmforge.deploy.server import read_state
 
-    if protocol not in ("http", "grpc"):
-        raise UserError("--protocol", protocol, "is not http or grpc", "Pass --protocol http or --protocol grpc")
+    protocol = Protocol(protocol).value
     ws = Workspace.from_env()
     info = _running(ws)
     model = (read_state(ws) or {}).get("model", "lmforge")
@@ -115,7 +140,7 @@ def generate(
     except RequestFailed as e:
         raise UserError("request", repr(prompt), f"was refused by the server: {e}") from None
     if as_json:
-        console.print_json(json.dumps(asdict(out)))
+        emit_json(asdict(out))
     else:
         console.print(out.summary, soft_wrap=True, highlight=False, markup=False)
 
@@ -125,23 +150,33 @@ def rollback(
     reason: Annotated[str, typer.Option("--reason", help="why; recorded with the alias move")] = "manual rollback",
     config: ConfigOpt = None,
     set_: SetOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Return to the version that served before the current one (validated like any rollout)."""
     from lmforge.deploy import service
 
     cfg = _cfg(config, set_)
     ws = Workspace.from_env()
-    result = service.rollback_production(ws, cfg.deploy, _running(ws), registry_model=cfg.registry.model_name,
-                                         reason=reason)
-    console.print_json(json.dumps({"serving": result.serving, "previous": result.previous, "reason": result.reason}))
+    with json_mode(as_json):
+        result = service.rollback_production(ws, cfg.deploy, _running(ws), registry_model=cfg.registry.model_name,
+                                             reason=reason)
+    if as_json:
+        emit_json({"serving": result.serving, "previous": result.previous, "reason": result.reason})
+        return
+    console.print(f"serving v{result.serving} (was v{result.previous}): {result.reason}")
 
 
 @deploy_app.command("stop")
-def stop() -> None:
+def stop(as_json: JsonOpt = False) -> None:
     """Stop the workspace's Triton server."""
     from lmforge.deploy import service
 
-    console.print_json(json.dumps(service.stop(Workspace.from_env())))
+    result = service.stop(Workspace.from_env())
+    if as_json:
+        emit_json(result)
+        return
+    console.print(f"stopped tritonserver (pid {result['pid']})" if result["stopped"]
+                  else f"not running: {result.get('reason') or 'pid ' + str(result.get('pid')) + ' had exited'}")
 
 
 def register(app: typer.Typer) -> None:
