@@ -12,7 +12,8 @@ a random start. A narrower student starts from a seeded random init. The loss is
 (the T^2 keeps the KL gradient's scale independent of T, as in Hinton et al. 2015).
 
 Training runs on the shared compression fine-tune loop (finetune.py: the training stage's
-data loader, one process). Distilling with the DeepSpeed launcher would need a rank entry
+data loader, one process, on the device and in the precision it picks; the teacher sits on
+the same device). Distilling with the DeepSpeed launcher would need a rank entry
 point that holds a frozen teacher beside the engine; at the tens of steps used here one
 process is faster than starting ranks.
 """
@@ -116,10 +117,12 @@ def distill_variant(model_dir: Path, out_dir: Path, cfg: DistillConfig, *, tuner
                         "Run the data stage first, or disable [compression.distill]")
     student, picked = init_student(teacher, config, seed=seed)
     teacher.requires_grad_(False)
+    teacher.to(tuner.device)  # beside the student, which the tuner moves to its device for the run
     losses = tuner.run(student, steps=cfg.steps, loss_fn=distill_loss(teacher, temperature=cfg.temperature, alpha=cfg.alpha))
     recipe = {**cfg.model_dump(mode="json"),
               "teacher": {"layers": teacher.config.num_hidden_layers, "hidden_size": teacher.config.hidden_size},
               "student": {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
                           "intermediate_size": config.intermediate_size},
-              "init": f"teacher layers {picked}" if picked is not None else "random", "losses": losses}
+              "init": f"teacher layers {picked}" if picked is not None else "random", "losses": losses,
+              "device": tuner.device.type, "precision": tuner.precision.to_dict()}
     return save_variant(student, out_dir, parent_dir=parent, technique="distill", recipe=recipe)

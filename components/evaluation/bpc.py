@@ -16,6 +16,9 @@ text costs and nothing else:
 
 Characters are Python characters (code points) of the texts, so BPC compares models with
 different tokenizers on the same text.
+
+The model runs on the GPU when there is one (moved there for the call and back after), and
+always in fp32: the registry's gate compares BPCs from different runs and machines.
 """
 
 from __future__ import annotations
@@ -58,35 +61,44 @@ def windows(ids: Sequence[int], context_length: int) -> list[tuple[list[int], in
 
 
 def bits_per_character(model: Any, tokenizer: Any, texts: Sequence[str], *, start_id: int,
-                       context_length: int, batch_size: int = 8) -> BpcResult:
+                       context_length: int, batch_size: int = 8, device: Any = None) -> BpcResult:
+    """Score `texts`; on `device` (default: components/accelerator.py's pick, the GPU when there is one)."""
     import torch
 
+    from lmforge.components.accelerator import on_device, pick_device, to_device
+
+    device = torch.device(device) if device is not None else pick_device()
     encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     items = [w for ids in encoded for w in windows([start_id, *ids], context_length)]
     # Similar lengths together keep padding (wasted compute) small.
     items.sort(key=lambda w: len(w[0]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else start_id
-    total_nats, scored = 0.0, 0
-    with torch.inference_mode():
+    total_nats = torch.zeros((), dtype=torch.float64, device=device)
+    scored = 0
+    with torch.inference_mode(), on_device(model, device):
         for i in range(0, len(items), batch_size):
             batch = items[i : i + batch_size]
             width = max(len(w) for w, _ in batch)
             input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, (w, _) in enumerate(batch):
+            scored_at = torch.zeros((len(batch), width - 1), dtype=torch.float64)
+            for row, (w, n_scored) in enumerate(batch):
                 input_ids[row, : len(w)] = torch.tensor(w)
                 mask[row, : len(w)] = 1
+                # position t predicts token t+1; the scored tokens are the last n_scored of the window
+                scored_at[row, len(w) - 1 - n_scored : len(w) - 1] = 1.0
+                scored += n_scored
+            input_ids, mask, scored_at = (to_device(t, device) for t in (input_ids, mask, scored_at))
+            # Scored in fp32 on every device: a gate compares BPCs across runs and machines.
             logits = model(input_ids=input_ids, attention_mask=mask).logits.float()
             logp = torch.log_softmax(logits[:, :-1], dim=-1)
             target_lp = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-            for row, (w, n_scored) in enumerate(batch):
-                # position t predicts token t+1; the scored tokens are the last n_scored of the window
-                total_nats -= float(target_lp[row, len(w) - 1 - n_scored : len(w) - 1].sum())
-                scored += n_scored
+            total_nats -= (target_lp.double() * scored_at).sum()  # stays on the device: one read at the end
+    total_nats_f = float(total_nats)
     chars = sum(len(t) for t in texts)
     assert scored == sum(len(ids) for ids in encoded), "every text token is scored exactly once"
     if chars == 0 or scored == 0:
         return BpcResult(bpc=float("nan"), perplexity=float("nan"), nll_bits=0.0, tokens=scored, chars=chars, docs=len(texts))
-    bits = total_nats / math.log(2)
-    return BpcResult(bpc=bits / chars, perplexity=math.exp(total_nats / scored), nll_bits=bits,
+    bits = total_nats_f / math.log(2)
+    return BpcResult(bpc=bits / chars, perplexity=math.exp(total_nats_f / scored), nll_bits=bits,
                      tokens=scored, chars=chars, docs=len(texts))

@@ -1,5 +1,6 @@
 """`train_flow` on the tiny config: real ranks, an MLflow run with metrics and artifacts, an export;
-resume refuses a truncated checkpoint shard (through the CLI, exit 2) and a missing checkpoint."""
+resume refuses a truncated checkpoint shard (through the CLI, exit 1) and a missing checkpoint.
+The logged MFU is tokens/s x FLOPs/token / the logged peak, and at most 1."""
 
 from __future__ import annotations
 
@@ -44,19 +45,30 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
     for key in ("loss", "lr", "tokens_per_s", "mfu", "model_state_mb_rank0", "model_state_mb_rank1"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 6, key
     assert 0 < run.data.metrics["mfu"] < 1
+    # The logged MFU is tokens/s x FLOPs/token / the logged peak, and the peak says where it came from.
+    tags = run.data.tags
+    assert tags["hardware.precision"] in ("bf16", "fp32") and tags["hardware.precision_reason"]
+    assert tags["hardware.peak_source"].startswith(("measured:", "datasheet:"))
+    events = [json.loads(line) for line in (workspace.run_dir(out["run"]) / "metrics.jsonl").read_text().splitlines()]
+    for ev in events:
+        assert ev["peak_flops"] == pytest.approx(float(tags["hardware.peak_flops_per_device"]))  # 2 CPU ranks, one machine
+        assert ev["mfu"] == pytest.approx(ev["tokens_per_s"] * ev["flops_per_token"] / ev["peak_flops"], rel=1e-9)
+        assert 0 < ev["mfu"] <= 1
+    assert s["precision"] == tags["hardware.precision"]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | \
         {a.path for a in client.list_artifacts(run.info.run_id, "config")} | \
         {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert {"loss_curve.png", "config/deepspeed_config-0.json", "model/model.safetensors", "model/tokenizer.json"} <= artifacts
 
-    # A truncated checkpoint shard: the CLI stops with one line and exit code 2, and trains nothing.
+    # A truncated checkpoint shard: the CLI stops with one line and exit code 1 (found inside the work:
+    # flows/cli.py's convention), and trains nothing.
     latest = workspace.run_dir(out["run"]) / "checkpoints" / "step-0000006"
     shard = next(p for p in sorted(latest.iterdir()) if p.name.endswith("optim_states.pt"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     cli = subprocess.run([sys.executable, "-m", "lmforge.flows.cli", "run", "train", "-c", str(REPO / "configs" / "tiny.toml"),
                           "--resume", "--set", "training.max_steps=9"], capture_output=True, text=True, timeout=600,
                          cwd=REPO, env={**os.environ, "COLUMNS": "400"})
-    assert cli.returncode == 2, cli.stdout + cli.stderr
+    assert cli.returncode == 1, cli.stdout + cli.stderr
     assert f"{shard.name} is truncated" in cli.stdout + cli.stderr and "Traceback" not in cli.stdout + cli.stderr
 
     # No complete checkpoint at all: refused before any rank starts, never a silent fresh start.
