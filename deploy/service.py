@@ -3,7 +3,8 @@
     info = ensure_server(ws, cfg.deploy)                         # reuse the running one, or start and wait
     version, folder = resolve_model(ws, cfg.registry.model_name, "champion")
     result = deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name,
-                            version=version, model_dir=folder)  # gated; moves `production` on success
+                            version=version, model_dir=folder)  # gated; moves `production` on success,
+                                                                 # only if it still holds what it held at the start
     rollback_production(ws, cfg.deploy, info, registry_model=cfg.registry.model_name)
     stop(ws)
 
@@ -77,9 +78,10 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
                    model_dir: Path | None, reason: str = "passed the Triton rollout gate",
                    action: str = "set") -> RolloutResult:
     """Roll `version` out through the gate; on success the registry's `production` alias points at it."""
-    from lmforge.components.registry import set_alias
+    from lmforge.components.registry import current, set_alias
 
     repo = repo_dir(ws)
+    holder = current(ws, registry_model, PRODUCTION)   # what this rollout replaces; the move is a CAS on it
 
     def build() -> Path:
         if model_dir is None:
@@ -90,7 +92,7 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
 
     def promote(v: int) -> None:
         set_alias(ws, registry_model, PRODUCTION, str(v), reason=f"{reason} (Triton model {cfg.model_name})",
-                  action=action)
+                  action=action, expect=holder)
 
     try:
         result = rollout(info.url, repo, cfg, version=version, build=build, promote=promote,

@@ -3,6 +3,10 @@
     lmforge run data            # one stage
     lmforge run all             # every stage that exists, in order, as subflows
 
+Compress is chained here explicitly, after the gate, and skipped when the gate declined
+this run's model (the champion, compressed when it was promoted, has not changed).
+The drift loop's retraining (data with the new domain through deploy) is flows/retrain.py.
+
 Stages hand each other nothing but the workspace: each reads its inputs from the
 workspace's pointers (the latest dataset, the latest training run, registry aliases)
 and returns a small JSON-able summary. So any stage can be re-run on its own, and a
@@ -65,7 +69,7 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
         kwargs = {}
         if name == "train":
             kwargs["resume"] = resume or interrupted_run(Workspace.from_env(), cfg) is not None
-        missing = missing_model(Workspace.from_env(), cfg, name)
+        missing = missing_model(Workspace.from_env(), cfg, name) or unchanged_champion(summary["stages"], name)
         result = {"summary": missing} if missing else stage_flow(name)(cfg, **kwargs)
         summary["stages"][name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
     summary["links"] = run_links()
@@ -99,6 +103,17 @@ def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
         return None
     return (f"skipped: no {cfg.registry.model_name}@{alias} in the registry yet "
             f"(the evaluate stage promotes a model only when it passes the gate)")
+
+
+def unchanged_champion(done: dict[str, Any], stage: str) -> str | None:
+    """Why compress has nothing new to do: this run's gate declined, so the champion (already compressed) is unchanged."""
+    if stage != "compress":
+        return None
+    decision = ((done.get("evaluate") or {}).get("result") or {}).get("decision")
+    if not isinstance(decision, dict) or decision.get("promote", True):
+        return None
+    return (f"skipped: the gate declined v{decision.get('candidate_version')}, so champion "
+            f"v{decision.get('champion_version')} is unchanged (compress it on demand: lmforge run compress)")
 
 
 def run_links() -> dict[str, str]:

@@ -26,7 +26,7 @@ from prefect import flow
 
 
 @flow(name="train-probe")
-def train_probe(cfg: dict | None = None) -> str:
+def train_probe(cfg: dict | None = None, reason: str = "") -> str:
     return "trained"
 '''
 
@@ -84,6 +84,7 @@ def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
         runs = deployment_runs(deployment_id)
         assert [str(r.id) for r in runs] == [first["trigger"]["flow_run_id"]]
         assert runs[0].parameters["cfg"]["monitoring"]["training_deployment"] == "train-probe/on-demand"
+        assert runs[0].parameters["reason"].startswith("drift: retrain")
 
         second = monitor_flow(cfg, now=now + timedelta(minutes=5))
         assert second["decision"] == "drift: retrain" and second["trigger"]["action"] == "cool-down", second
