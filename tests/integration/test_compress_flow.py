@@ -1,5 +1,7 @@
 """The compress stage end to end: a champion in a real MLflow registry -> every variant built,
-measured, registered with its parent_version, the trade-off table and chart logged, `compressed` set.
+measured, loaded through its MLflow pyfunc and the serving runtime, registered with its parent_version,
+the trade-off table and chart logged, `compressed` set; then every registered variant served by a real
+Triton server through the rollout gate.
 
     .venv/bin/pytest tests/integration/test_compress_flow.py
 """
@@ -102,3 +104,41 @@ def test_compress_flow_registers_every_variant_with_lineage(workspace, tiny_mode
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "tradeoff")}
     assert {"tradeoff/tradeoff.md", "tradeoff/tradeoff.png", "tradeoff/tradeoff.json"} <= artifacts
     assert client.get_experiment(run.info.experiment_id).name == "compression"
+    assert result["not_registered"] == {}
+
+    # Every registered variant (the `compressed` alias's candidates) serves through Triton's rollout gate.
+    from lmforge.components.registry import download_model, resolve_version
+    from lmforge.deploy import client as triton
+    from lmforge.deploy import service
+
+    deploy_cfg = tiny_config.deploy.model_copy(update={"http_port": 0, "grpc_port": 0, "metrics_port": 0,
+                                                       "validation_prompts": 2, "max_new_tokens": 6})
+    info = service.ensure_server(workspace, deploy_cfg)
+    try:
+        for variant in expected[1:]:
+            v = int(rows[variant]["version"])
+            served = service.deploy_version(workspace, deploy_cfg, info, registry_model=name, version=v,
+                                            model_dir=download_model(workspace, name, str(v)))
+            assert served.ok and served.serving == [v], (variant, served.reason)
+            (gen,) = triton.generate(info.url, ["def foo(x):"], max_new_tokens=4)
+            assert gen.output_tokens >= 1
+        assert int(resolve_version(workspace, name, "production")) == int(rows[expected[-1]]["version"])
+    finally:
+        service.stop(workspace)
+
+
+def test_a_variant_that_cannot_load_is_refused_with_the_reason(tiny_model_dir, tmp_path):
+    from lmforge.components.compression.lowrank import lowrank_variant
+    from lmforge.components.registry.verify import verify_servable
+    from lmforge.components.sections.compression import LowRankConfig
+    from lmforge.deploy.server import serve_venv
+
+    good = lowrank_variant(tiny_model_dir, tmp_path / "lowrank", LowRankConfig(mode="rank", rank=4))
+    assert verify_servable(good, serve_python=serve_venv() / "bin" / "python") is None
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    meta = json.loads((bad / "lmforge.json").read_text())
+    meta["load"]["ranks"] = {k: v + 1 for k, v in meta["load"]["ranks"].items()}  # factors no longer fit
+    (bad / "lmforge.json").write_text(json.dumps(meta))
+    problem = verify_servable(bad, serve_python=serve_venv() / "bin" / "python")
+    assert problem is not None and problem.startswith("lmforge cannot load it") and "size" in problem
