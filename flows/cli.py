@@ -100,6 +100,7 @@ def start_work(ws: Workspace) -> None:
 
     ws.ensure()
     prefect_home.prepare(PREFECT)
+    quiet.quiet_prefect_console()
     err_console.print(f"[dim]{PREFECT.describe()}[/dim]", highlight=False)
 
 

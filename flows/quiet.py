@@ -1,6 +1,7 @@
 """Quiet by default: a run shows lmforge's own lines, not third-party progress bars and known noise.
 
     quiet.configure(verbose=False)   # once, first thing in the CLI: environment, log levels, warning filters
+    quiet.quiet_prefect_console()    # before work runs: Prefect's console shows run lines and warnings only
     quiet.verbose()                  # True under `lmforge -v ...` (LMFORGE_VERBOSE=1); ranks' output shows then
 
 Everything is set in one place and mostly through the environment, so that it reaches
@@ -26,6 +27,8 @@ QUIET_ENV = {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",     # mlflow's "Downloading artifacts" / "Uploading artifacts"
     "TRANSFORMERS_VERBOSITY": "error",                   # "You are using a model of type ..." and its kind
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",                   # "Creating initial MLflow database tables..."
+    "DASK_LOGGING__DISTRIBUTED": "warning",              # the local Dask cluster's scheduler/nanny/worker INFO lines
 }
 
 # (message prefix, category): warnings that say nothing a user of lmforge can act on.
@@ -39,11 +42,18 @@ KNOWN_NOISE: list[tuple[str, type[Warning]]] = [
     ("`torch.cuda.amp.custom_bwd(args...)` is deprecated", FutureWarning),
     ("torch.cuda.amp.GradScaler(args...)` is deprecated", FutureWarning),
     ("pkg_resources is deprecated as an API", UserWarning),
+    # distributed, when another local cluster holds the dashboard port: it picks another port itself.
+    ("Port 8787 is already in use", UserWarning),
 ]
 
 # Loggers whose INFO/WARNING lines are routine here ("Setting accelerator to CPU" on a CPU machine).
-NOISY_LOGGERS = {"DeepSpeed": logging.ERROR, "transformers": logging.ERROR, "mlflow.pyfunc": logging.ERROR,
-                 "mlflow.models.model": logging.ERROR, "mlflow.utils.requirements_utils": logging.ERROR}
+NOISY_LOGGERS = {"DeepSpeed": logging.ERROR, "transformers": logging.ERROR, "mlflow": logging.WARNING,
+                 "distributed": logging.WARNING}
+
+# Prefect's console shows these loggers' INFO lines (flow runs starting and ending, and what
+# lmforge's flows print through log_prints); every other Prefect INFO line ("Starting temporary
+# server", each task's "Finished in state Completed()") only goes to the API, i.e. the Prefect UI.
+PREFECT_CONSOLE_INFO = ("prefect.flow_runs",)
 
 
 def verbose() -> bool:
@@ -68,6 +78,27 @@ def configure(*, verbose: bool = False) -> None:
         warnings.filterwarnings("ignore", message=re.escape(msg), category=cat)
     for name, level in NOISY_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+
+
+class _PrefectConsoleQuiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or record.name.startswith(PREFECT_CONSOLE_INFO)
+
+
+def quiet_prefect_console() -> None:
+    """Set up Prefect's logging in this process now, then quiet its console.
+
+    In this process, Prefect's console handler keeps PREFECT_CONSOLE_INFO and warnings; children
+    started from now on (Dask workers running tasks, flow-run processes) print warnings only.
+    """
+    if verbose():
+        return
+    import prefect.main  # noqa: F401  (its import sets up Prefect's logging, from the environment as it is now)
+
+    for handler in [*logging.getLogger().handlers, *logging.getLogger("prefect").handlers]:
+        if type(handler).__name__ == "PrefectConsoleHandler":
+            handler.addFilter(_PrefectConsoleQuiet())
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
 
 
 class DropTracebacks(logging.Filter):

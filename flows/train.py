@@ -32,6 +32,7 @@ from lmforge.components.training.launcher import launch
 from lmforge.components.training.report import loss_curve_png, read_steps
 from lmforge.components.training.strategies import applied
 from lmforge.components.workspace import Workspace, atomic_write_json, sha256_file
+from lmforge.flows import quiet
 
 console = Console(stderr=True)
 RUN_FILE = "run.json"
@@ -79,7 +80,9 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
             client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in values.items()])
 
         def on_line(rank: int, line: str) -> None:
-            if line.strip():
+            # The ranks' own chatter shows under `lmforge -v`; quiet, the progress bar speaks for them
+            # (a failure still quotes the failing rank's last lines, and every rank keeps its log).
+            if line.strip() and quiet.verbose():
                 bar.console.print(f"[dim]{'[launcher]' if rank < 0 else f'[rank{rank}]'}[/dim] {line}",
                                   markup=True, highlight=False, soft_wrap=True)
 
