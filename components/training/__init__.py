@@ -4,5 +4,6 @@
     ds_config = deepspeed_config(cfg.training, layout)               # components/training/strategies.py
     result = launch(request)                                         # components/training/launcher.py
 
-The rank entry point is `python -m components.training.rank` (run by the deepspeed launcher).
+The rank entry point is `python -m lmforge.components.training.rank` (run by the deepspeed launcher).
+Device, precision and peak FLOP/s come from components/accelerator.py and perf.py, decided in job.py.
 """

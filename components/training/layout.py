@@ -36,6 +36,7 @@ class Layout:
 def world_size_of(cfg: TrainingConfig) -> int:
     """Ranks in the job: the hostfile's slots when there is one, else num_ranks."""
     if cfg.hostfile is None:
+        assert cfg.num_ranks is not None, "resolve training.num_ranks with job.num_ranks_for first"
         return cfg.num_ranks
     from pathlib import Path
 
