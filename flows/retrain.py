@@ -35,6 +35,7 @@ from prefect import flow
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace, atomic_write_text
+from lmforge.monitoring.trigger import append_record
 
 LOCK_FILE = "retrain.lock"
 JOURNAL = "retrains.jsonl"
@@ -105,13 +106,7 @@ def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out
 
 
 def _record(ws: Workspace, result: dict[str, Any]) -> dict[str, Any]:
-    path = ws.monitoring / JOURNAL
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(result, sort_keys=True, default=str) + "\n").encode())
-    finally:
-        os.close(fd)
+    append_record(ws.monitoring / JOURNAL, result)
     return result
 
 

@@ -81,7 +81,11 @@ def read_triggers(folder: Path) -> list[dict[str, Any]]:
 
 
 def record_trigger(folder: Path, record: dict[str, Any]) -> Path:
-    path = Path(folder) / TRIGGERS_FILE
+    return append_record(Path(folder) / TRIGGERS_FILE, record)
+
+
+def append_record(path: Path, record: dict[str, Any]) -> Path:
+    """One JSON line appended with one write on an O_APPEND descriptor (whole lines, even with several writers)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
