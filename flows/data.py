@@ -1,40 +1,57 @@
-"""The data stage: raw text to a versioned dataset (records, features, tokenizer, shards, manifest).
+"""The data stage: raw text to a versioned dataset, per shard, on a Dask cluster over every core.
 
     lmforge run data                                   # the built-in stdlib docstring corpus
     lmforge run data --set data.source=corpus.jsonl    # a user's corpus
+    lmforge run data --set data.cluster_address=tcp://10.0.0.5:8786   # an existing Dask cluster
     data_flow(load_config("configs/demo.toml"))        # -> {"dataset_version", "summary", "tasks", ...}
 
-Each step of components/data/steps.py is a task that reads and writes files under
-<workspace>/datasets/.build and hands the next task a small reference (paths, hashes,
-counts). The deterministic steps cache on INPUTS + TASK_SOURCE with persisted results:
-a second run with the same input and config is served from Prefect's cache and yields the
-same dataset version. The dataset folder is assembled atomically, then the MLflow run is
-logged, and `LATEST` moves last.
+The source is cut into input shards (components/data/readers.py). Per-shard tasks
+(ingest, signatures, finish, encode: components/data/shardwork.py) run under a
+prefect-dask task runner; corpus-wide tasks (select, near-dedup, split, tokenizer,
+assemble: components/data/corpuswork.py) read only small per-shard columns. Tasks hand
+each other references: a folder and the SHA-256 of each file in it.
+
+Caching: a task's key is its inputs (which carry their content hashes), the hash of the
+component code it runs (components/data/codehash.py) and its own source. A cache hit is
+used only when the files it points at still have the recorded hashes; otherwise the
+task runs again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+import os
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
-from lmforge.components.data import steps
-from lmforge.components.data.ingest import check_source, corpus_files, source_fingerprint
+from lmforge.components.data import corpuswork, shardwork
+from lmforge.components.data.codehash import code_hash
+from lmforge.components.data.ingest import check_source
+from lmforge.components.data.readers import plan_shards
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.tracking import start_run
-from lmforge.components.workspace import Workspace, sha256_json
+from lmforge.components.workspace import Workspace, sha256_file, sha256_json
 
 console = Console(stderr=True)
+
+_D = "lmforge.components.data."
+CODE = {
+    "ingest": [_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "records", "shardwork")],
+    "select": [_D + m for m in ("corpuswork", "shardwork", "quarantine")],
+    "signatures": [_D + m for m in ("minhash", "shardwork")],
+    "near": [_D + m for m in ("minhash", "corpuswork")],
+    "split": [_D + m for m in ("split", "corpuswork")],
+    "finish": [_D + m for m in ("featurize", "shardwork", "records")],
+    "tokenizer": [_D + m for m in ("tokenizer", "corpuswork")],
+    "encode": [_D + m for m in ("tokenizer", "shardwork", "shards")],
+}
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
@@ -45,86 +62,72 @@ _io = {"retries": 2, "retry_delay_seconds": 2, "retry_condition_fn": _retry_unle
 _cached = {"cache_policy": INPUTS + TASK_SOURCE, "persist_result": True, "result_serializer": "json"}
 
 
-@contextlib.contextmanager
-def _progress(description: str, total: int | None) -> Iterator[Callable[[int], None]]:
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        tid = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(tid, n)
-
-
 def _out(build: str, step: str, *inputs: Any) -> Path:
     """A build folder named by the step and a hash of its inputs, so different inputs never collide."""
     return Path(build) / f"{step}-{sha256_json([step, *inputs])[:16]}"
 
 
-def _ingest_inputs(cfg: DataConfig) -> DataConfig:
-    # later steps' options must not invalidate the (slowest) ingest step's cache entry
-    return cfg.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(), "tokenizer": TokenizerConfig(),
-                                  "workers": 1})
+def verified(ref: dict[str, Any]) -> bool:
+    """True when every file a step's reference names still has the recorded SHA-256."""
+    files = ref.get("files", {})
+    return all((Path(ref["dir"]) / f).is_file() and sha256_file(Path(ref["dir"]) / f) == h for f, h in files.items())
 
 
-@task(name="data-fingerprint", **_io)
-def fingerprint_task(cfg: DataConfig) -> str:
-    return source_fingerprint(cfg)
+@task(name="data-ingest-shard", **_io, **_cached)
+def ingest_task(spec: dict[str, Any], cfg: DataConfig, build: str, code: str) -> dict[str, Any]:
+    return shardwork.ingest_shard(spec, cfg, _out(build, "ingest", spec, cfg.model_dump(mode="json"), code))
 
 
-@task(name="data-ingest", **_io, **_cached)
-def ingest_task(cfg: DataConfig, fingerprint: str, build: str, workers: int) -> dict[str, Any]:
-    cfg = cfg.model_copy(update={"workers": workers})
-    total = len(corpus_files(cfg.include_site_packages, cfg.skip_tests)) if cfg.source is None else None
-    with _progress("ingest: parse + validate" + (" (files)" if total else ""), total) as advance:
-        return steps.run_ingest(cfg, _out(build, "ingest", cfg.model_dump(mode="json"), fingerprint), progress=advance)
+@task(name="data-select", **_cached)
+def select_task(ings: list[dict[str, Any]], cfg: DataConfig, build: str, code: str) -> dict[str, Any]:
+    return corpuswork.select(ings, cfg, _out(build, "select", ings, cfg.model_dump(mode="json"), code))
 
 
-@task(name="data-clean", **_cached)
-def clean_task(ingested: dict[str, Any]) -> dict[str, Any]:
-    return steps.run_clean(ingested["kept"], _out(Path(ingested["kept"]).parent.parent, "clean", ingested["kept_sha256"]))
+@task(name="data-signatures-shard", **_cached)
+def signature_task(ing: dict[str, Any], sel: dict[str, Any], cfg: DedupConfig, build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "sig", ing["files"], sel["files"], cfg.model_dump(mode="json"), code)
+    return shardwork.signature_shard(ing["dir"], sel["dir"], ing["index"], cfg, out)
 
 
-@task(name="data-dedup", **_cached)
-def dedup_task(cleaned: dict[str, Any], cfg: DedupConfig) -> dict[str, Any]:
-    with open(cleaned["kept"], "rb") as f:
-        n = sum(1 for _ in f)
-    out = _out(Path(cleaned["kept"]).parent.parent, "dedup", cleaned["kept_sha256"], cfg.model_dump(mode="json"))
-    with _progress("dedup: exact + MinHash LSH (docs)", n) as advance:
-        return steps.run_dedup(cleaned["kept"], cfg, out, progress=advance)
+@task(name="data-near-dedup", **_cached)
+def near_task(sigs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, build: str, code: str) -> dict[str, Any]:
+    return corpuswork.near_dedup(sigs, sel, cfg, _out(build, "near", sigs, sel["files"], cfg.model_dump(mode="json"), code))
 
 
 @task(name="data-split", **_cached)
-def split_task(deduped: dict[str, Any], cfg: SplitConfig, seed: int) -> dict[str, Any]:
-    out = _out(Path(deduped["kept"]).parent.parent, "split", deduped["kept_sha256"], cfg.model_dump(mode="json"), seed)
-    return steps.run_split(deduped["kept"], cfg, out, seed=seed)
+def split_task(ings: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any], cfg: SplitConfig, seed: int,
+               build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "split", [i["files"] for i in ings], sel["files"], near["files"], cfg.model_dump(mode="json"), seed, code)
+    return corpuswork.assign_split(ings, sel, near, cfg, out, seed=seed)
 
 
-@task(name="data-features", **_cached)
-def features_task(split: dict[str, Any]) -> dict[str, Any]:
-    return steps.run_features(split["dir"], _out(Path(split["dir"]).parent, "features", split["sha256"]))
+@task(name="data-finish-shard", **_cached)
+def finish_task(ing: dict[str, Any], sel: dict[str, Any], near: dict[str, Any], spl: dict[str, Any], build: str,
+                code: str) -> dict[str, Any]:
+    out = _out(build, "finish", ing["files"], sel["files"], near["files"], spl["files"], code)
+    return shardwork.finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], ing["index"], out)
 
 
 @task(name="data-tokenizer", **_cached)
-def tokenizer_task(split: dict[str, Any], cfg: TokenizerConfig) -> dict[str, Any]:
-    out = _out(Path(split["dir"]).parent, "tokenizer", split["sha256"], cfg.model_dump(mode="json"))
-    return steps.run_tokenizer(split["dir"], cfg, out)
+def tokenizer_task(fins: list[dict[str, Any]], cfg: TokenizerConfig, build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "tokenizer", [f["files"] for f in fins], cfg.model_dump(mode="json"), code)
+    return corpuswork.train_tokenizer_from(fins, cfg, out)
 
 
-@task(name="data-shards", **_cached)
-def shards_task(split: dict[str, Any], tokenizer: dict[str, Any]) -> dict[str, Any]:
-    n = sum(split["counts"].values())
-    out = _out(Path(split["dir"]).parent, "shards", split["sha256"], tokenizer["sha256"])
-    with _progress("shards: tokenize (docs)", n) as advance:
-        return steps.run_shards(split["dir"], tokenizer["dir"], out, progress=advance)
+@task(name="data-encode-shard", **_cached)
+def encode_task(fin: dict[str, Any], tok: dict[str, Any], build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "encode", fin["files"], tok["sha256"], code)
+    return shardwork.encode_shard(fin["dir"], tok["dir"], out, vocab_size=tok["vocab_size"])
 
 
 @task(name="data-assemble", **_io)
-def assemble_task(root: str, parts: dict[str, Any], counts: dict[str, Any], cfg_hash: str,
-                  source: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+def assemble_task(root: str, parts: dict[str, Any], counts: dict[str, Any], cfg_hash: str, source: dict[str, Any],
+                  report: dict[str, Any]) -> dict[str, Any]:
     """Not cached: it (re)creates the dataset folder, and does nothing when that version exists."""
-    scratch = _out(str(Path(root) / ".build"), "assemble", parts)
-    scratch.mkdir(parents=True, exist_ok=True)
-    return steps.assemble(Path(root), split=parts["split"], features=parts["features"], tokenizer=parts["tokenizer"],
-                          shards=parts["shards"], quarantine=parts["quarantine"], counts=counts, config_hash=cfg_hash,
-                          source=source, report=report, scratch=scratch)
+    scratch = _out(str(Path(root) / ".build"), "assemble", parts, counts, cfg_hash, os.getpid())
+    return corpuswork.assemble(Path(root), sel=parts["select"], finish_refs=parts["finish"], tokenizer=parts["tokenizer"],
+                               encode_refs=parts["encode"], counts=counts, config_hash=cfg_hash, source=source,
+                               report=report, scratch=scratch)
 
 
 @task(name="data-track", **_io)
@@ -145,66 +148,132 @@ def track_task(ws: Workspace, manifest: dict[str, Any], summary: dict[str, Any])
         return run.info.run_id
 
 
-def _run(t: Any, *args: Any, states: dict[str, str]) -> dict[str, Any]:
-    """Call a task; if its cached result points at files someone deleted, run it again for real."""
-    state = t(*args, return_state=True)
-    result = state.result()
-    paths = [v for k, v in result.items() if k in ("kept", "quarantine", "dir", "path")]
-    if not all(Path(p).exists() for p in paths):
-        state = t.with_options(refresh_cache=True)(*args, return_state=True)
-        result = state.result()
-    states[t.name] = state.name
-    return result
+def _resolve(futures: list[Any], t: Any, args: list[tuple], states: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Results of mapped task runs; one whose cached files are gone or changed runs again for real."""
+    out = []
+    for fut, a in zip(futures, args):
+        state = fut.wait() or fut.state
+        result = fut.result()
+        if state.name == "Cached" and not verified(result):
+            state = t.with_options(refresh_cache=True)(*a, return_state=True)
+            result = state.result()
+        states.setdefault(t.name, []).append(state.name)
+        out.append(result)
+    return out
+
+
+def _one(t: Any, *args: Any, states: dict[str, list[str]]) -> dict[str, Any]:
+    return _resolve([t.submit(*args)], t, [args], states)[0]
+
+
+def _map(t: Any, args: list[tuple], states: dict[str, list[str]]) -> list[dict[str, Any]]:
+    return _resolve([t.submit(*a) for a in args], t, args, states)
+
+
+def task_runner(data: DataConfig) -> Any:
+    """The runner for the per-shard tasks: a local Dask cluster on every core, an existing one, or threads."""
+    if data.runner == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=data.workers or os.cpu_count() or 1)
+    from prefect_dask import DaskTaskRunner
+
+    if data.cluster_address:
+        return DaskTaskRunner(address=data.cluster_address)
+    n = data.workers or os.cpu_count() or 1
+    return DaskTaskRunner(cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True,
+                                          "dashboard_address": None, "silence_logs": 40})
 
 
 @flow(name="data", log_prints=True)
-def data_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
-    """Ingest, validate, clean, dedup, split, featurize, tokenize; publish datasets/<version>; set LATEST."""
+def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None = None) -> dict[str, Any]:
+    """Ingest, validate, clean, dedup, split, featurize, tokenize per shard; publish datasets/<version>; set LATEST."""
     cfg = as_config(cfg)
+    check_source(cfg.data.source)  # before any task: a bad path fails at once and writes nothing
+    inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
+    return inner(cfg, replay=replay)
+
+
+@flow(name="data-stage", log_prints=True)
+def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[str, Any]:
     data = cfg.data
-    check_source(data.source)  # before any task: a bad path fails at once and writes nothing
     ws = Workspace.from_env().ensure()
     build = str(ws.datasets / ".build")
-    states: dict[str, str] = {}
-    fingerprint = fingerprint_task(data)
-    ing = _run(ingest_task, _ingest_inputs(data), fingerprint, build, data.workers, states=states)
-    cln = _run(clean_task, ing, states=states)
-    ded = _run(dedup_task, cln, data.dedup, states=states)
-    spl = _run(split_task, ded, data.split, data.seed, states=states)
-    fea = _run(features_task, spl, states=states)
-    tok = _run(tokenizer_task, spl, data.tokenizer, states=states)
-    sha = _run(shards_task, spl, tok, states=states)
+    code = {step: code_hash(mods) for step, mods in CODE.items()}
+    specs = [{**s, "fingerprint": _shard_fingerprint(s)} for s in plan_shards(data, replay=replay)]
+    states: dict[str, list[str]] = {}
+    ing_cfg = data.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(), "tokenizer": TokenizerConfig(),
+                                      "workers": None, "runner": "dask", "cluster_address": None, "max_docs": None})
+    ings = _map(ingest_task, [(s, ing_cfg, build, code["ingest"]) for s in specs], states)
+    sel = _one(select_task, ings, data.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(),
+                                                           "tokenizer": TokenizerConfig(), "workers": None,
+                                                           "runner": "dask", "cluster_address": None}),
+               build, code["select"], states=states)
+    sigs = _map(signature_task, [(i, sel, data.dedup, build, code["signatures"]) for i in ings], states)
+    near = _one(near_task, sigs, sel, data.dedup, build, code["near"], states=states)
+    spl = _one(split_task, ings, sel, near, data.split, data.seed, build, code["split"], states=states)
+    fins = _map(finish_task, [(i, sel, near, spl, build, code["finish"]) for i in ings], states)
+    tok = _one(tokenizer_task, fins, data.tokenizer, build, code["tokenizer"], states=states)
+    encs = _map(encode_task, [(f, tok, build, code["encode"]) for f in fins], states)
 
-    validated = ing["counts"]
-    reasons = dict(validated["quarantined_by_reason"])
-    if cln["emptied"]:
-        reasons["empty"] = reasons.get("empty", 0) + cln["emptied"]
-    counts = {"docs_in": validated["docs_in"], "clean": validated["clean"] - cln["emptied"],
-              "quarantined": validated["quarantined"] + cln["emptied"], "quarantined_by_reason": dict(sorted(reasons.items())),
-              "exact_duplicates": ded["exact_duplicates"], "near_duplicates": ded["near_duplicates"],
-              "kept": sum(spl["counts"].values()), **spl["counts"]}
+    counts = {"records_read": sel["records_read"], "sampled_out": sel["sampled_out"], "docs_in": sel["docs_in"],
+              "clean": sel["clean"], "quarantined": sel["quarantined"],
+              "quarantined_by_reason": sel["quarantined_by_reason"], "exact_duplicates": sel["exact_duplicates"],
+              "near_duplicates": near["near_duplicates"], "kept": near["kept"], **spl["counts"]}
     assert counts["docs_in"] == counts["clean"] + counts["quarantined"]
     assert counts["clean"] == counts["kept"] + counts["exact_duplicates"] + counts["near_duplicates"]
-    source = {"kind": "builtin" if data.source is None else "file", "fingerprint": fingerprint,
-              "corpus": ing["ingest"].get("corpus")}
-    report = {"source": ing["ingest"]["source"], "ingest": ing["ingest"], "counts": counts,
-              "dedup": {k: ded[k] for k in ("lsh", "examples")}, "split_groups": spl["groups"],
-              "tokens": sha["tokens"], "features": {"rows": fea["rows"], "quality_mean": fea["quality_mean"]}}
-    parts = {"split": spl, "features": fea, "tokenizer": tok, "shards": sha, "quarantine": [ing["quarantine"], cln["quarantine"]]}
+    assert counts["kept"] == sum(spl["counts"].values()) == sum(sum(f["counts"].values()) for f in fins)
+    tokens = {s: sum(e["tokens"][s] for e in encs) for s in ("train", "validation", "test")}
+    source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
+              "replay": [str(Path(p).resolve()) for p in replay or []]}
+    report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
+              "dedup": {"lsh": near["lsh"], "examples": near["examples"]}, "split_groups": spl["groups"], "tokens": tokens,
+              "tokenizer_trained_on": tok["trained_on"],
+              "features": {"rows": counts["kept"],
+                           "quality_mean": round(sum(f["quality_sum"] for f in fins) / max(counts["kept"], 1), 4)}}
+    parts = {"select": sel, "finish": fins, "tokenizer": tok, "encode": encs}
     manifest = assemble_task(str(ws.datasets), parts, counts, config_hash(data), source, report)
     version = manifest["version"]
     summary = {"dataset_version": version, "source": report["source"], **counts, "vocab_size": manifest["vocab_size"],
-               "tokens": sha["tokens"], "dataset_dir": str(ws.dataset_dir(version))}
+               "tokens": tokens, "dataset_dir": str(ws.dataset_dir(version)), "shards": len(specs)}
     run_id = track_task(ws, manifest, summary)
     ws.set_latest_dataset(version)
-    _print_summary(summary, states)
-    return {"dataset_version": version, "summary": summary, "tasks": states, "mlflow_run_id": run_id}
+    task_states = {name: _collapse(s) for name, s in states.items()}
+    _print_summary(summary, task_states)
+    return {"dataset_version": version, "summary": summary, "tasks": task_states, "mlflow_run_id": run_id}
+
+
+def _shard_fingerprint(spec: dict[str, Any]) -> str:
+    """A hash of one input shard's content (file stats for the built-in corpus, which is large and read-only)."""
+    import hashlib
+
+    h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    if spec["kind"] == "jsonl":
+        with open(spec["path"], "rb") as f:
+            f.seek(spec["start"])
+            h.update(f.read(spec["end"] - spec["start"]))
+    elif spec["kind"] in ("csv", "parquet", "replay"):
+        h.update(sha256_file(Path(spec["path"])).encode())
+    else:
+        for _, root, rel in spec["files"]:
+            st = (Path(root) / rel).stat()
+            h.update(f"{rel}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+            if spec["kind"] == "txt":
+                h.update(sha256_file(Path(root) / rel).encode())
+    return h.hexdigest()
+
+
+def _collapse(names: list[str]) -> str:
+    """One state for a mapped task: Cached when every run was, else Completed (or the first other state)."""
+    distinct = set(names)
+    return names[0] if len(distinct) == 1 else "Completed" if distinct <= {"Cached", "Completed"} else sorted(distinct)[0]
 
 
 def _print_summary(summary: dict[str, Any], states: dict[str, str]) -> None:
     table = Table(title=f"dataset {summary['dataset_version']}", show_header=False)
-    for key in ("source", "docs_in", "clean", "quarantined", "quarantined_by_reason", "exact_duplicates",
-                "near_duplicates", "train", "validation", "test", "vocab_size", "tokens", "dataset_dir"):
+    for key in ("source", "records_read", "sampled_out", "docs_in", "clean", "quarantined", "quarantined_by_reason",
+                "exact_duplicates", "near_duplicates", "train", "validation", "test", "vocab_size", "tokens", "shards",
+                "dataset_dir"):
         value = summary[key]
         table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
     cached = sorted(name for name, s in states.items() if s == "Cached")

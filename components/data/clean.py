@@ -16,8 +16,11 @@ import re
 import unicodedata
 from dataclasses import replace
 
+from lmforge.components.data.quarantine import Quarantined, encode_raw, fields_bytes
 from lmforge.components.data.records import Record, first_sentence, lm_text
-from lmforge.components.data.validate import Kept, Quarantined
+from lmforge.components.data.validate import Kept
+
+EMPTIED = "nothing left after whitespace cleaning"
 
 _SPACES = re.compile(r"[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
 _ZERO_WIDTH = re.compile(r"[\u200b\u200c\u200d\u2060\ufeff]")
@@ -57,5 +60,6 @@ def clean_all(kept: list[Kept]) -> tuple[list[Kept], list[Quarantined]]:
         if r.docstring and r.text:
             out.append(replace(k, record=r))
         else:
-            bad.append(Quarantined(k.origin, "empty", "nothing left after whitespace cleaning", repr(k.record.text[:200])))
+            bad.append(Quarantined(k.origin, "empty", EMPTIED, source=k.origin, format="parquet",
+                                   **encode_raw(fields_bytes(k.record.to_dict()))))
     return out, bad

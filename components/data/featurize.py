@@ -43,9 +43,10 @@ def quality_score(n_words: np.ndarray, alpha: np.ndarray, digit: np.ndarray, pun
 
 
 def document_features(doc_ids: Sequence[str], texts: Sequence[str], *, splits: Sequence[str], modules: Sequence[str],
-                      mtimes: Sequence[float], cluster_sizes: Sequence[int]) -> pa.Table:
+                      mtimes: Sequence[float], cluster_sizes: Sequence[int], created: float | None = None) -> pa.Table:
+    """`created` (seconds since the epoch) defaults to the newest of `mtimes`; a sharded run passes the corpus's."""
     assert len({len(doc_ids), len(texts), len(splits), len(modules), len(mtimes), len(cluster_sizes)}) == 1
-    arr = pa.array(texts, type=pa.large_string())
+    arr = texts.cast(pa.large_string()) if isinstance(texts, pa.Array) else pa.array(texts, type=pa.large_string())
     n_chars = pc.utf8_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
     denom = np.maximum(n_chars, 1)
 
@@ -59,10 +60,13 @@ def document_features(doc_ids: Sequence[str], texts: Sequence[str], *, splits: S
     n_lines = count("\n") + 1
     sizes = np.asarray(cluster_sizes, dtype=np.int64)
     event = [datetime.fromtimestamp(t, tz=timezone.utc) for t in mtimes]
-    created = max(event) if event else datetime.fromtimestamp(0, tz=timezone.utc)
+    if created is not None:
+        created_at = datetime.fromtimestamp(created, tz=timezone.utc)
+    else:
+        created_at = max(event) if event else datetime.fromtimestamp(0, tz=timezone.utc)
     return pa.table({
         "doc_id": list(doc_ids), "split": list(splits), "module": list(modules),
-        "event_timestamp": event, "created_timestamp": [created] * len(event),
+        "event_timestamp": event, "created_timestamp": [created_at] * len(event),
         "n_chars": n_chars, "n_words": n_words, "alpha_ratio": alpha, "digit_ratio": digit, "punct_ratio": punct,
         "n_lines": n_lines, "cluster_size": sizes,
         "quality_score": quality_score(n_words, alpha, digit, punct, sizes),

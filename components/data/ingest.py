@@ -42,12 +42,23 @@ Progress = Callable[[int], None]
 
 @dataclass(frozen=True)
 class RawItem:
-    """One unjudged input record. `kind` is "docstring" (built-in corpus) or "document" (user files)."""
+    """One unjudged input unit. `kind` is "docstring" (built-in corpus) or "document" (user files).
+
+    `raw` is the unit exactly as read (what the quarantine keeps); `source`/`line` say where it was;
+    `error` is (reason, detail) when the reader already knows the unit is bad (a blank line, a
+    CSV row with the wrong number of cells, a .py file that does not parse).
+    """
 
     origin: str
     payload: bytes | dict[str, Any]
     mtime: float
     kind: str = "document"
+    source: str = ""
+    line: int | None = None
+    format: str = "jsonl"
+    raw: bytes = b""
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: tuple[str, str] | None = None
 
 
 @dataclass
@@ -149,21 +160,27 @@ def extract_docstrings(source_bytes: bytes, *, source: str, module: str) -> list
         doc = ast.get_docstring(node, clean=True)  # type: ignore[arg-type]
         if doc is not None:
             out.append({"source": source, "module": module, "qualname": qualname,
-                        "signature": signature_of(node, module), "docstring": doc})
+                        "signature": signature_of(node, module), "docstring": doc, "lineno": getattr(node, "lineno", 1)})
 
     add(tree, "")
     visit(tree, "")
     return out
 
 
-def _extract_file(job: tuple[str, str, str]) -> tuple[list[dict[str, str]], float, str | None]:
+def extract_file(job: tuple[str, str, str]) -> tuple[list[dict[str, Any]], float, str | None, bytes]:
+    """(docstrings, mtime, error, the file's bytes when it could not be parsed) of one corpus file."""
     source, root, rel = job
     path = Path(root) / rel
+    data = b""
     try:
         data, mtime = path.read_bytes(), path.stat().st_mtime
-        return extract_docstrings(data, source=source, module=module_name(rel)), mtime, None
+        return extract_docstrings(data, source=source, module=module_name(rel)), mtime, None, b""
     except (SyntaxError, ValueError, OSError, RecursionError) as e:  # Python 2 files, odd encodings
-        return [], 0.0, f"{type(e).__name__}: {e}"
+        return [], 0.0, f"{type(e).__name__}: {e}", data
+
+
+def _extract_file(job: tuple[str, str, str]) -> tuple[list[dict[str, Any]], float, str | None]:
+    return extract_file(job)[:3]
 
 
 def iter_corpus(cfg: DataConfig, *, progress: Progress | None = None, report: dict[str, Any]) -> Iterator[RawItem]:
@@ -191,72 +208,28 @@ def iter_corpus(cfg: DataConfig, *, progress: Progress | None = None, report: di
             pool.shutdown(cancel_futures=True)
 
 
-# --- user files --------------------------------------------------------------------
-
-def iter_user_source(path: Path, cfg: DataConfig) -> Iterator[RawItem]:
-    suffix = path.suffix.lower()
-    if path.is_dir():
-        yield from _iter_txt(path, cfg)
-    elif suffix in JSONL_SUFFIXES:
-        yield from _iter_jsonl(path)
-    elif suffix == ".parquet":
-        yield from _iter_parquet(path)
-    else:
-        yield from _iter_csv(path)
-
-
-def _iter_jsonl(path: Path) -> Iterator[RawItem]:
-    mtime = path.stat().st_mtime
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip(b"\r\n")
-            if line.strip():  # a blank line separates nothing and is not a record
-                yield RawItem(f"{path.name}:{n}", line, mtime)
-
-
-def _iter_csv(path: Path) -> Iterator[RawItem]:
-    mtime = path.stat().st_mtime
-    csv.field_size_limit(2**31 - 1)  # a too-long document must reach validation, not crash the reader
-    # surrogateescape keeps undecodable bytes as lone surrogates, which validation reports as invalid_utf8
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-        for n, row in enumerate(csv.DictReader(f), 2):
-            yield RawItem(f"{path.name}:{n}", {k: v for k, v in row.items() if k is not None}, mtime)
-
-
-def _iter_parquet(path: Path) -> Iterator[RawItem]:
-    import pyarrow.parquet as pq
-
-    mtime = path.stat().st_mtime
-    n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-        for row in batch.to_pylist():
-            n += 1
-            yield RawItem(f"{path.name}:{n}", row, mtime)
-
-
-def _iter_txt(path: Path, cfg: DataConfig) -> Iterator[RawItem]:
-    v = cfg.validation
-    for p in sorted(path.rglob("*.txt")):
-        rel = p.relative_to(path).as_posix()
-        yield RawItem(rel, {v.id_field: rel, v.text_field: p.read_bytes(), v.group_field: rel[: -len(".txt")]},
-                      p.stat().st_mtime)
-
-
 # --- both ------------------------------------------------------------------------
 
 def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
-    """All raw items of the configured source, sampled down to `max_docs` with the seed."""
+    """All raw items of the configured source in one list, sampled down to `max_docs` with the seed.
+
+    For tests and tools on small inputs; the data stage reads shard by shard (components/data/readers.py).
+    """
+    from lmforge.components.data.readers import plan_shards, read_shard
+
     path = check_source(cfg.source)
     report: dict[str, Any] = {"source": str(path) if path else "builtin",
                               "corpus": [s for s, _ in corpus_roots(cfg.include_site_packages)] if path is None else None}
+    tally: dict[str, Any] = {}
     try:
-        items = list(iter_corpus(cfg, progress=progress, report=report) if path is None else iter_user_source(path, cfg))
+        items = [it for spec in plan_shards(cfg) for it in read_shard(spec, cfg, tally)]
     except (OSError, csv.Error, UnicodeError) as e:
         raise UserError("data.source", cfg.source, f"could not be read ({type(e).__name__}: {e})", f"Check that it is {SUPPORTED}") from e
     except Exception as e:
         if type(e).__module__.startswith("pyarrow"):
             raise UserError("data.source", cfg.source, f"is not a readable Parquet file ({e})", f"Check that it is {SUPPORTED}") from e
         raise
+    assert tally["records_read"] == len(items), (tally, len(items))
     report["items_found"] = len(items)
     if cfg.max_docs is not None and len(items) > cfg.max_docs:
         keep = sorted(random.Random(cfg.seed).sample(range(len(items)), cfg.max_docs))
@@ -265,16 +238,3 @@ def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
     if not items:
         raise UserError("data.source", cfg.source or "builtin", "holds no records", f"Point it at {SUPPORTED} with at least one record")
     return Ingested(items, report)
-
-
-def payload_json(item: RawItem) -> dict[str, Any]:
-    """A JSON-able form of a raw item for the quarantine file (bytes as text with escapes)."""
-    p = item.payload
-    if isinstance(p, bytes):
-        return {"raw": p.decode("utf-8", "backslashreplace")}
-    return {k: v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v for k, v in p.items()}
-
-
-def raw_excerpt(item: RawItem, limit: int = 200) -> str:
-    text = json.dumps(payload_json(item), ensure_ascii=True, default=str)
-    return text if len(text) <= limit else text[:limit] + "..."

@@ -3,6 +3,7 @@
     r = Record.from_parts(source="stdlib", module="json", qualname="dumps",
                           signature="def dumps(obj, *, indent=None)", docstring="Serialize obj ...")
     r.text                        # the language-modelling document
+    read_records(ds / "records" / "train.jsonl")   # list[Record]
     generation_prompt(r.signature)  # what the model is given for code-to-text summarisation
     extract_summary(generated)      # what is scored against r.summary
 
@@ -82,3 +83,11 @@ class Record:
 
 
 FIELDS = tuple(Record.__dataclass_fields__)
+
+
+def read_records(path: Any) -> list[Record]:
+    """The records of a dataset's records/<split>.jsonl."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        return [Record.from_dict(json.loads(line)) for line in f if line.strip()]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import SplitConfig
@@ -27,8 +27,13 @@ def group_order_key(group: str, seed: int) -> str:
 
 
 def split_groups(groups: Sequence[str], cfg: SplitConfig, *, seed: int) -> list[str]:
-    sizes = Counter(groups)
-    total = len(groups)
+    place = place_groups(Counter(groups), cfg, seed=seed)
+    return [place[g] for g in groups]
+
+
+def place_groups(sizes: Mapping[str, int], cfg: SplitConfig, *, seed: int) -> dict[str, str]:
+    """The split of every group, from the number of documents in each (a corpus-wide count)."""
+    total = sum(sizes.values())
     targets = {"test": cfg.test * total, "validation": cfg.validation * total}
     wanted = [s for s in ("test", "validation") if targets[s] > 0]
     if len(sizes) < len(wanted) + 1:
@@ -44,7 +49,7 @@ def split_groups(groups: Sequence[str], cfg: SplitConfig, *, seed: int) -> list[
             split = "train"  # the last group goes to train when train is still empty
         place[g] = split
         filled[split] += sizes[g]
-    return [place[g] for g in groups]
+    return place
 
 
 def _fits(size: int, filled: int, target: float, n_groups: int) -> bool:

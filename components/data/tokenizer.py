@@ -10,7 +10,7 @@ text round-trips: decode(encode(text)) == text, with no unknown tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -22,14 +22,14 @@ PAD, BOS, EOS, UNK = SPECIALS
 ENCODE_BATCH = 2048
 
 
-def train_tokenizer(texts: Sequence[str], cfg: TokenizerConfig) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                                   special_tokens=list(SPECIALS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts) if isinstance(texts, Sized) else None)
     assert [tok.token_to_id(s) for s in SPECIALS] == [0, 1, 2, 3]
     return tok
 

@@ -2,12 +2,14 @@
 
     result = validate_items(ingested.items, cfg.validation)     # cfg: DataConfig
     result.clean          # list[Kept]: Record + where it came from
-    result.quarantined    # list[Quarantined]: origin, reason, detail, raw excerpt
+    result.quarantined    # list[Quarantined]: the whole raw record, its source, line and reason
     result.counts()       # {"docs_in", "clean", "quarantined", "quarantined_by_reason"}
     validate_lines([b'{"text": "ok"}', b"\\xff"], ValidationConfig())   # JSONL lines, for tests and tools
+    judge(item, cfg.validation)   # one item: a Record, or a Quarantined entry (no duplicate_id check)
 
 Reason codes: invalid_utf8, invalid_json, control_chars, empty, too_long, missing_field,
-wrong_type, duplicate_id. Records in = clean + quarantined, always.
+wrong_type, duplicate_id, and from the readers blank_line, column_count, unparseable_file.
+Records in = clean + quarantined, always.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from lmforge.components.data.ingest import RawItem, raw_excerpt
+from lmforge.components.data.ingest import RawItem
+from lmforge.components.data.quarantine import Quarantined, quarantine_entry
 from lmforge.components.data.records import Record, first_sentence, stable_id
 from lmforge.components.sections.data import ValidationConfig
 
-REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id")
+REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id",
+           "blank_line", "column_count", "unparseable_file")
 
 # C0/C1 controls except tab, newline, carriage return and form feed (which source code uses as a page break)
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
@@ -35,17 +39,6 @@ class Kept:
     record: Record
     origin: str
     mtime: float
-
-
-@dataclass(frozen=True)
-class Quarantined:
-    origin: str
-    reason: str
-    detail: str
-    excerpt: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 class Bad(Exception):
@@ -66,24 +59,36 @@ class ValidationResult:
                 "quarantined": len(self.quarantined), "quarantined_by_reason": dict(sorted(by_reason.items()))}
 
 
+def judge(item: RawItem, cfg: ValidationConfig) -> Record | Quarantined:
+    """The Record for one raw item, or its quarantine entry (the whole raw record and the reason)."""
+    try:
+        if item.error is not None:
+            raise Bad(*item.error)
+        return to_record(item, cfg)
+    except Bad as bad:
+        return quarantine_entry(item, bad.reason, bad.detail)
+
+
 def validate_items(items: Iterable[RawItem], cfg: ValidationConfig) -> ValidationResult:
     clean: list[Kept] = []
     quarantined: list[Quarantined] = []
     seen_ids: dict[str, str] = {}
     for item in items:
-        try:
-            record = to_record(item, cfg)
-            if record.id in seen_ids:
-                raise Bad("duplicate_id", f"id {record.id!r} already used by {seen_ids[record.id]}")
-            seen_ids[record.id] = item.origin
-            clean.append(Kept(record, item.origin, item.mtime))
-        except Bad as bad:
-            quarantined.append(Quarantined(item.origin, bad.reason, bad.detail, raw_excerpt(item)))
+        judged = judge(item, cfg)
+        if isinstance(judged, Quarantined):
+            quarantined.append(judged)
+        elif judged.id in seen_ids:
+            quarantined.append(quarantine_entry(item, "duplicate_id", f"id {judged.id!r} already used by {seen_ids[judged.id]}"))
+        else:
+            seen_ids[judged.id] = item.origin
+            clean.append(Kept(judged, item.origin, item.mtime))
     return ValidationResult(clean, quarantined)
 
 
 def validate_lines(lines: Iterable[bytes], cfg: ValidationConfig, *, name: str = "<lines>") -> ValidationResult:
-    return validate_items((RawItem(f"{name}:{n}", line, 0.0) for n, line in enumerate(lines, 1)), cfg)
+    return validate_items((RawItem(f"{name}:{n}", line, 0.0, source=name, line=n, raw=line,
+                                   error=None if line.strip() else ("blank_line", "a blank line holds no record"))
+                           for n, line in enumerate(lines, 1)), cfg)
 
 
 def to_record(item: RawItem, cfg: ValidationConfig) -> Record:

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from ._base import Section
@@ -52,6 +54,7 @@ class TokenizerConfig(Section):
 
     vocab_size: int = Field(4096, ge=300, le=200_000, description="target vocabulary size, special tokens and the 256 bytes included")
     min_frequency: int = Field(2, ge=1, description="a merge must occur at least this often")
+    train_chars: int | None = Field(20_000_000, ge=1000, description="train on the first N characters of the train split (in corpus order); unset = all of it. The vocabulary settles long before a large corpus ends")
 
 
 class DataConfig(Section):
@@ -62,7 +65,10 @@ class DataConfig(Section):
     skip_tests: bool = Field(True, description="built-in corpus: leave out test packages (test/, tests/, idle_test/)")
     max_docs: int | None = Field(None, ge=1, description="keep only N documents, drawn with the seed before validation")
     seed: int = Field(0, description="seed for sampling and splitting")
-    workers: int = Field(2, ge=1, le=64, description="processes that parse source files of the built-in corpus")
+    workers: int | None = Field(None, ge=1, le=256, description="local Dask worker processes that run the per-shard steps; unset = every core")
+    cluster_address: str | None = Field(None, description="a running Dask scheduler (tcp://host:8786) to run the per-shard steps on instead of a local cluster")
+    runner: Literal["dask", "threads"] = Field("dask", description="dask: worker processes (every core); threads: in this process (for debugging and tests)")
+    shard_mb: float = Field(8.0, gt=0, le=4096, description="input bytes per shard; peak memory per worker grows with it, not with the corpus")
     validation: ValidationConfig = ValidationConfig()
     dedup: DedupConfig = DedupConfig()
     split: SplitConfig = SplitConfig()

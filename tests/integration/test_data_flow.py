@@ -13,7 +13,8 @@ import pytest
 
 from lmforge.components.config import load_config
 from lmforge.components.data.manifest import verify_manifest
-from lmforge.components.data.store import read_quarantine, read_records
+from lmforge.components.data.quarantine import read_quarantine
+from lmforge.components.data.records import read_records
 from tests.conftest import REPO, TINY_CONFIG
 from tests.unit.data.corpus import BAD_LINES, write_mixed_jsonl
 

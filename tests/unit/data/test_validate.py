@@ -6,6 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmforge.components.data.ingest import RawItem, ingest
+from lmforge.components.data.quarantine import raw_bytes
 from lmforge.components.data.validate import REASONS, validate_items, validate_lines
 from lmforge.components.sections.data import DataConfig, ValidationConfig
 
@@ -20,7 +21,7 @@ def test_each_bad_kind_is_quarantined_with_its_reason(raw, reason):
     result = validate_lines(lines, ValidationConfig())
     assert [q.reason for q in result.quarantined] == [reason]
     assert result.quarantined[0].origin == "<lines>:2"
-    assert result.quarantined[0].detail and result.quarantined[0].excerpt
+    assert result.quarantined[0].detail and raw_bytes(result.quarantined[0]) == raw  # the whole record, byte for byte
     assert len(result.clean) == 1
 
 
@@ -63,7 +64,7 @@ def test_csv_with_undecodable_bytes_and_missing_text(tmp_path):
     path.write_bytes(path.read_bytes() + b"c,bad \xff byte\n")
     result = validate_items(ingest(DataConfig(source=str(path))).items, ValidationConfig())
     assert [k.record.id for k in result.clean] == ["a"]
-    assert [(q.origin, q.reason) for q in result.quarantined] == [("c.csv:3", "missing_field"), ("c.csv:4", "invalid_utf8")]
+    assert [(q.origin, q.reason) for q in result.quarantined] == [("c.csv:3", "column_count"), ("c.csv:4", "invalid_utf8")]
 
 
 def test_parquet_binary_column_and_wrong_type(tmp_path):

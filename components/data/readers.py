@@ -1,0 +1,211 @@
+"""Input shards: cut a source into pieces that can be read independently, and read one piece.
+
+    specs = plan_shards(cfg, shard_mb=8)          # list of small dicts, one per input shard
+    tally = {}
+    for item in read_shard(specs[0], cfg, tally):  # RawItems, every input unit one item
+        ...
+    tally["records_read"]                          # counted from the input itself, not from the items
+
+Every input unit becomes exactly one RawItem, good or bad: each JSONL line (a blank one
+too: it is judged `blank_line`), each CSV row (a row with more or fewer cells than the
+header is judged `column_count`), each Parquet row, each .txt file, each docstring of the
+built-in corpus and each .py file of it that cannot be parsed (`unparseable_file`). The
+`records_read` tally is counted from the input (newlines in the byte range, rows in the
+row groups, files in the list) so that `records in = clean + quarantined` can be checked.
+
+JSONL is cut at newlines into byte ranges of about `shard_mb`; Parquet by row groups;
+.txt folders and the built-in corpus by files. CSV is one shard: a quoted cell may hold
+a newline, so a byte range cannot be cut without parsing everything before it.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from lmforge.components.data.ingest import (JSONL_SUFFIXES, RawItem, check_source, corpus_files, extract_file)
+from lmforge.components.data.quarantine import csv_row_bytes, fields_bytes, iter_quarantine, raw_bytes, replay_fields
+from lmforge.components.sections.data import DataConfig
+
+
+def plan_shards(cfg: DataConfig, *, shard_mb: float | None = None, replay: list[str] | None = None) -> list[dict[str, Any]]:
+    """The input shards of the configured source (and of quarantine files to replay), in corpus order."""
+    target = int((shard_mb or cfg.shard_mb) * 2**20)
+    path = check_source(cfg.source)
+    if path is None:
+        specs = _plan_files([("corpus", s, str(root), rel) for s, root, rel in corpus_files(cfg.include_site_packages, cfg.skip_tests)],
+                            target)
+    elif path.is_dir():
+        specs = _plan_files([("txt", "", str(path), p.relative_to(path).as_posix()) for p in sorted(path.rglob("*.txt"))], target)
+    elif path.suffix.lower() in JSONL_SUFFIXES:
+        specs = _plan_jsonl(path, target)
+    elif path.suffix.lower() == ".parquet":
+        specs = _plan_parquet(path, target)
+    else:
+        specs = [{"kind": "csv", "path": str(path)}]
+    specs += [{"kind": "replay", "path": str(Path(p).resolve())} for p in (replay or [])]
+    return [{**s, "index": i} for i, s in enumerate(specs)]
+
+
+def _plan_files(files: list[tuple[str, str, str, str]], target: int) -> list[dict[str, Any]]:
+    specs: list[dict[str, Any]] = []
+    group: list[list[str]] = []
+    size = 0
+    for kind, source, root, rel in files:
+        group.append([source, root, rel])
+        size += os.path.getsize(Path(root) / rel)
+        if size >= target:
+            specs.append({"kind": kind, "files": group})
+            group, size = [], 0
+    if group:
+        specs.append({"kind": files[0][0], "files": group})
+    return specs
+
+
+def _plan_jsonl(path: Path, target: int) -> list[dict[str, Any]]:
+    """Byte ranges ending at a newline; each knows the number of its first line."""
+    specs, start, line = [], 0, 1
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        while start < size:
+            f.seek(min(start + target, size))
+            f.readline()  # to the end of the line the cut fell in
+            end = min(f.tell(), size)
+            f.seek(start)
+            lines = f.read(end - start).count(b"\n")
+            specs.append({"kind": "jsonl", "path": str(path), "start": start, "end": end, "first_line": line})
+            line += lines
+            start = end
+    return specs or [{"kind": "jsonl", "path": str(path), "start": 0, "end": 0, "first_line": 1}]
+
+
+def _plan_parquet(path: Path, target: int) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    specs, group, size, first, row = [], [], 0, 1, 1
+    for g in range(meta.num_row_groups):
+        group.append(g)
+        size += meta.row_group(g).total_byte_size
+        row += meta.row_group(g).num_rows
+        if size >= target:
+            specs.append({"kind": "parquet", "path": str(path), "row_groups": group, "first_row": first})
+            group, size, first = [], 0, row
+    if group or not specs:
+        specs.append({"kind": "parquet", "path": str(path), "row_groups": group, "first_row": first})
+    return specs
+
+
+def read_shard(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    """Every input unit of one shard as a RawItem; `tally["records_read"]` counts the units from the input."""
+    tally.setdefault("records_read", 0)
+    reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet, "txt": _read_txt,
+              "corpus": _read_corpus, "replay": _read_replay}[spec["kind"]]
+    yield from reader(spec, cfg, tally)
+
+
+def _read_jsonl(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    path = Path(spec["path"])
+    mtime, name = path.stat().st_mtime, path.name
+    with open(path, "rb") as f:
+        f.seek(spec["start"])
+        data = f.read(spec["end"] - spec["start"])
+    tally["records_read"] += data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+    for n, line in enumerate(data.splitlines(keepends=False) if data else [], spec["first_line"]):
+        line = line.rstrip(b"\r")
+        error = ("blank_line", "a blank line holds no record") if not line.strip() else None
+        yield RawItem(f"{name}:{n}", line, mtime, source=name, line=n, format="jsonl", raw=line, error=error)
+
+
+def _read_csv(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    path = Path(spec["path"])
+    mtime, name = path.stat().st_mtime, path.name
+    csv.field_size_limit(2**31 - 1)  # a too-long document must reach validation, not crash the reader
+    # surrogateescape keeps undecodable bytes as lone surrogates, which validation reports as invalid_utf8
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None) or []
+        for row in reader:
+            tally["records_read"] += 1
+            n = reader.line_num
+            error = None
+            if len(row) != len(header):
+                error = ("column_count", f"{len(row)} cells under a header of {len(header)} columns")
+            yield RawItem(f"{name}:{n}", dict(zip(header, row)), mtime, source=name, line=n, format="csv",
+                          raw=csv_row_bytes(row), meta={"header": header}, error=error)
+
+
+def _read_parquet(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    import pyarrow.parquet as pq
+
+    path = Path(spec["path"])
+    mtime, name = path.stat().st_mtime, path.name
+    pf = pq.ParquetFile(path)
+    tally["records_read"] += sum(pf.metadata.row_group(g).num_rows for g in spec["row_groups"])
+    n = spec["first_row"]
+    for g in spec["row_groups"]:
+        for row in pf.read_row_group(g).to_pylist():
+            yield RawItem(f"{name}:{n}", row, mtime, source=name, line=n, format="parquet", raw=fields_bytes(row))
+            n += 1
+
+
+def _read_txt(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    v = cfg.validation
+    tally["records_read"] += len(spec["files"])
+    for _, root, rel in spec["files"]:
+        p = Path(root) / rel
+        data = p.read_bytes()
+        yield RawItem(rel, {v.id_field: rel, v.text_field: data, v.group_field: rel[: -len(".txt")]}, p.stat().st_mtime,
+                      source=rel, line=None, format="txt", raw=data)
+
+
+def _read_corpus(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    tally.setdefault("files", 0)
+    for source, root, rel in spec["files"]:
+        docs, mtime, error, data = extract_file((source, root, rel))
+        tally["files"] += 1
+        tally["records_read"] += len(docs) + (error is not None)
+        if error is not None:
+            yield RawItem(f"{source}:{rel}", data, mtime, source=f"{source}:{rel}", line=None, format="py", raw=data,
+                          meta={"source": source, "rel": rel}, error=("unparseable_file", error))
+        for d in docs:
+            yield RawItem(f"{source}:{rel}:{d['qualname'] or '<module>'}", d, mtime, kind="docstring",
+                          source=f"{source}:{rel}", line=d["lineno"], format="docstring", raw=fields_bytes(d))
+
+
+def _read_replay(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    """Quarantined entries, read back through the parser of their format (after a person fixed `raw`)."""
+    from lmforge.components.data.ingest import extract_docstrings, module_name
+
+    for q in iter_quarantine(Path(spec["path"])):
+        tally["records_read"] += 1
+        payload = replay_fields(q)
+        common = {"source": q.source, "line": q.line, "format": q.format, "meta": q.meta}
+        origin = f"replay:{q.origin}"
+        if q.format == "py":
+            try:
+                docs = extract_docstrings(payload, source=q.meta["source"], module=module_name(q.meta["rel"]))
+            except (SyntaxError, ValueError, RecursionError) as e:
+                yield RawItem(origin, payload, 0.0, raw=payload, error=("unparseable_file", f"{type(e).__name__}: {e}"), **common)
+                continue
+            tally["records_read"] += len(docs) - 1  # one quarantined file became this many docstrings
+            for d in docs:
+                yield RawItem(f"{origin}:{d['qualname'] or '<module>'}", d, 0.0, kind="docstring", raw=fields_bytes(d),
+                              **{**common, "format": "docstring"})
+            continue
+        error = None
+        if q.format == "jsonl" and isinstance(payload, bytes) and not payload.strip():
+            error = ("blank_line", "a blank line holds no record")
+        if q.format == "csv" and "__columns__" in payload:
+            got, want = payload.pop("__columns__")
+            error = ("column_count", f"{got} cells under a header of {want} columns")
+        if q.format == "txt":
+            v = cfg.validation
+            rel = q.source
+            payload = {v.id_field: rel, v.text_field: payload, v.group_field: rel[: -len(".txt")]}
+        kind = "docstring" if q.format == "docstring" else "document"
+        yield RawItem(origin, payload, 0.0, kind=kind, raw=raw_bytes(q), error=error, **common)
+
