@@ -47,6 +47,7 @@ def test_auto_precision_on_cpu_follows_the_measured_matmul_rates(monkeypatch, bf
 
 def test_cpu_probe_is_cached_per_machine_and_isa_override(monkeypatch):
     calls = fake_rates(monkeypatch, {torch.bfloat16: 1e9, torch.float32: 30e9})
+    monkeypatch.setattr(accelerator.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
     assert accelerator.choose_precision("auto", "cpu").name == "fp32"
     measured = len(calls)
     again = accelerator.choose_precision("auto", "cpu")
@@ -54,6 +55,11 @@ def test_cpu_probe_is_cached_per_machine_and_isa_override(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # other kernels run: measured anew
     accelerator.choose_precision("auto", "cpu")
     assert len(calls) == 2 * measured
+    monkeypatch.setattr(accelerator.os, "getloadavg", lambda: (99.0, 0.0, 0.0))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    accelerator.choose_precision("auto", "cpu")
+    accelerator.choose_precision("auto", "cpu")  # measured on a busy machine: not trusted from the cache
+    assert len(calls) == 4 * measured
 
 
 def test_explicit_precision_and_cuda_auto(monkeypatch):
