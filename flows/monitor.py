@@ -76,13 +76,13 @@ def served_model(ws: Workspace, cfg: PipelineConfig) -> Served:
     name = cfg.registry.model_name
     version = current(ws, name, PRODUCTION)
     if version is None:
-        raise UserError("monitor", f"{name}@{PRODUCTION}", "is not set, so no version serves traffic to compare",
-                        "Deploy a model first: lmforge run deploy")
+        raise UserError("served model", f"{name}@{PRODUCTION}", "is not set: no version serves yet",
+                        "Deploy one first: lmforge run deploy")
     model_dir = download_model(ws, name, version)
     meta = model_dir / "lmforge.json"
     dataset = json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
     if not dataset or not (ws.dataset_dir(dataset) / "records").is_dir():
-        raise UserError("monitor", f"{name} v{version}", f"names no dataset in this workspace (dataset_version={dataset})",
+        raise UserError("served model", f"{name} v{version}", f"names no dataset in this workspace (dataset_version={dataset})",
                         "Monitor in the workspace that trained it, or re-run the data stage that made its dataset")
     return Served(registry_model=name, version=version, model_dir=model_dir, dataset_version=dataset)
 

@@ -39,7 +39,8 @@ from lmforge.monitoring.trigger import append_record
 
 LOCK_FILE = "retrain.lock"
 JOURNAL = "retrains.jsonl"
-SERVING, REFUSED, BUSY = "serving", "refused", "busy"
+SERVING, REFUSED, BUSY, FAILED = "serving", "refused", "busy", "failed"
+STAGES = ("corpus", "data", "train", "evaluate", "compress", "deploy")
 
 
 def _lock_path(ws: Workspace) -> Path:
@@ -114,8 +115,6 @@ def _record(ws: Workspace, result: dict[str, Any]) -> dict[str, Any]:
 def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual") -> dict[str, Any]:
     """Data (with the new domain), train, evaluate + gate, compress, deploy; {"outcome", "serving", "reason", ...}."""
     from lmforge.components.registry import current
-    from lmforge.flows.monitor import served_model
-    from lmforge.flows.pipeline import stage_flow
 
     cfg = as_config(cfg)
     ws = Workspace.from_env().ensure()
@@ -125,30 +124,45 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
         if holder is not None:
             return _record(ws, {"at": started, "trigger": reason, "outcome": BUSY, "reason": holder,
                                 "serving": current(ws, name, "production"), "stages": {}})
-        served = served_model(ws, cfg)
-        corpus = retrain_corpus(ws, cfg, served.dataset_version,
-                                ws.monitoring / "retrain" / started.replace(":", "") / "corpus.jsonl")
-        run_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": corpus["path"]})})
-        stages: dict[str, Any] = {"corpus": corpus}
-        stages["data"] = stage_flow("data")(run_cfg)["summary"]
-        stages["train"] = stage_flow("train")(run_cfg)["summary"]
-        evaluated = stage_flow("evaluate")(run_cfg)
-        stages["evaluate"] = evaluated["summary"]
-        decision = evaluated["decision"]
-        result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
-                  "stages": stages}
-        if not decision["promote"]:
-            result.update(outcome=REFUSED, serving=current(ws, name, "production"),
-                          reason=f"gate: {decision['reason']}")
-        else:
-            stages["compress"] = stage_flow("compress")(run_cfg).get("summary")
-            from lmforge.deploy.rollout import RolloutRefused
+        stages: dict[str, Any] = {}
+        try:
+            return _record(ws, _lifecycle(ws, cfg, reason, started, stages))
+        except BaseException as e:   # the old version still serves; say which stage failed and why, then re-raise
+            _record(ws, {"at": started, "trigger": reason, "outcome": FAILED, "stages": stages,
+                         "serving": current(ws, name, "production"),
+                         "reason": f"{next(iter(STAGES[len(stages):]), 'retrain')} failed: {type(e).__name__}: {e}"})
+            raise
 
-            try:
-                stages["deploy"] = stage_flow("deploy")(run_cfg)["summary"]
-                result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
-            except RolloutRefused as e:
-                result.update(outcome=REFUSED, reason=f"rollout: {e}")
-            result["serving"] = current(ws, name, "production")
-        print(f"retrain: {result['outcome']}: v{result['serving']} serves; {result['reason']}")
-        return _record(ws, result)
+
+def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, stages: dict[str, Any]) -> dict[str, Any]:
+    from lmforge.components.registry import current
+    from lmforge.deploy.rollout import RolloutRefused
+    from lmforge.flows.monitor import served_model
+    from lmforge.flows.pipeline import stage_flow
+
+    name = cfg.registry.model_name
+    served = served_model(ws, cfg)
+    corpus = retrain_corpus(ws, cfg, served.dataset_version,
+                            ws.monitoring / "retrain" / started.replace(":", "") / "corpus.jsonl")
+    run_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": corpus["path"]})})
+    stages["corpus"] = corpus
+    stages["data"] = stage_flow("data")(run_cfg)["summary"]
+    stages["train"] = stage_flow("train")(run_cfg)["summary"]
+    evaluated = stage_flow("evaluate")(run_cfg)
+    stages["evaluate"] = evaluated["summary"]
+    decision = evaluated["decision"]
+    result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
+              "stages": stages}
+    if not decision["promote"]:
+        result.update(outcome=REFUSED, serving=current(ws, name, "production"),
+                      reason=f"gate: {decision['reason']}")
+    else:
+        stages["compress"] = stage_flow("compress")(run_cfg).get("summary")
+        try:
+            stages["deploy"] = stage_flow("deploy")(run_cfg)["summary"]
+            result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
+        except RolloutRefused as e:
+            result.update(outcome=REFUSED, reason=f"rollout: {e}")
+        result["serving"] = current(ws, name, "production")
+    print(f"retrain: {result['outcome']}: v{result['serving']} serves; {result['reason']}")
+    return result

@@ -206,3 +206,15 @@ def test_one_retrain_at_a_time(workspace, tmp_path, tiny_config):
         child.kill()
         child.wait(timeout=30)
     assert retrain_busy(workspace) is None                # the kernel dropped the dead holder's lock
+
+
+def test_a_failed_retrain_is_recorded_with_the_reason_and_releases_the_lock(workspace, tiny_config):
+    from lmforge.components.errors import UserError
+    from lmforge.flows.retrain import retrain_busy, retrain_flow
+
+    with pytest.raises(UserError, match="served model: lmforge-tiny@production is not set"):
+        retrain_flow(tiny_config, reason="test")               # nothing serves: nothing to retrain from
+    (record,) = [json.loads(line) for line in (workspace.monitoring / "retrains.jsonl").read_text().splitlines()]
+    assert record["outcome"] == "failed" and record["serving"] is None
+    assert record["reason"].startswith("corpus failed: UserError: served model: lmforge-tiny@production"), record
+    assert retrain_busy(workspace) is None
