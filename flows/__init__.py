@@ -10,13 +10,16 @@ environment variables; nothing is written until work runs (`prefect_home.prepare
 """
 
 import logging
+import os
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
-from lmforge.flows import prefect_home
+from lmforge.flows import prefect_home, quiet
 
 PREFECT = prefect_home.choose(Workspace.from_env())
 prefect_home.apply(PREFECT)
+if os.environ.get(quiet.ENV_VERBOSE) == "0":  # a child of a quiet `lmforge` (a Prefect worker's run, a Dask worker)
+    quiet.configure(verbose=False)
 
 
 class _UserErrorsWithoutTraceback(logging.Filter):

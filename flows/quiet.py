@@ -13,10 +13,13 @@ nothing and lets everything through.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
+import sys
 import warnings
+from pathlib import Path
 
 ENV_VERBOSE = "LMFORGE_VERBOSE"
 
@@ -33,15 +36,12 @@ QUIET_ENV = {
 
 # (message prefix, category): warnings that say nothing a user of lmforge can act on.
 KNOWN_NOISE: list[tuple[str, type[Warning]]] = [
-    # mlflow, for every registration: lmforge's pyfunc takes a DataFrame on purpose.
+    # mlflow, for every registration: lmforge's pyfunc takes a DataFrame on purpose. mlflow colours
+    # the text (ANSI yellow) when it warns, so the message starts with the colour code.
     ("Add type hints to the `predict` method", UserWarning),
-    # DeepSpeed and the torch it runs on: deprecations inside their own code.
-    ("torch.distributed.reduce_op is deprecated", FutureWarning),
-    ("The 'DeepSpeedCPUAdam'", UserWarning),
-    ("`torch.cuda.amp.custom_fwd(args...)` is deprecated", FutureWarning),
-    ("`torch.cuda.amp.custom_bwd(args...)` is deprecated", FutureWarning),
-    ("torch.cuda.amp.GradScaler(args...)` is deprecated", FutureWarning),
-    ("pkg_resources is deprecated as an API", UserWarning),
+    ("\x1b[33mAdd type hints to the `predict` method", UserWarning),
+    # DeepSpeed's ZeRO, inside its own code, in every rank.
+    ("`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning),
     # distributed, when another local cluster holds the dashboard port: it picks another port itself.
     ("Port 8787 is already in use", UserWarning),
 ]
@@ -56,6 +56,18 @@ NOISY_LOGGERS = {"DeepSpeed": logging.ERROR, "transformers": logging.ERROR, "mlf
 PREFECT_CONSOLE_INFO = ("prefect.flow_runs",)
 
 
+# Packages whose presence means DeepSpeed could pick an accelerator other than the CPU.
+_ACCELERATOR_PACKAGES = ("intel_extension_for_pytorch", "torch_npu", "torch_sdaa", "habana_frameworks", "torch_mlu",
+                         "torch_supa", "torch_xmlir")
+
+
+def cpu_only_machine() -> bool:
+    """No GPU driver (NVIDIA, ROCm), not macOS (MPS), no other accelerator's torch plug-in installed."""
+    if sys.platform == "darwin" or any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")):
+        return False
+    return not any(importlib.util.find_spec(name) for name in _ACCELERATOR_PACKAGES)
+
+
 def verbose() -> bool:
     return os.environ.get(ENV_VERBOSE) == "1"
 
@@ -65,6 +77,7 @@ def pythonwarnings() -> str:
     return ",".join(f"ignore:{msg}:{cat.__name__}" for msg, cat in KNOWN_NOISE if "," not in msg and ":" not in msg)
 
 
+
 def configure(*, verbose: bool = False) -> None:
     """Quiet (or, with `verbose`, leave alone) this process and every process it starts from now on."""
     os.environ[ENV_VERBOSE] = "1" if verbose else "0"
@@ -72,12 +85,35 @@ def configure(*, verbose: bool = False) -> None:
         return
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
+    if cpu_only_machine():
+        # DeepSpeed would probe every accelerator, then warn "Setting accelerator to CPU" in each rank;
+        # naming the CPU is the same choice without the probe or the warning.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     inherited = os.environ.get("PYTHONWARNINGS")
     os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [inherited, pythonwarnings()]))
     for msg, cat in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=re.escape(msg), category=cat)
+    if not getattr(warnings.showwarning, "_lmforge_quiet", False):
+        warnings.showwarning = _quiet_showwarning(warnings.showwarning)
     for name, level in NOISY_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+
+
+def is_known_noise(message: Warning | str, category: type[Warning]) -> bool:
+    text = str(message)
+    return any(issubclass(category, cat) and text.startswith(msg) for msg, cat in KNOWN_NOISE)
+
+
+def _quiet_showwarning(show):  # type: ignore[no-untyped-def]
+    """Wrap warnings.showwarning: some libraries reset the filters around their own calls (mlflow's
+    log_model shows each UserWarning "once"), so known noise is also dropped where it would be shown."""
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if not is_known_noise(message, category):
+            show(message, category, filename, lineno, file, line)
+
+    showwarning._lmforge_quiet = True  # type: ignore[attr-defined]
+    return showwarning
 
 
 class _PrefectConsoleQuiet(logging.Filter):
