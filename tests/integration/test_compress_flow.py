@@ -106,23 +106,31 @@ def test_compress_flow_registers_every_variant_with_lineage(workspace, tiny_mode
     assert client.get_experiment(run.info.experiment_id).name == "compression"
     assert result["not_registered"] == {}
 
-    # Every registered variant (the `compressed` alias's candidates) serves through Triton's rollout gate.
+    # `lmforge run deploy --set deploy.alias=compressed`: the deploy flow serves the alias through the rollout gate.
     from lmforge.components.registry import download_model, resolve_version
     from lmforge.deploy import client as triton
     from lmforge.deploy import service
+    from lmforge.flows.deploy import deploy_flow
 
-    deploy_cfg = tiny_config.deploy.model_copy(update={"http_port": 0, "grpc_port": 0, "metrics_port": 0,
-                                                       "validation_prompts": 2, "max_new_tokens": 6})
-    info = service.ensure_server(workspace, deploy_cfg)
+    if result["compressed"] is None:  # the policy chose none on this random model: point the alias at int8
+        set_alias(workspace, name, "compressed", rows["int8"]["version"], reason="test: serve a compressed variant")
+    compressed = int(resolve_version(workspace, name, "compressed"))
+    deploy_cfg = load_config(TINY_CONFIG, OVERRIDES + [
+        "deploy.alias=compressed", "deploy.http_port=0", "deploy.grpc_port=0", "deploy.metrics_port=0",
+        "deploy.validation_prompts=2", "deploy.max_new_tokens=6"])
     try:
+        out = deploy_flow(deploy_cfg)
+        assert out["version"] == compressed
+        assert int(resolve_version(workspace, name, "production")) == compressed
+        info = service.ensure_server(workspace, deploy_cfg.deploy)  # the flow's server, still running
+        # Every other registered variant serves through the same gate too.
         for variant in expected[1:]:
             v = int(rows[variant]["version"])
-            served = service.deploy_version(workspace, deploy_cfg, info, registry_model=name, version=v,
+            served = service.deploy_version(workspace, deploy_cfg.deploy, info, registry_model=name, version=v,
                                             model_dir=download_model(workspace, name, str(v)))
             assert served.ok and served.serving == [v], (variant, served.reason)
             (gen,) = triton.generate(info.url, ["def foo(x):"], max_new_tokens=4)
             assert gen.output_tokens >= 1
-        assert int(resolve_version(workspace, name, "production")) == int(rows[expected[-1]]["version"])
     finally:
         service.stop(workspace)
 
