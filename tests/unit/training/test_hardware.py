@@ -48,6 +48,7 @@ def test_auto_precision_on_cpu_follows_the_measured_matmul_rates(monkeypatch, bf
 def test_cpu_probe_is_cached_per_machine_and_isa_override(monkeypatch):
     calls = fake_rates(monkeypatch, {torch.bfloat16: 1e9, torch.float32: 30e9})
     monkeypatch.setattr(accelerator.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     assert accelerator.choose_precision("auto", "cpu").name == "fp32"
     measured = len(calls)
     again = accelerator.choose_precision("auto", "cpu")
@@ -56,7 +57,7 @@ def test_cpu_probe_is_cached_per_machine_and_isa_override(monkeypatch):
     accelerator.choose_precision("auto", "cpu")
     assert len(calls) == 2 * measured
     monkeypatch.setattr(accelerator.os, "getloadavg", lambda: (99.0, 0.0, 0.0))
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")
     accelerator.choose_precision("auto", "cpu")
     accelerator.choose_precision("auto", "cpu")  # measured on a busy machine: not trusted from the cache
     assert len(calls) == 4 * measured
