@@ -94,13 +94,15 @@ def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
 
 def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
     """Why a stage that starts from a registry alias has nothing to start from (the gate promoted no model yet)."""
-    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias}.get(stage)
+    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias, "monitor": "production"}.get(stage)
     if alias is None:
         return None
     from lmforge.components.registry.aliases import current
 
     if current(ws, cfg.registry.model_name, alias) is not None:
         return None
+    if stage == "monitor":   # monitoring compares the served version's traffic with its own reference
+        return f"skipped: no {cfg.registry.model_name}@production yet (nothing serves: the deploy stage sets it)"
     return (f"skipped: no {cfg.registry.model_name}@{alias} in the registry yet "
             f"(the evaluate stage promotes a model only when it passes the gate)")
 

@@ -16,3 +16,10 @@ def test_compress_runs_after_a_promotion_or_without_an_evaluate_stage():
     assert unchanged_champion(_done(True), "compress") is None
     assert unchanged_champion({}, "compress") is None
     assert unchanged_champion(_done(False), "deploy") is None   # deploy is idempotent: it says "already serving"
+
+
+def test_monitor_is_skipped_with_the_reason_while_nothing_serves(workspace, tiny_config):
+    from lmforge.flows.pipeline import missing_model
+
+    reason = missing_model(workspace, tiny_config, "monitor")
+    assert reason is not None and reason.startswith("skipped") and "lmforge-tiny@production" in reason
