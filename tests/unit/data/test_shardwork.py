@@ -1,0 +1,103 @@
+"""Per-shard ingest: every input unit is counted and ends up clean or quarantined whole; select reconciles."""
+
+import base64
+import csv
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from lmforge.components.data.corpuswork import select
+from lmforge.components.data.quarantine import raw_bytes, read_quarantine
+from lmforge.components.data.readers import plan_shards, read_shard
+from lmforge.components.data.shardwork import ROWS, ingest_shard
+from lmforge.components.sections.data import DataConfig
+
+from .corpus import BAD_LINES, write_mixed_jsonl
+
+
+def ingest_all(cfg: DataConfig, out, **kw):
+    return [ingest_shard(spec, cfg, out / f"ingest-{spec['index']}") for spec in plan_shards(cfg, **kw)]
+
+
+def test_jsonl_shards_count_every_line_and_keep_bad_ones_whole(tmp_path):
+    path = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
+    path.write_bytes(path.read_bytes() + b"\n\n  \n")  # three blank lines at the end
+    n_lines = path.read_bytes().count(b"\n")
+    cfg = DataConfig(source=str(path))
+    refs = ingest_all(cfg, tmp_path, shard_mb=0.001)
+    assert len(refs) > 3  # cut at newlines into several shards
+    assert sum(r["records_read"] for r in refs) == n_lines
+    assert sum(r["rows"] + r["quarantined"] for r in refs) == n_lines
+    sel = select(refs, cfg, tmp_path / "select")
+    assert sel["records_read"] == sel["docs_in"] == n_lines == sel["clean"] + sel["quarantined"]
+    assert sel["quarantined_by_reason"]["blank_line"] == 3
+    lines = path.read_bytes().split(b"\n")
+    entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
+    assert sorted(q.reason for q in entries if q.reason != "blank_line") == sorted(r for _, r in BAD_LINES)
+    for q in entries:
+        assert raw_bytes(q) == lines[q.line - 1] and q.source == "m.jsonl"
+    utf8 = next(q for q in entries if q.raw_b64 is not None)  # the line that is not UTF-8
+    assert b"\xc3\x28" in base64.b64decode(utf8.raw_b64)
+
+
+def test_csv_rows_with_extra_or_missing_cells_are_quarantined_not_dropped(tmp_path):
+    path = tmp_path / "c.csv"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "text"])
+        w.writerow(["a", "A fine document about sockets."])
+        w.writerow(["b", "Text with one cell too many.", "surplus"])
+        w.writerow(["c"])
+        w.writerow(["d", "A second line\nthat spans two lines."])
+    cfg = DataConfig(source=str(path))
+    (ref,) = ingest_all(cfg, tmp_path)
+    assert ref["records_read"] == 4 == ref["rows"] + ref["quarantined"]
+    assert ref["quarantined_by_reason"] == {"column_count": 2}
+    entries = read_quarantine(tmp_path / "ingest-0" / "quarantine.jsonl")
+    assert [(q.line, raw_bytes(q)) for q in entries] == [(3, b"b,Text with one cell too many.,surplus"), (4, b"c")]
+    assert entries[0].meta == {"header": ["id", "text"]}
+    assert pq.read_table(tmp_path / "ingest-0" / ROWS).column("id").to_pylist() == ["a", "d"]
+
+
+def test_unparseable_python_file_is_counted_and_kept_whole(tmp_path):
+    (tmp_path / "good.py").write_text('"""A module docstring."""\n\ndef f():\n    """Do f."""\n')
+    (tmp_path / "bad.py").write_bytes(b"def broken(:\n    print 'python 2'\n")
+    spec = {"kind": "corpus", "index": 0, "files": [["stdlib", str(tmp_path), "bad.py"], ["stdlib", str(tmp_path), "good.py"]]}
+    tally: dict = {}
+    items = list(read_shard(spec, DataConfig(), tally))
+    assert tally["records_read"] == len(items) == 3 and tally["files"] == 2
+    ref = ingest_shard(spec, DataConfig(), tmp_path / "out")
+    assert ref["rows"] == 2 and ref["quarantined_by_reason"] == {"unparseable_file": 1}
+    (q,) = read_quarantine(tmp_path / "out" / "quarantine.jsonl")
+    assert q.format == "py" and raw_bytes(q) == (tmp_path / "bad.py").read_bytes() and q.source == "stdlib:bad.py"
+
+
+def test_replayed_entries_are_read_back_through_their_format(tmp_path):
+    path = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
+    cfg = DataConfig(source=str(path))
+    refs = ingest_all(cfg, tmp_path)
+    select(refs, cfg, tmp_path / "select")
+    entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
+    fixed = tmp_path / "fixed.jsonl"
+    with open(fixed, "w") as f:
+        for q in entries:
+            d = q.to_dict()
+            if q.reason == "invalid_json":
+                d["raw"] = json.dumps({"id": "js", "text": "Terminated now."})
+            f.write(json.dumps(d) + "\n")
+    spec = plan_shards(cfg, replay=[str(fixed)])[-1]
+    ref = ingest_shard(spec, cfg, tmp_path / "replay")
+    assert ref["records_read"] == len(entries) == ref["rows"] + ref["quarantined"]
+    assert pq.read_table(tmp_path / "replay" / ROWS).column("id").to_pylist() == ["js", "doc0"]  # doc0: a dup id, caught by select
+    assert ref["quarantined"] == len(entries) - 2
+
+
+@pytest.mark.parametrize("max_docs", [10, 45])
+def test_sampling_keeps_exactly_max_docs_records_and_counts_the_rest(tmp_path, max_docs):
+    path = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
+    cfg = DataConfig(source=str(path), max_docs=max_docs)
+    refs = ingest_all(cfg, tmp_path, shard_mb=0.001)
+    sel = select(refs, cfg, tmp_path / "select")
+    assert sel["docs_in"] == max_docs == sel["clean"] + sel["quarantined"]
+    assert sel["records_read"] == max_docs + sel["sampled_out"]
