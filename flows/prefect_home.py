@@ -60,7 +60,7 @@ class PrefectMode:
 
 def active_profile(environ: Mapping[str, str]) -> tuple[str, dict[str, str], Path] | None:
     """(name, settings, file) of the active Prefect profile, read the way Prefect finds it; None if there is none."""
-    home = Path(environ.get("PREFECT_HOME") or Path.home() / ".prefect").expanduser()
+    home = Path(environ.get("PREFECT_HOME") or Path(environ.get("HOME") or Path.home()) / ".prefect").expanduser()
     path = Path(environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
