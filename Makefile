@@ -1,10 +1,12 @@
 # lmforge: `make demo` runs the pipeline on configs/demo.toml, `make test` runs the tests.
-# Both build .venv (and .venv-serve for Triton) first when it is missing.
+# Both build .venv (and .venv-serve for Triton) first when it is missing; PYTHON=python3.12 builds
+# .venv on 3.12 (.venv-serve stays on 3.11: SERVE_PYTHON, see scripts/bootstrap.sh).
+# `make wheel` builds dist/lmforge-<version>-py3-none-any.whl (configs, feature repo and prefect.yaml inside).
 PY      := .venv/bin/python
 CONFIG  ?= configs/demo.toml
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit bench bootstrap clean-workspace
+.PHONY: demo test test-unit bench bootstrap clean-workspace wheel
 
 .venv/.bootstrapped: pyproject.toml constraints.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -23,6 +25,9 @@ test-unit: .venv/.bootstrapped
 
 bench: .venv/.bootstrapped
 	$(PY) benchmarks/run_all.py
+
+wheel: .venv/.bootstrapped
+	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
 
 clean-workspace:
 	rm -rf .lmforge

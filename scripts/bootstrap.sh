@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# Idempotent set-up of the two environments (DESIGN.md §6):
-#   .venv        the project: torch first (the local CPU wheel), then `-e .[dev]` under constraints.txt
-#   .venv-serve  the Triton server's Python: numpy<2 (the python-backend stub breaks on numpy 2),
-#                torch, transformers, tokenizers, safetensors and nvidia-pytriton (the tritonserver binary)
-# Re-running it only fills in what is missing. Set PYTHON to choose the base interpreter.
+# Idempotent set-up of the two environments (docs/architecture.md, Environments):
+#   .venv        the project, on Python 3.11 or 3.12: torch first (a local CPU wheel when there is one),
+#                then `-e .[dev]` under constraints.txt
+#   .venv-serve  the Triton server's Python, 3.11 (the python-backend stub is built for it): numpy<2 (the stub
+#                breaks on numpy 2), torch, transformers, tokenizers, safetensors and nvidia-pytriton (tritonserver)
+# Re-running it only fills in what is missing. PYTHON chooses the project's interpreter (python3.11 or
+# python3.12); SERVE_PYTHON the serving one (a shared-libpython 3.11; default: PYTHON when it is one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
-if ! command -v "$PYTHON" >/dev/null; then
-    echo "bootstrap: $PYTHON not found. Install Python 3.11 (pyenv: 'pyenv install 3.11') or set PYTHON=/path/to/python3.11." >&2
-    exit 2
+need() {  # need <interpreter> <what for>
+    if ! command -v "$1" >/dev/null; then
+        echo "bootstrap: $1 not found ($2). Install it (pyenv install 3.11 / 3.12) or set the variable to its path." >&2
+        exit 2
+    fi
+}
+need "$PYTHON" "PYTHON, the project's interpreter"
+case "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" in
+    3.11|3.12) ;;
+    *) echo "bootstrap: $PYTHON is not Python 3.11 or 3.12 (requires-python in pyproject.toml)." >&2; exit 2 ;;
+esac
+if [ -z "${SERVE_PYTHON:-}" ]; then
+    if [ "$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "3.11" ]; then SERVE_PYTHON=$PYTHON; else SERVE_PYTHON=python3.11; fi
 fi
+need "$SERVE_PYTHON" "SERVE_PYTHON, the Triton server's Python 3.11"
 
-# The Triton python-backend stub links libpython3.11.so: the base interpreter must be a shared build.
-if [ "$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABLE_SHARED") or 0)')" != "1" ]; then
+# The Triton python-backend stub links libpython3.11.so: the serving interpreter must be a shared build.
+if [ "$("$SERVE_PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("Py_ENABLE_SHARED") or 0)')" != "1" ]; then
     cat >&2 <<MSG
-bootstrap: $PYTHON is not built with a shared libpython3.11 (Py_ENABLE_SHARED=0); Triton's python backend needs it.
+bootstrap: $SERVE_PYTHON is not built with a shared libpython3.11 (Py_ENABLE_SHARED=0); Triton's python backend needs it.
   Get one with:  PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11   (or apt-get install libpython3.11)
-  then re-run:   PYTHON=/path/to/that/python3.11 scripts/bootstrap.sh
+  then re-run:   SERVE_PYTHON=/path/to/that/python3.11 scripts/bootstrap.sh
 MSG
     exit 2
 fi
@@ -44,7 +57,7 @@ stub_ok() {
 
 if [ ! -x .venv-serve/bin/python ] || ! stub_ok; then
     echo "bootstrap: building .venv-serve (Triton Inference Server + its python backend) ..."
-    [ -x .venv-serve/bin/python ] || "$PYTHON" -m venv .venv-serve
+    [ -x .venv-serve/bin/python ] || "$SERVE_PYTHON" -m venv .venv-serve
     pip_quiet .venv-serve/bin/python -m pip install --upgrade pip
     pip_quiet .venv-serve/bin/python -m pip install "torch==$TORCH_VERSION"
     pip_quiet .venv-serve/bin/python -m pip install "numpy<2" "transformers==5.23.0" tokenizers safetensors nvidia-pytriton
