@@ -8,7 +8,9 @@
 - `hf` (or no lmforge.json): `from_pretrained`, in `load.dtype` (fp32 by default);
 - `int8`: model.safetensors holds each quantized Linear as `<name>.weight` (int8),
   `<name>.weight_scale` (fp32) and `<name>.bias`; the loader rebuilds torch's dynamic int8
-  Linear from exactly those, so the reloaded model is the one that was measured;
+  Linear from exactly those, so the reloaded model is the one that was measured. The
+  other tensors (embeddings, norms) are stored in bf16 when that is exact (a bf16
+  parent), else fp32, and loaded as fp32;
 - `lowrank`: model.safetensors holds the factors; `LowRankLinear` goes in at the
   recorded ranks and the factors load strictly.
 For `int8` and `lowrank`, config.json carries `model_type = lmforge_int8 / lmforge_lowrank`,
@@ -113,7 +115,10 @@ def int8_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
         if name.startswith(inside) or not isinstance(t, torch.Tensor) or t.data_ptr() in seen:
             continue
         seen.add(t.data_ptr())
-        out[name] = t.detach().contiguous()
+        t = t.detach()
+        if t.dtype == torch.float32 and torch.equal(t.to(torch.bfloat16).float(), t):
+            t = t.to(torch.bfloat16)  # a bf16 parent's values, exactly: half the bytes, loaded back as fp32
+        out[name] = t.contiguous()
     return out
 
 

@@ -55,3 +55,17 @@ def test_bf16_cast_is_stored_and_loaded_in_bf16(tiny_model_dir, tmp_path, ids):
     parent = load_variant(tiny_model_dir)
     assert torch.allclose(logits(model, ids), logits(parent, ids), atol=0.1)
     assert variant_stats(out, model)["disk_bytes"] < 0.6 * variant_stats(tiny_model_dir, parent)["disk_bytes"]
+
+
+def test_int8_of_a_bf16_parent_keeps_its_float_tensors_in_bf16_exactly(tiny_model_dir, tmp_path, ids):
+    from safetensors import safe_open
+
+    bf16 = cast_variant(tiny_model_dir, tmp_path / "bf16", "bf16")
+    out = quantize_int8_variant(bf16, tmp_path / "int8", QuantizeConfig())
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_slice("model.embed_tokens.weight").get_dtype() == "BF16"
+        assert f.get_slice("lm_head.weight").get_dtype() == "I8"
+    reloaded = load_variant(out)
+    assert reloaded.model.embed_tokens.weight.dtype == torch.float32
+    fresh = quantize_int8(load_variant(bf16, dtype=torch.float32))
+    assert torch.equal(logits(reloaded, ids), logits(fresh, ids))
