@@ -44,6 +44,13 @@ def test_deploy_list_and_run_through_a_worker(prefect_server):
             inspected = prefect(prefect_server, "deployment", "inspect", name)
             assert f"'cron': '{cron}'" in inspected.stdout, inspected.stdout[-2000:]
 
+    # One retrain at a time: a second run of the drift loop's retrain is cancelled, not queued.
+    retrain = prefect(prefect_server, "deployment", "inspect", "retrain/on-demand").stdout
+    assert "'collision_strategy': 'CANCEL_NEW'" in retrain and "'limit': 1" in retrain, retrain[-2000:]
+    # No deployment is triggered by training runs (the pipeline and the retrain flow chain compress explicitly).
+    compress = prefect(prefect_server, "deployment", "inspect", "compress/on-demand").stdout
+    assert "prefect.flow-run.Completed" not in compress, compress[-2000:]
+
     prefect_local.start_worker(prefect_server.ws, prefect_server.api_url)
     try:
         run = prefect(prefect_server, "deployment", "run", "data/on-demand",
