@@ -18,11 +18,14 @@ import pytest
 
 from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
 
-# Before anything imports `flows` (which points Prefect's home at the workspace): a session
-# workspace of its own, so tests never share Prefect's database with a real .lmforge/.
+# Before anything imports `lmforge.flows` (which chooses the Prefect to report to, see
+# flows/prefect_home.py): a session workspace of its own, and none of the user's Prefect
+# settings or profiles, so tests use the embedded home there and never a real .lmforge/ or
+# the user's Prefect server or Cloud workspace.
 os.environ["LMFORGE_HOME"] = tempfile.mkdtemp(prefix="lmforge-tests-")
-for _var in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+for _var in ("PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH", "PREFECT_API_URL", "PREFECT_PROFILE", "MLFLOW_TRACKING_URI"):
     os.environ.pop(_var, None)
+os.environ["PREFECT_PROFILES_PATH"] = os.path.join(os.environ["LMFORGE_HOME"], "no-profiles.toml")
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_CONFIG = REPO / "configs" / "tiny.toml"
