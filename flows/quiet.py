@@ -89,8 +89,9 @@ def configure(*, verbose: bool = False) -> None:
         # DeepSpeed would probe every accelerator, then warn "Setting accelerator to CPU" in each rank;
         # naming the CPU is the same choice without the probe or the warning.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    inherited = os.environ.get("PYTHONWARNINGS")
-    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [inherited, pythonwarnings()]))
+    inherited = os.environ.get("PYTHONWARNINGS", "")
+    if pythonwarnings() not in inherited:  # a child of a quiet lmforge already has them
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [inherited, pythonwarnings()]))
     for msg, cat in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=re.escape(msg), category=cat)
     if not getattr(warnings.showwarning, "_lmforge_quiet", False):
