@@ -131,7 +131,12 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
 def flow_worker(source: Path, workers: int | None) -> None:
     """In a fresh workspace: the data flow on `source`; prints its counts as JSON."""
     from lmforge.components.config import load_config
+    from lmforge.components.workspace import Workspace
+    from lmforge.flows import PREFECT, prefect_home
     from lmforge.flows.data import data_flow
+
+    Workspace.from_env().ensure()
+    prefect_home.prepare(PREFECT)  # the workspace's embedded Prefect home, as `lmforge run` prepares it
 
     sets = [f"data.source={json.dumps(str(source))}", "data.tokenizer.vocab_size=4096"]
     if workers:
@@ -166,6 +171,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=None, help="Dask workers (default: every core)")
     ap.add_argument("--baseline-commit", default=BASELINE_COMMIT)
     ap.add_argument("--no-baseline", action="store_true", help="skip today's code path (a quick check)")
+    ap.add_argument("--baseline-at", choices=["n", "both"], default="both", help="sizes to run the (slow) baseline at")
     ap.add_argument("--worker", choices=["flow"], help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -190,8 +196,8 @@ def main() -> None:
         ours: dict[int, Any] = {}
         for n in sizes:
             print(f"ours: data flow on {n} docs ...", flush=True)
-            env = {**os.environ, "LMFORGE_HOME": str(tmp / f"ws{n}"), "PREFECT_HOME": str(tmp / f"ws{n}" / "prefect"),
-                   "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+            env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+            env |= {"LMFORGE_HOME": str(tmp / f"ws{n}"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
             cmd = [sys.executable, __file__, "--worker", "flow", "--source", str(tmp / f"c{n}.jsonl")]
             ours[n] = run_measured(cmd + (["--workers", str(args.workers)] if args.workers else []), env)
             print(json.dumps(ours[n]), flush=True)
@@ -199,7 +205,7 @@ def main() -> None:
         if not args.no_baseline:
             tree, shim = baseline_tree(args.baseline_commit, tmp)
             try:
-                for n in sizes:
+                for n in sizes[:1] if args.baseline_at == "n" else sizes:
                     print(f"baseline ({args.baseline_commit}): data stage on {n} docs ...", flush=True)
                     env = {**os.environ, "PYTHONPATH": str(shim)}
                     cmd = [sys.executable, str(tree / "benchmarks" / "bench_data.py"), "--worker", "stage",

@@ -7,9 +7,10 @@
 Words are cut by Arrow's RE2 kernels (`[\\pL\\pN_]+`, lower-cased), hashed in bulk with
 pandas' SipHash, and a shingle of k words is a fixed linear combination of its words'
 hashes (wrapping uint64), so no Python loop runs per shingle. Each permutation is the
-multiply-shift hash h(x) = (a*x + b) >> 32 with odd 64-bit a; the signature is the
-minimum per document (`np.minimum.reduceat`). Seeds are fixed, so a document's signature
-does not depend on its shard or on the run.
+one-permutation MinHash: one multiply-add hash per shingle chooses a bin and a value, each
+bin keeps its minimum, and empty bins are filled from their right neighbour (densification):
+num_perm times less arithmetic than one hash per permutation. Seeds are fixed, so a
+document's signature does not depend on its shard or on the run.
 
 The near-duplicate pass keeps the earliest document of each cluster, as a MinHash LSH
 index of kept documents would: a document is a duplicate of the earliest kept document
@@ -99,15 +100,35 @@ def shingle_hashes(texts: Sequence[str] | pa.Array, k: int) -> tuple[np.ndarray,
 
 
 def signatures(texts: Sequence[str] | pa.Array, *, num_perm: int, shingle: int) -> np.ndarray:
-    """(n, num_perm) uint32 MinHash signatures of word k-gram sets."""
-    a, b = _perms(num_perm)
+    """(n, num_perm) uint32 one-permutation MinHash signatures of word k-gram sets.
+
+    One hash per shingle (not one per shingle and permutation): its top bits pick one of
+    `num_perm` bins, its low 32 bits are the value, and each bin keeps its minimum. A bin that
+    no shingle fell into borrows the value of the next filled bin to its right, circularly
+    (rotation densification), so that two signatures still agree in a slot with probability
+    equal to the Jaccard similarity of the two sets.
+    """
+    a, b = _perms(1)
     arr = pa.array(texts, type=pa.large_string()) if not isinstance(texts, pa.Array) else texts
     out = np.empty((len(arr), num_perm), dtype=np.uint32)
+    empty = np.uint32(0xFFFFFFFF)
     for lo in range(0, len(arr), _DOC_CHUNK):
         hashes, starts = shingle_hashes(arr.slice(lo, _DOC_CHUNK), shingle)
+        n = len(starts)
+        doc = np.repeat(np.arange(n), np.diff(np.append(starts, len(hashes))))
         with np.errstate(over="ignore"):
-            h = ((hashes[:, None] * a[None, :] + b[None, :]) >> np.uint64(32)).astype(np.uint32)
-        out[lo:lo + len(starts)] = np.minimum.reduceat(h, starts, axis=0)
+            h = hashes * a[0] + b[0]
+        bins = ((h >> np.uint64(32)) % np.uint64(num_perm)).astype(np.int64)
+        values = (h & np.uint64(0xFFFFFFFE)).astype(np.uint32)  # 0xFFFFFFFF is kept free to mean "empty"
+        sig = np.full(n * num_perm, empty, dtype=np.uint32)
+        np.minimum.at(sig, doc * num_perm + bins, values)
+        sig = sig.reshape(n, num_perm)
+        for _ in range(1, num_perm):  # rotation densification; stops as soon as no bin is empty
+            holes = sig == empty
+            if not holes.any():
+                break
+            sig = np.where(holes, np.roll(sig, -1, axis=1), sig)
+        out[lo:lo + n] = sig
     return out
 
 

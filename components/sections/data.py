@@ -54,7 +54,7 @@ class TokenizerConfig(Section):
 
     vocab_size: int = Field(4096, ge=300, le=200_000, description="target vocabulary size, special tokens and the 256 bytes included")
     min_frequency: int = Field(2, ge=1, description="a merge must occur at least this often")
-    train_chars: int | None = Field(20_000_000, ge=1000, description="train on the first N characters of the train split (in corpus order); unset = all of it. The vocabulary settles long before a large corpus ends")
+    train_chars: int | None = Field(8_000_000, ge=1000, description="train on the first N characters of the train split (in corpus order); unset = all of it. The vocabulary settles long before a large corpus ends")
 
 
 class DataConfig(Section):
