@@ -132,8 +132,8 @@ def test_a_change_to_component_code_reruns_the_steps_that_run_it(workspace, tmp_
     assert again["dataset_version"] == first["dataset_version"] and again["tasks"]["data-ingest-shard"] == "Cached"
 
     # a cached step whose output was changed on disk is run again, not trusted
-    rows = next((workspace.datasets / ".build").glob("ingest-*/rows.parquet"))
-    rows.write_bytes(rows.read_bytes()[:-10] + b"0123456789")
+    for rows in (workspace.datasets / ".build").glob("ingest-*/rows.parquet"):
+        rows.write_bytes(rows.read_bytes()[:-10] + b"0123456789")
     healed = data_flow(cfg)
     assert healed["dataset_version"] == first["dataset_version"]
     assert healed["tasks"]["data-ingest-shard"] == "Completed"
