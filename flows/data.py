@@ -229,6 +229,7 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
               "dedup": {"lsh": near["lsh"], "examples": near["examples"]}, "split_groups": spl["groups"], "tokens": tokens,
               "tokenizer_trained_on": tok["trained_on"],
+              "build_dirs": sorted(Path(r["dir"]).name for r in [*ings, sel, *sigs, near, spl, *fins, tok, *encs]),
               "features": {"rows": counts["kept"],
                            "quality_mean": round(sum(f["quality_sum"] for f in fins) / max(counts["kept"], 1), 4)}}
     parts = {"select": sel, "finish": fins, "tokenizer": tok, "encode": encs}
