@@ -3,9 +3,10 @@
     table = document_features(doc_ids, texts, splits=..., modules=..., mtimes=..., cluster_sizes=...)
     pyarrow.parquet.write_table(table, "features.parquet")
 
-Columns: doc_id, split, module, event_timestamp (UTC; the source file's modification
-time), created_timestamp (UTC; the newest source time, so the same input gives the same
-table), n_chars, n_words, alpha_ratio, digit_ratio, punct_ratio, n_lines, cluster_size,
+Columns: doc_id, split, module, event_timestamp (UTC; the document's version time: the
+data stage passes the time of the corpus version, its newest source time, so an old
+source file never puts a document outside the feature view's ttl), created_timestamp
+(UTC; the same version time, so the same input gives the same table), n_chars, n_words, alpha_ratio, digit_ratio, punct_ratio, n_lines, cluster_size,
 quality_score. Counting runs in pyarrow's vectorised kernels (RE2 Unicode classes), not a
 Python loop per character.
 

@@ -127,7 +127,7 @@ def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str
     split = [places.get(m, "train") for m in modules]
     docs = table.append_column("split", pa.array(split, pa.string())).append_column("cluster_size", pa.array(sizes, pa.int64()))
     feats = document_features(docs.column("id").to_pylist(), docs.column("text").combine_chunks(), splits=split,
-                              modules=modules, mtimes=docs.column("mtime").to_pylist(), cluster_sizes=sizes,
+                              modules=modules, mtimes=[split_info["created"]] * docs.num_rows, cluster_sizes=sizes,
                               created=split_info["created"])
     with atomic_dir(out) as tmp:
         pq.write_table(docs, tmp / "docs.parquet", row_group_size=4096)

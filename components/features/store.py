@@ -142,8 +142,9 @@ def materialize(ws: Workspace, cfg: FeaturesConfig, *, end: datetime | None = No
     """Load offline rows newer than the last materialisation into the online store (incremental).
 
     Incremental materialisation starts where the last one ended, or at now - ttl the first
-    time. Event times here are source-file times, which can be older than that start; pass
-    `since` (the dataset's oldest event time) and the gap [since, start) is loaded as well.
+    time. An event time (a dataset version's time) can be older than that start; pass `since`
+    (the dataset's oldest event time) and the gap [since, start) is loaded as well, before the
+    incremental range, so that the newest value is the one written last.
     """
     store = open_store(ws, cfg)
     end = end or datetime.now(timezone.utc)
@@ -152,11 +153,13 @@ def materialize(ws: Workspace, cfg: FeaturesConfig, *, end: datetime | None = No
     if start is None:
         start = end - view.ttl
     start = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
-    store.materialize_incremental(end_date=end, feature_views=[VIEW])
     report: dict[str, Any] = {"incremental_from": start.isoformat(), "materialized_until": end.isoformat(), "backfilled_from": None}
+    # The older range first: the online store keeps whatever was written last, so a backfill
+    # after the incremental load would put an older value over a newer one.
     if since is not None and since < start:
         store.materialize(start_date=since, end_date=start, feature_views=[VIEW])
         report["backfilled_from"] = since.isoformat()
+    store.materialize_incremental(end_date=end, feature_views=[VIEW])
     return report
 
 

@@ -171,3 +171,37 @@ def test_feast_cli_plans_from_the_repo_root_against_the_workspace(stage):
     out = subprocess.run([str(feast), "-c", "feature_repo", "plan"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert str(stage["ws"].root / "features" / "offline" / "document_quality") in out.stdout
+
+
+def test_online_store_never_regresses_to_an_older_value_brute_force(stage):
+    """Rounds of versions published in random time order, each materialised with a backfill: brute force says
+    the online value is always the one with the newest event time."""
+    import random
+    import time
+
+    from lmforge.components.features.online import online_features
+    from lmforge.components.features.store import materialize
+
+    ws, cfg = stage["ws"], stage["cfg"]
+    rng = random.Random(7)
+    docs = [f"mono-{i}" for i in range(6)]
+    published: list[dict] = []
+    for round_ in range(3):
+        time.sleep(1.1)  # new rows land after the last materialisation's end: in the incremental range
+        now = datetime.now(timezone.utc) - timedelta(seconds=1)
+        rows = []
+        for d in docs:
+            old = now - timedelta(days=rng.randint(30, 900))  # an older version, published late (a backfill)
+            for event, value in ((now, round(rng.random(), 4)), (old, round(rng.random(), 4))):
+                rows.append({"doc_id": d, "split": "train", "module": "mono", "event_timestamp": event,
+                             "created_timestamp": event, "n_chars": 10, "n_words": 10, "n_lines": 1, "alpha_ratio": 0.5,
+                             "digit_ratio": 0.0, "punct_ratio": 0.0, "cluster_size": 1, "quality_score": value})
+        published += rows
+        write_offline(ws, f"mono-{round_}", pd.DataFrame(rows))
+        since = min(r["event_timestamp"] for r in rows)
+        materialize(ws, cfg.features, since=since)
+        found, missing = online_features(ws, cfg.features, docs)
+        assert not missing
+        for d in docs:
+            newest = max((r for r in published if r["doc_id"] == d), key=lambda r: r["event_timestamp"])
+            assert found[d]["quality_score"] == pytest.approx(newest["quality_score"]), (round_, d)

@@ -101,3 +101,28 @@ def test_sampling_keeps_exactly_max_docs_records_and_counts_the_rest(tmp_path, m
     sel = select(refs, cfg, tmp_path / "select")
     assert sel["docs_in"] == max_docs == sel["clean"] + sel["quarantined"]
     assert sel["records_read"] == max_docs + sel["sampled_out"]
+
+
+def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
+    """Two .txt files two years apart: both documents get the corpus version's time, so neither falls out of a ttl."""
+    import os
+
+    from lmforge.components.data.corpuswork import assign_split, near_dedup
+    from lmforge.components.data.shardwork import finish_shard, signature_shard
+
+    src = tmp_path / "txt"
+    src.mkdir()
+    for name, when in (("old.txt", 1_600_000_000), ("new.txt", 1_663_000_000)):
+        (src / name).write_text(f"The {name} document talks about sockets, threads and queues at length.")
+        os.utime(src / name, (when, when))
+    cfg = DataConfig(source=str(src), split={"validation": 0, "test": 0})
+    refs = ingest_all(cfg, tmp_path / "b")
+    sel = select(refs, cfg, tmp_path / "b" / "select")
+    sigs = [signature_shard(r["dir"], sel["dir"], r["index"], cfg.dedup, tmp_path / "b" / f"sig{r['index']}") for r in refs]
+    near = near_dedup(sigs, sel, cfg.dedup, tmp_path / "b" / "near")
+    spl = assign_split(refs, sel, near, cfg.split, tmp_path / "b" / "split", seed=0)
+    (ref,) = [finish_shard(r["dir"], sel["dir"], near["dir"], spl["dir"], r["index"], tmp_path / "b" / "fin") for r in refs]
+    feats = pq.read_table(tmp_path / "b" / "fin" / "features.parquet").to_pylist()
+    assert len(feats) == 2
+    assert {f["event_timestamp"].timestamp() for f in feats} == {1_663_000_000.0}
+    assert all(f["created_timestamp"] == f["event_timestamp"] for f in feats)
