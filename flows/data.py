@@ -11,6 +11,9 @@ prefect-dask task runner; corpus-wide tasks (select, near-dedup, split, tokenize
 assemble: components/data/corpuswork.py) read only small per-shard columns. Tasks hand
 each other references: a folder and the SHA-256 of each file in it.
 
+Dask starts its worker processes with `spawn`: a script that calls data_flow must guard
+its entry point with `if __name__ == "__main__":` (the `lmforge` command and pytest do).
+
 Caching: a task's key is its inputs (which carry their content hashes), the hash of the
 component code it runs (components/data/codehash.py) and its own source. A cache hit is
 used only when the files it points at still have the recorded hashes; otherwise the
