@@ -251,3 +251,18 @@ def test_peak_counts_gpus_or_machines(monkeypatch):
 def test_no_cpu_only_assumptions_in_the_training_hot_path():
     src = Path(rank.__file__).read_text()
     assert 'autocast("cpu"' not in src and "set_rng_state(" in src and "cuda.set_rng_state" in src
+
+
+def test_training_hardware_on_cpu(monkeypatch):
+    from lmforge.components.sections.training import TrainingConfig
+    from lmforge.components.training.job import training_hardware
+
+    fake_rates(monkeypatch, {torch.bfloat16: 1e9, torch.float32: 40e9})  # no native bf16
+    hw = training_hardware(TrainingConfig())
+    assert (hw.device, hw.gpus, hw.precision.name, hw.compile) == ("cpu", (), "fp32", False)
+    assert hw.peak.flops == 40e9 and hw.peak.source.startswith("measured: best fp32 GEMM")
+    d = hw.to_dict()
+    assert d["precision_reason"] == hw.precision.reason and d["peak_flops_per_device"] == 40e9
+    assert training_hardware(TrainingConfig(compile=True)).compile is True
+    with pytest.raises(UserError, match="training.compile: True is not supported with pipeline stages or AutoTP"):
+        training_hardware(TrainingConfig(compile=True, parallel={"strategy": "ddp", "pipeline": {"stages": 2}}))
