@@ -134,7 +134,11 @@ def test_drift_retrains_and_the_gate_refuses_v2_so_v1_keeps_serving(loop):
     assert out["trigger"]["started"] is True and r["outcome"] == "refused", r
     assert r["candidate"] == "2" and r["serving"] == "1"
     assert r["reason"].startswith("gate: ") and "below the margin 10.0" in r["reason"], r["reason"]
-    assert r["stages"]["corpus"]["new"] > 0 and "deploy" not in r["stages"]       # the new domain was in the data
+    assert r["stages"]["corpus"]["new"] > 0 and "deploy" not in r["stages"]
+    records = Path(r["stages"]["data"]["dataset_dir"]) / "records"                # the new domain is in the data
+    modules = {json.loads(line)["module"].split(".")[0] for split in ("train", "validation", "test")
+               for line in (records / f"{split}.jsonl").read_text().splitlines() if line.strip()}
+    assert modules & set(NEW_DOMAIN) and modules - set(NEW_DOMAIN), sorted(modules)[:20]
     assert loop.production() == "1" and loop.triton_serves() == [1]
 
 
