@@ -14,18 +14,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from lmforge.components.accelerator import cpu_model
+
 RESULTS = Path(__file__).resolve().parent / "results"
 PACKAGES = ("torch", "deepspeed", "prefect", "mlflow", "feast", "qdrant-client", "whylogs", "transformers", "tritonclient")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_info() -> dict[str, Any]:
