@@ -1,6 +1,6 @@
 """The train stage: the latest dataset's training shards to an exported Hugging Face model.
 
-    lmforge run train                                   # configs/demo.toml: ZeRO-2, 2 CPU ranks, bf16
+    lmforge run train                                   # configs/demo.toml: ZeRO-2 on 2 CPU ranks or every visible GPU, precision auto
     lmforge run train --resume                          # continue the newest run from its last complete checkpoint
     lmforge run train --set training.parallel.strategy=zero3 --set training.max_steps=50
     train_flow(cfg) -> {"run": name, "export": path, "summary": {...}}
