@@ -32,6 +32,8 @@ QUIET_ENV = {
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "MLFLOW_LOGGING_LEVEL": "WARNING",                   # "Creating initial MLflow database tables..."
     "DASK_LOGGING__DISTRIBUTED": "warning",              # the local Dask cluster's scheduler/nanny/worker INFO lines
+    "WHYLOGS_NO_ANALYTICS": "1",                         # whylogs' usage-stats ping: offline here, and on 3.12 it
+                                                         # warns "datetime.utcnow() is deprecated" at every profile
 }
 
 # (message prefix, category): warnings that say nothing a user of lmforge can act on.
@@ -40,6 +42,8 @@ KNOWN_NOISE: list[tuple[str, type[Warning]]] = [
     # the text (ANSI yellow) when it warns, so the message starts with the colour code.
     ("Add type hints to the `predict` method", UserWarning),
     ("\x1b[33mAdd type hints to the `predict` method", UserWarning),
+    # peft's LoRA wrapper reads transformers' old property name (compress stage).
+    ("`is_gradient_checkpointing` is deprecated", FutureWarning),
     # DeepSpeed's ZeRO, inside its own code, in every rank.
     ("`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning),
     # distributed, when another local cluster holds the dashboard port: it picks another port itself.
