@@ -6,10 +6,11 @@
 
 For a GPU in the datasheet table the peak is NVIDIA's dense (non-sparse) figure for the
 precision in use; fp32 on CUDA runs its matmuls as TF32 (the rank turns it on), so it is
-measured against the TF32 figure. Any other device gets a large-GEMM peak measured once per
-machine before ranks start, with every core, and cached (components/accelerator.py). A
-measured figure is a lower bound of the true peak, so the cache keeps the best one seen and
-a measurement taken while the machine was busy is taken again next time.
+measured against the TF32 figure. Any other device gets a GEMM peak measured once per machine
+before ranks start and cached (components/accelerator.py): an unknown GPU's best large GEMM;
+a CPU's best single-core GEMM times its cores. A measured figure is a lower bound of the true
+peak, so the cache keeps the best one seen and a measurement taken while the machine was busy
+is taken again next time.
 """
 
 from __future__ import annotations
@@ -76,9 +77,16 @@ def device_peak(precision: str, device: torch.device | str) -> Peak:
     return measured_peak(key, device)
 
 
-def measured_peak(precision: str, device: torch.device, *, seconds_per_size: float = 0.25, max_matmul_s: float = 0.3) -> Peak:
-    """The best GEMM FLOP/s over growing square sizes (until one matmul takes `max_matmul_s`), cached per machine."""
-    entry = f"peak:{device.type}:{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}:{precision}"
+def measured_peak(precision: str, device: torch.device, *, seconds_per_size: float = 0.25, max_matmul_s: float = 0.1) -> Peak:
+    """The best GEMM FLOP/s over growing square sizes (until one matmul takes `max_matmul_s`), cached per machine.
+
+    On a CPU: one core's best, times the cores. A matmul of a few milliseconds on one thread
+    fits in a scheduler time slice, so the best of many is what the core does when it runs,
+    however busy the machine; an all-thread GEMM on a shared machine reads far lower than the
+    ranks (one thread each) reach, and the MFU then exceeds 1.
+    """
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    entry = f"peak-v2:{device.type}:{name}:{precision}"
     cached = cache_get(entry)
     cores = os.cpu_count() or 1
     if cached is not None and cached["quiet"]:
@@ -86,7 +94,7 @@ def measured_peak(precision: str, device: torch.device, *, seconds_per_size: flo
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     old_threads, old_tf32 = torch.get_num_threads(), torch.backends.cuda.matmul.allow_tf32
     if device.type == "cpu":
-        torch.set_num_threads(cores)  # the peak of the machine, which all local ranks share
+        torch.set_num_threads(1)
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     best, best_n = 0.0, 0
@@ -100,11 +108,15 @@ def measured_peak(precision: str, device: torch.device, *, seconds_per_size: flo
     finally:
         torch.set_num_threads(old_threads)
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
-    threads = f"{cores} threads" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    source = f"measured: best {precision} GEMM up to {best_n}^2, {threads}, {time.strftime('%Y-%m-%d')}"
+    if device.type == "cpu":
+        best *= cores
+        where = f"one core x {cores} cores"
+    else:
+        where = name
+    source = f"measured: best {precision} GEMM up to {best_n}^2, {where}, {time.strftime('%Y-%m-%d')}"
     if cached is not None and cached["flops"] >= best:
         best, source = cached["flops"], cached["source"]
-    # A figure taken while other work shared the cores is too low; measure again next time.
+    # A figure taken while other work shared the cores may be low; measure again next time.
     quiet = device.type != "cpu" or load < cores / 2
     cache_put(entry, {"flops": best, "source": source, "quiet": quiet, "load_avg": load})
     return Peak(best, source)

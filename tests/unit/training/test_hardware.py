@@ -8,6 +8,7 @@ No GPU is needed: CUDA is faked where a decision depends on it, and the engine's
 from __future__ import annotations
 
 import ast
+import os
 import inspect
 from pathlib import Path
 
@@ -42,7 +43,7 @@ def test_auto_precision_on_cpu_follows_the_measured_matmul_rates(monkeypatch, bf
     fake_rates(monkeypatch, {torch.bfloat16: bf16, torch.float32: fp32})
     choice = accelerator.choose_precision("auto", "cpu")
     assert choice.name == chosen
-    assert f"bf16 matmul {bf16 / 1e9:.1f} vs fp32 {fp32 / 1e9:.1f} GFLOP/s" in choice.reason
+    assert f"bf16 matmul {bf16 / 1e9:.1f} vs fp32 {fp32 / 1e9:.1f} GFLOP/s on one core" in choice.reason
 
 
 def test_cpu_probe_is_cached_per_machine_and_isa_override(monkeypatch):
@@ -101,13 +102,14 @@ def test_measured_peak_is_cached_when_quiet_and_keeps_the_best(monkeypatch):
     calls = fake_rates(monkeypatch, {torch.float32: 100e9})
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (99.0, 0, 0))  # busy: measured, not trusted
     first = perf.measured_peak("fp32", torch.device("cpu"))
-    assert first.flops == 100e9 and first.source.startswith("measured: best fp32 GEMM")
+    cores = os.cpu_count() or 1
+    assert first.flops == 100e9 * cores and first.source.startswith("measured: best fp32 GEMM")
     fake_rates(monkeypatch, {torch.float32: 60e9})  # a slower, busier second look never lowers the peak
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (0.0, 0, 0))
-    assert perf.measured_peak("fp32", torch.device("cpu")).flops == 100e9
+    assert perf.measured_peak("fp32", torch.device("cpu")).flops == 100e9 * cores
     calls = fake_rates(monkeypatch, {torch.float32: 1e9})
     cached = perf.measured_peak("fp32", torch.device("cpu"))  # quiet and cached: not measured again
-    assert calls == [] and cached.flops == 100e9 and cached.source.endswith("(cached)")
+    assert calls == [] and cached.flops == 100e9 * cores and cached.source.endswith("(cached)")
 
 
 def test_mfu_is_the_formula_and_never_above_one():
@@ -260,9 +262,9 @@ def test_training_hardware_on_cpu(monkeypatch):
     fake_rates(monkeypatch, {torch.bfloat16: 1e9, torch.float32: 40e9})  # no native bf16
     hw = training_hardware(TrainingConfig())
     assert (hw.device, hw.gpus, hw.precision.name, hw.compile) == ("cpu", (), "fp32", False)
-    assert hw.peak.flops == 40e9 and hw.peak.source.startswith("measured: best fp32 GEMM")
+    assert hw.peak.flops == 40e9 * (os.cpu_count() or 1) and hw.peak.source.startswith("measured: best fp32 GEMM")
     d = hw.to_dict()
-    assert d["precision_reason"] == hw.precision.reason and d["peak_flops_per_device"] == 40e9
+    assert d["precision_reason"] == hw.precision.reason and d["peak_flops_per_device"] == hw.peak.flops
     assert training_hardware(TrainingConfig(compile=True)).compile is True
     with pytest.raises(UserError, match="training.compile: True is not supported with pipeline stages or AutoTP"):
         training_hardware(TrainingConfig(compile=True, parallel={"strategy": "ddp", "pipeline": {"stages": 2}}))
