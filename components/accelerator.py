@@ -1,7 +1,7 @@
 """The device a stage runs on and the precision it computes in, both chosen from the hardware found.
 
     dev = pick_device()                            # torch.device("cuda") when there is a GPU, else cpu
-    choice = choose_precision("auto", dev)         # Precision(name="fp32", reason="bf16 matmul 1.1 vs fp32 34 GFLOP/s ...")
+    choice = choose_precision("auto", dev)         # Precision(name="fp32", reason="bf16 matmul 16.8 vs fp32 85.7 GFLOP/s ...")
     with autocast(dev, choice): loss = model(...)  # bf16 autocast only when the choice is bf16
     x = to_device(x, dev)                          # pinned + non-blocking on CUDA, a no-op on CPU
     gpus = visible_gpus()                          # ["0", "1"]: the GPUs this process may use
@@ -10,11 +10,12 @@ Every stage that puts tensors on a device (training ranks, evaluation, compressi
 distillation) takes it from here, so placement is decided in one place.
 
 `precision = "auto"` picks bf16 only where it is really faster: on CUDA where
-`torch.cuda.is_bf16_supported()`; on CPU by timing a bf16 against an fp32 matmul (a CPU without
-AVX512-BF16/AMX runs bf16 ~30x slower than fp32, one with them ~4x faster). The CPU probe runs
-once per machine (again while the figures came from a busy machine) and is cached in `machine_cache()` (~/.cache/lmforge, or $LMFORGE_CACHE_DIR),
-keyed by the CPU, its flags, torch's build and the ISA overrides (ATEN_CPU_CAPABILITY,
-ONEDNN_MAX_CPU_ISA) that change which kernels run.
+`torch.cuda.is_bf16_supported()`; on CPU by timing bf16 against fp32 matmuls on one core (a CPU
+without AVX512-BF16/AMX runs bf16 5-30x slower than fp32, one with them ~2-4x faster). The probe
+runs once per machine (again while the last one came from a busy machine) and is cached in
+`machine_cache()` (~/.cache/lmforge, or $LMFORGE_CACHE_DIR), keyed by the CPU, its flags,
+torch's build and the ISA overrides (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) that change
+which kernels run.
 """
 
 from __future__ import annotations
