@@ -5,11 +5,13 @@
     rec = load(ws.prefect / "server.json")               # None when there is no record
     alive(rec)                                           # True only for that very process
     stop(rec, grace=10)                                  # SIGTERM, wait, SIGKILL; True if it was running
+    wait(rec, timeout=60)                                # exit code of a child started here
 
 A ProcessRecord names a process by its pid and its start time (psutil's create_time).
 When the pid has been reused by another process, the start times differ: the record is
 treated as gone and that process is never signalled. Nothing here matches processes by
-name or command line. Used for the Prefect server, its worker and tritonserver.
+name or command line. Used for the Prefect server, its worker, tritonserver and the
+DeepSpeed launcher of a training run.
 
 Stopping sends SIGTERM to the process group (or, with `group=False`, to the leader only,
 for a server that drains requests and stops its own children), waits `grace` seconds,
@@ -123,6 +125,15 @@ def stop(rec: ProcessRecord, *, grace: float = 10.0, group: bool = True) -> bool
     psutil.wait_procs(family, timeout=5)
     _reap(rec.pid)
     return True
+
+
+def wait(rec: ProcessRecord, timeout: float | None = None) -> int:
+    """The exit code of a process this process started; raises subprocess.TimeoutExpired after `timeout` s."""
+    popen = _popen.get(rec.pid)
+    assert popen is not None, f"pid {rec.pid} was not started by this process's supervisor"
+    rc = popen.wait(timeout=timeout)
+    _popen.pop(rec.pid, None)
+    return rc
 
 
 def save(rec: ProcessRecord, path: Path, **extra: Any) -> dict[str, Any]:

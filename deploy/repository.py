@@ -47,6 +47,15 @@ def model_root(repo: Path, model_name: str) -> Path:
     return Path(repo) / model_name
 
 
+def instance_kind(cfg: DeployConfig) -> str:
+    """cpu or gpu: the configured kind, or for `auto` whether this host has a CUDA device."""
+    if cfg.instance_kind != "auto":
+        return cfg.instance_kind
+    from lmforge.components.accelerator import pick_device
+
+    return "gpu" if pick_device().type == "cuda" else "cpu"
+
+
 def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
                  dynamic_batching: bool | None = None) -> str:
     """The model configuration in Triton's protobuf text format."""
@@ -73,7 +82,7 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         f"version_policy: {{ specific: {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}",
         "input [", ",\n".join(inputs), "]",
         "output [", ",\n".join(outputs), "]",
-        f"instance_group [ {{ kind: KIND_{cfg.instance_kind.upper()} count: {cfg.instance_count} }} ]",
+        f"instance_group [ {{ kind: KIND_{instance_kind(cfg).upper()} count: {cfg.instance_count} }} ]",
     ]
     if batching:
         sizes = ", ".join(str(s) for s in sorted(set(cfg.preferred_batch_sizes)))

@@ -31,7 +31,8 @@ class DeployConfig(Section):
     max_queue_delay_us: int = Field(20_000, ge=0, le=10_000_000,
                                     description="how long a request may wait for others to batch with")
     instance_count: int = Field(1, ge=1, le=64, description="model instances (each a process with the model)")
-    instance_kind: Literal["cpu", "gpu"] = Field("cpu", description="KIND_CPU here; gpu in the NGC container")
+    instance_kind: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="Triton instance kind: auto = KIND_GPU when the deploying host has CUDA, else KIND_CPU")
     threads_per_instance: int = Field(0, ge=0, le=256, description="torch threads per instance; 0 = cores / instances")
 
     # Generation and input limits (enforced by the model, per request).

@@ -5,7 +5,7 @@
         write_export(run_dir / "export", state, llama_cfg, tokenizer, meta={...})
 
 ZeRO-3 partitions and AutoTP shards are gathered with the engine's
-`_consolidated_16bit_state_dict` (a collective: every rank must call it; DESIGN.md §6:
+`_consolidated_16bit_state_dict` (a collective: every rank must call it; docs/architecture.md:
 `save_16bit_model` and `module.state_dict()` hold only this rank's shard under AutoTP).
 Pipeline stages send their weights, renamed to Hugging Face keys, to rank 0.
 The folder is built under a temporary name and renamed into place.

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.components import supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.workspace import atomic_write_json
@@ -133,7 +134,7 @@ class _Tail:
 def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = None,
            on_event: Callable[[dict[str, Any]], None] | None = None) -> LaunchResult:
     """Run the job to the end; raise LaunchFailed (or a rank's UserError) when it fails."""
-    run_dir = Path(req.run_dir)
+    run_dir = Path(req.run_dir).resolve()  # the ranks run with it as their working folder
     attempt = int(req.request.get("attempt", 0))
     log_dir = run_dir / "logs" / f"attempt-{attempt}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -158,9 +159,9 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
         lines_out(rank, line)
 
     start = time.perf_counter()
-    launcher_log = open(log_dir / "launcher.log", "w", encoding="utf-8")
-    proc = subprocess.Popen(command(req, request_path, log_dir, port), env=env, stdout=launcher_log,
-                            stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2], start_new_session=True)
+    # Its own session, so that stopping it reaches every rank; the ranks watch it in turn (watch_supervisor).
+    launcher = supervisor.start(command(req, request_path, log_dir, port), log=log_dir / "launcher.log", env=env,
+                                cwd=run_dir, append=False)
     tails: dict[Path, _Tail] = {}
     launcher_tail = _Tail(log_dir / "launcher.log", -1, lambda _r, line: lines_out(-1, line))
     stop = threading.Event()
@@ -178,17 +179,16 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     follower = threading.Thread(target=follow, name="rank-logs", daemon=True)
     follower.start()
     try:
-        rc = proc.wait(timeout=req.timeout_s)
+        rc = supervisor.wait(launcher, timeout=req.timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        supervisor.stop(launcher, grace=20)
         rc = -9
     except BaseException:
-        _kill_group(proc)
+        supervisor.stop(launcher, grace=20)
         raise
     finally:
         stop.set()
         follower.join()
-        launcher_log.close()
         for tail in [launcher_tail, *tails.values()]:
             tail.flush()
     seconds = time.perf_counter() - start
@@ -243,15 +243,3 @@ def watch_supervisor(*, interval_s: float = 2.0) -> None:
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()

@@ -95,3 +95,13 @@ def test_build_version_refuses_a_folder_without_safetensors(tmp_path):
 def test_bad_deploy_config_fails_at_load(deploy, match):
     with pytest.raises(UserError, match=match):
         validate_config({"deploy": deploy})
+
+
+def test_auto_instance_kind_follows_the_hosts_cuda(monkeypatch):
+    import torch
+
+    for has_cuda, kind in ((False, model_config_pb2.ModelInstanceGroup.KIND_CPU),
+                           (True, model_config_pb2.ModelInstanceGroup.KIND_GPU)):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda has_cuda=has_cuda: has_cuda)
+        mc = parse(repository.config_pbtxt(DeployConfig(), versions=[1], request_log=None))
+        assert mc.instance_group[0].kind == kind
