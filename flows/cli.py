@@ -37,6 +37,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
 from lmforge.flows import quiet
 from lmforge.flows.output import emit_json, json_mode
+from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
 
 console = Console()
 err_console = Console(stderr=True)
@@ -50,10 +51,6 @@ app.add_typer(ui_app, name="ui")
 STAGE_NAMES = ("data", "features", "train", "evaluate", "compress", "deploy", "monitor")
 Stage = enum.Enum("Stage", {name: name for name in (*STAGE_NAMES, "all")}, type=str)  # choices in --help
 
-ConfigOpt = Annotated[Path | None, typer.Option(
-    "--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
 # Global flags that may stand anywhere on the command line; main() takes them out before click parses.
 DEBUG_FLAGS = ("--debug",)

@@ -22,13 +22,11 @@ from rich.console import Console
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
 from lmforge.flows.output import emit_json, json_mode
+from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Data stage tools: replay fixed quarantined records.")
 err = Console(stderr=True)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
 
 def replayed_counts(quarantine_file: Path, dataset_quarantine: Path) -> dict[str, int]:

@@ -12,7 +12,6 @@ See components/data/retention.py. Exit 0 on success, 1 when something could not 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,11 +19,10 @@ from rich.console import Console
 
 from lmforge.components.workspace import Workspace
 from lmforge.flows.output import emit_json
+from lmforge.flows.commands import ConfigOpt, SetOpt
 
 err = Console(stderr=True)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
 
 
 def registry_versions(ws: Workspace) -> list[tuple[str, str]]:

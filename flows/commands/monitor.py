@@ -23,13 +23,11 @@ from rich.table import Table
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
 from lmforge.flows.output import emit_json, json_mode
+from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Drift reports and demo traffic.")
 console = Console()
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
 
 def latest_report(ws: Workspace) -> Path:

@@ -19,14 +19,12 @@ from rich.table import Table
 
 from lmforge.components.workspace import Workspace
 from lmforge.flows.output import emit_json
+from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
 console = Console()
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="pipeline TOML file, or a packaged config: demo (the default) or tiny")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="override: section.key=value (repeatable)")]
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="registered model name (default: [registry] model_name)")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="print only JSON on stdout")]
 
 
 def _model(model: str | None, config: Path | None, set_: list[str] | None) -> str:
