@@ -41,6 +41,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json
+from lmforge.flows.prefect_home import api_for_children
 
 console = Console(stderr=True)
 
@@ -194,7 +195,8 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
     cfg = as_config(cfg)
     check_source(cfg.data.source)  # before any task: a bad path fails at once and writes nothing
     inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
-    return inner(cfg, replay=replay)
+    with api_for_children():  # Dask workers report to this run's Prefect, not a temporary server each
+        return inner(cfg, replay=replay)
 
 
 @flow(name="data-stage", log_prints=True)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,3 +109,25 @@ def prepare(mode: PrefectMode) -> None:
     """Create the embedded home's folders (Prefect creates only the last level itself)."""
     if mode.home is not None:
         (mode.home / "storage").mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def api_for_children() -> Iterator[str | None]:
+    """While inside, processes this one starts report to the API this flow run uses.
+
+    A run on Prefect's temporary server (the embedded home) has no PREFECT_API_URL, so each
+    worker process a task runner spawns would start a temporary server of its own (seconds of
+    start-up and a database migration each, all on one SQLite file). Inside this block the
+    variable names the parent's server; the previous value comes back afterwards. Yields the URL.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        yield os.environ["PREFECT_API_URL"]
+        return
+    from prefect.client.orchestration import get_client
+
+    url = str(get_client(sync_client=True).api_url).rstrip("/")
+    os.environ["PREFECT_API_URL"] = url
+    try:
+        yield url
+    finally:
+        os.environ.pop("PREFECT_API_URL", None)
