@@ -10,7 +10,10 @@
 2. Ours: `data_flow` (flows/data.py) as `lmforge run data` runs it: Prefect with its temporary
    server, the per-shard tasks on a local Dask cluster of `--workers` processes (default: every
    core), assembly and the MLflow run, in a fresh workspace, in its own process. Wall time
-   includes starting Prefect and the cluster. Peak RSS is sampled (psutil, every 0.2 s) over
+   includes importing, starting Prefect's temporary server and the cluster. A workspace's
+   first run also creates its Prefect and MLflow databases (a migration of ~9 s on 2 cores,
+   once per workspace); that is done beforehand (`--worker init`), timed, and reported on
+   its own row, so the figures are those of every later run. Peak RSS is sampled (psutil, every 0.2 s) over
    the process tree: the flow process, the Dask workers and Prefect's server.
 3. Baseline: the data stage as it was before the sharded rewrite (`--baseline-commit`, checked
    out with `git worktree` and imported as `lmforge` through a path shim), run by that
@@ -128,6 +131,23 @@ def run_measured(cmd: list[str], env: dict[str, str]) -> dict[str, Any]:
     return {**json.loads(stdout.strip().splitlines()[-1]), "wall_s": round(seconds, 2), **mem}
 
 
+def init_worker() -> None:
+    """Create a fresh workspace's Prefect database (start and stop its temporary server) and MLflow store."""
+    from lmforge.components.tracking import ensure_experiment
+    from lmforge.components.workspace import Workspace
+    from lmforge.flows import PREFECT, prefect_home
+
+    ws = Workspace.from_env().ensure()
+    prefect_home.prepare(PREFECT)
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start()
+    server.stop()
+    ensure_experiment(ws, "data")
+    print(json.dumps({}))
+
+
 def flow_worker(source: Path, workers: int | None) -> None:
     """In a fresh workspace: the data flow on `source`; prints its counts as JSON."""
     from lmforge.components.config import load_config
@@ -172,11 +192,14 @@ def main() -> None:
     ap.add_argument("--baseline-commit", default=BASELINE_COMMIT)
     ap.add_argument("--no-baseline", action="store_true", help="skip today's code path (a quick check)")
     ap.add_argument("--baseline-at", choices=["n", "both"], default="both", help="sizes to run the (slow) baseline at")
-    ap.add_argument("--worker", choices=["flow"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["flow", "init"], help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker == "flow":
         flow_worker(Path(args.source), args.workers)
+        return
+    if args.worker == "init":
+        init_worker()
         return
 
     from benchmarks._report import write_results
@@ -194,10 +217,12 @@ def main() -> None:
         sizes = (args.n, 2 * args.n)
         made = {n: sized_corpus(corpus_file, n, tmp / f"c{n}.jsonl") for n in sizes}
         ours: dict[int, Any] = {}
+        init: dict[int, Any] = {}
         for n in sizes:
             print(f"ours: data flow on {n} docs ...", flush=True)
             env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
             env |= {"LMFORGE_HOME": str(tmp / f"ws{n}"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+            init[n] = run_measured([sys.executable, __file__, "--worker", "init"], env)
             cmd = [sys.executable, __file__, "--worker", "flow", "--source", str(tmp / f"c{n}.jsonl")]
             ours[n] = run_measured(cmd + (["--workers", str(args.workers)] if args.workers else []), env)
             print(json.dumps(ours[n]), flush=True)
@@ -219,6 +244,7 @@ def main() -> None:
     results: dict[str, Any] = {
         "corpus": corpus, "sizes": {str(k): v for k, v in made.items()}, "ours": {str(k): v for k, v in ours.items()},
         "baseline": {str(k): v for k, v in base.items()}, "baseline_commit": args.baseline_commit,
+        "workspace_init": {str(k): v for k, v in init.items()},
         "workers": args.workers or os.cpu_count(), "load_avg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
     }
     o1, o2 = ours[n], ours[n2]
@@ -235,6 +261,8 @@ def main() -> None:
         rows.append((f"ours, n = {k} ({results['workers']} Dask workers)", f"{v['wall_s']} s, {results['ours_docs_per_s'][str(k)]} docs/s",
                      f"peak RSS tree {v['peak_rss_tree_mb']} MB (largest process {v['peak_rss_largest_process_mb']} MB); "
                      f"{v['shards']} shards, kept {v['kept']}, exact {v['exact']}, near {v['near']}"))
+    rows.append(("once per workspace: create the Prefect and MLflow databases", f"{init[n]['wall_s']} s",
+                 "not in the figures above: a workspace's first run pays it once"))
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
     rows.append(("ours: docs/s at n", str(results["ours_docs_per_s"][str(n)]), f"target >= 2000: {met(results['ours_docs_per_s'][str(n)] >= 2000)}"))
     rows.append(("ours: time(2n)/time(n)", f"{results['ours_time_ratio']}", f"target <= 2.1: {met(results['ours_time_ratio'] <= 2.1)}"))

@@ -5,11 +5,13 @@
     lmforge run data --set data.cluster_address=tcp://10.0.0.5:8786   # an existing Dask cluster
     data_flow(load_config("configs/demo.toml"))        # -> {"dataset_version", "summary", "tasks", ...}
 
-The source is cut into input shards (components/data/readers.py). Per-shard tasks
-(ingest, signatures, finish, encode: components/data/shardwork.py) run under a
-prefect-dask task runner; corpus-wide tasks (select, near-dedup, split, tokenizer,
-assemble: components/data/corpuswork.py) read only small per-shard columns. Tasks hand
-each other references: a folder and the SHA-256 of each file in it.
+The source is cut into input shards (components/data/readers.py). Two per-shard tasks
+(ingest: read, validate, clean, MinHash; finish: features, records, token ids;
+components/data/shardwork.py) run under a prefect-dask task runner; between them the
+corpus-wide tasks (select, near-dedup, split, tokenizer; then assemble:
+components/data/corpuswork.py) read only small per-shard columns, and the tokenizer a
+bounded amount of train text. Tasks hand each other references: a folder and the SHA-256
+of each file in it.
 
 Dask starts its worker processes with `spawn`: a script that calls data_flow must guard
 its entry point with `if __name__ == "__main__":` (the `lmforge` command and pytest do).
@@ -47,14 +49,12 @@ console = Console(stderr=True)
 
 _D = "lmforge.components.data."
 CODE = {
-    "ingest": [_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "records", "shardwork")],
+    "ingest": [_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "records", "minhash", "shardwork")],
     "select": [_D + m for m in ("corpuswork", "shardwork", "quarantine")],
-    "signatures": [_D + m for m in ("minhash", "shardwork")],
-    "near": [_D + m for m in ("minhash", "corpuswork")],
-    "split": [_D + m for m in ("split", "corpuswork")],
-    "finish": [_D + m for m in ("featurize", "shardwork", "records")],
-    "tokenizer": [_D + m for m in ("tokenizer", "corpuswork")],
-    "encode": [_D + m for m in ("tokenizer", "shardwork", "shards")],
+    "near": [_D + m for m in ("minhash", "corpuswork", "shardwork")],
+    "split": [_D + m for m in ("split", "corpuswork", "shardwork")],
+    "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork")],
+    "finish": [_D + m for m in ("featurize", "shardwork", "records", "tokenizer", "shards")],
 }
 
 
@@ -87,15 +87,10 @@ def select_task(ings: list[dict[str, Any]], cfg: DataConfig, build: str, code: s
     return corpuswork.select(ings, cfg, _out(build, "select", ings, cfg.model_dump(mode="json"), code))
 
 
-@task(name="data-signatures-shard", **_cached)
-def signature_task(ing: dict[str, Any], sel: dict[str, Any], cfg: DedupConfig, build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "sig", ing["files"], sel["files"], cfg.model_dump(mode="json"), code)
-    return shardwork.signature_shard(ing["dir"], sel["dir"], ing["index"], cfg, out)
-
-
 @task(name="data-near-dedup", **_cached)
-def near_task(sigs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, build: str, code: str) -> dict[str, Any]:
-    return corpuswork.near_dedup(sigs, sel, cfg, _out(build, "near", sigs, sel["files"], cfg.model_dump(mode="json"), code))
+def near_task(ings: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "near", [i["files"] for i in ings], sel["files"], cfg.model_dump(mode="json"), code)
+    return corpuswork.near_dedup(ings, sel, cfg, out)
 
 
 @task(name="data-split", **_cached)
@@ -105,23 +100,20 @@ def split_task(ings: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, 
     return corpuswork.assign_split(ings, sel, near, cfg, out, seed=seed)
 
 
-@task(name="data-finish-shard", **_cached)
-def finish_task(ing: dict[str, Any], sel: dict[str, Any], near: dict[str, Any], spl: dict[str, Any], build: str,
-                code: str) -> dict[str, Any]:
-    out = _out(build, "finish", ing["files"], sel["files"], near["files"], spl["files"], code)
-    return shardwork.finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], ing["index"], out)
-
-
 @task(name="data-tokenizer", **_cached)
-def tokenizer_task(fins: list[dict[str, Any]], cfg: TokenizerConfig, build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "tokenizer", [f["files"] for f in fins], cfg.model_dump(mode="json"), code)
-    return corpuswork.train_tokenizer_from(fins, cfg, out)
+def tokenizer_task(ings: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any], spl: dict[str, Any],
+                   cfg: TokenizerConfig, build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "tokenizer", [i["files"] for i in ings], sel["files"], near["files"], spl["files"],
+               cfg.model_dump(mode="json"), code)
+    return corpuswork.train_tokenizer_from(ings, sel, near, spl, cfg, out)
 
 
-@task(name="data-encode-shard", **_cached)
-def encode_task(fin: dict[str, Any], tok: dict[str, Any], build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "encode", fin["files"], tok["sha256"], code)
-    return shardwork.encode_shard(fin["dir"], tok["dir"], out, vocab_size=tok["vocab_size"])
+@task(name="data-finish-shard", **_cached)
+def finish_task(ing: dict[str, Any], sel: dict[str, Any], near: dict[str, Any], spl: dict[str, Any],
+                tok: dict[str, Any], build: str, code: str) -> dict[str, Any]:
+    out = _out(build, "finish", ing["files"], sel["files"], near["files"], spl["files"], tok["sha256"], code)
+    return shardwork.finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], ing["index"], out,
+                                  vocab_size=tok["vocab_size"])
 
 
 @task(name="data-assemble", **_io)
@@ -130,7 +122,7 @@ def assemble_task(root: str, parts: dict[str, Any], counts: dict[str, Any], cfg_
     """Not cached: it (re)creates the dataset folder, and does nothing when that version exists."""
     scratch = _out(str(Path(root) / ".build"), "assemble", parts, counts, cfg_hash, os.getpid())
     return corpuswork.assemble(Path(root), sel=parts["select"], finish_refs=parts["finish"], tokenizer=parts["tokenizer"],
-                               encode_refs=parts["encode"], counts=counts, config_hash=cfg_hash, source=source,
+                               counts=counts, config_hash=cfg_hash, source=source,
                                report=report, scratch=scratch)
 
 
@@ -207,19 +199,19 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
     code = {step: code_hash(mods) for step, mods in CODE.items()}
     specs = [{**s, "fingerprint": _shard_fingerprint(s)} for s in plan_shards(data, replay=replay)]
     states: dict[str, list[str]] = {}
-    ing_cfg = data.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(), "tokenizer": TokenizerConfig(),
+    # ingest depends on no setting of the later steps, except the signature's shape
+    sig_cfg = DedupConfig(num_perm=data.dedup.num_perm, shingle=data.dedup.shingle)
+    ing_cfg = data.model_copy(update={"dedup": sig_cfg, "split": SplitConfig(), "tokenizer": TokenizerConfig(),
                                       "workers": None, "runner": "dask", "cluster_address": None, "max_docs": None})
     ings = _map(ingest_task, [(s, ing_cfg, build, code["ingest"]) for s in specs], states)
     sel = _one(select_task, ings, data.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(),
                                                            "tokenizer": TokenizerConfig(), "workers": None,
                                                            "runner": "dask", "cluster_address": None}),
                build, code["select"], states=states)
-    sigs = _map(signature_task, [(i, sel, data.dedup, build, code["signatures"]) for i in ings], states)
-    near = _one(near_task, sigs, sel, data.dedup, build, code["near"], states=states)
+    near = _one(near_task, ings, sel, data.dedup, build, code["near"], states=states)
     spl = _one(split_task, ings, sel, near, data.split, data.seed, build, code["split"], states=states)
-    fins = _map(finish_task, [(i, sel, near, spl, build, code["finish"]) for i in ings], states)
-    tok = _one(tokenizer_task, fins, data.tokenizer, build, code["tokenizer"], states=states)
-    encs = _map(encode_task, [(f, tok, build, code["encode"]) for f in fins], states)
+    tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
+    fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
 
     counts = {"records_read": sel["records_read"], "sampled_out": sel["sampled_out"], "docs_in": sel["docs_in"],
               "clean": sel["clean"], "quarantined": sel["quarantined"],
@@ -228,16 +220,16 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
     assert counts["docs_in"] == counts["clean"] + counts["quarantined"]
     assert counts["clean"] == counts["kept"] + counts["exact_duplicates"] + counts["near_duplicates"]
     assert counts["kept"] == sum(spl["counts"].values()) == sum(sum(f["counts"].values()) for f in fins)
-    tokens = {s: sum(e["tokens"][s] for e in encs) for s in ("train", "validation", "test")}
+    tokens = {s: sum(f["tokens"][s] for f in fins) for s in ("train", "validation", "test")}
     source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
               "replay": [str(Path(p).resolve()) for p in replay or []]}
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
               "dedup": {"lsh": near["lsh"], "examples": near["examples"]}, "split_groups": spl["groups"], "tokens": tokens,
               "tokenizer_trained_on": tok["trained_on"],
-              "build_dirs": sorted(Path(r["dir"]).name for r in [*ings, sel, *sigs, near, spl, *fins, tok, *encs]),
+              "build_dirs": sorted(Path(r["dir"]).name for r in [*ings, sel, near, spl, tok, *fins]),
               "features": {"rows": counts["kept"],
                            "quality_mean": round(sum(f["quality_sum"] for f in fins) / max(counts["kept"], 1), 4)}}
-    parts = {"select": sel, "finish": fins, "tokenizer": tok, "encode": encs}
+    parts = {"select": sel, "finish": fins, "tokenizer": tok}
     manifest = assemble_task(str(ws.datasets), parts, counts, config_hash(data), source, report)
     version = manifest["version"]
     summary = {"dataset_version": version, "source": report["source"], **counts, "vocab_size": manifest["vocab_size"],

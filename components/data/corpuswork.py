@@ -1,13 +1,13 @@
 """The corpus-wide steps of the data stage, between the per-shard ones of shardwork.py.
 
-    sel = select(ingest_refs, cfg, out / "select")             # sampling, duplicate ids, exact duplicates
-    near = near_dedup(sig_refs, sel, cfg.dedup, out / "near")  # MinHash LSH over every shard's band keys
+    sel = select(ingest_refs, cfg, out / "select")                # sampling, duplicate ids, exact duplicates
+    near = near_dedup(ingest_refs, sel, cfg.dedup, out / "near")  # MinHash LSH over every shard's signatures
     spl = assign_split(ingest_refs, sel, near, cfg.split, out / "split", seed=cfg.seed)
-    tok = train_tokenizer_from(finish_refs, cfg.tokenizer, out / "tokenizer")
-    manifest = assemble(dataset_root, ...)                    # datasets/<version>, streamed together
+    tok = train_tokenizer_from(ingest_refs, sel, near, spl, cfg.tokenizer, out / "tokenizer")
+    manifest = assemble(dataset_root, ...)                       # datasets/<version>, streamed together
 
-Each reads only small columns of every shard (keys, hashes, group names), never the
-documents' text, except the tokenizer, which streams train text up to
+Each reads only small columns of every shard (signatures, hashes, group names), never the
+documents' text, except the tokenizer, which streams kept train text up to
 `tokenizer.train_chars` characters. Decisions go back to the shards as per-shard
 masks (`<name>-<index>.npy`) in the step's folder. Corpus order is (shard, row).
 """
@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from lmforge.components.data.manifest import build_manifest
-from lmforge.components.data.minhash import greedy_near_dups
+from lmforge.components.data.minhash import band_keys, greedy_near_dups, lsh_params
 from lmforge.components.data.quarantine import iter_quarantine, write_quarantine
-from lmforge.components.data.shardwork import QUARANTINE, ROWS, load_mask, quarantined_row, ref, sample_key
+from lmforge.components.data.shardwork import QUARANTINE, ROWS, SIG, kept_rows, load_mask, quarantined_row, ref, sample_key
 from lmforge.components.data.split import SPLITS, place_groups
 from lmforge.components.data.tokenizer import save_tokenizer, train_tokenizer
 from lmforge.components.errors import UserError
@@ -111,21 +111,29 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
                quarantined_by_reason=dict(sorted(reasons.items())))
 
 
-def near_dedup(sig_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, out: Path) -> dict[str, Any]:
-    """Per shard, which unique rows are kept (`keep-<i>.npy`) and each kept row's cluster size (`cluster-<i>.npy`)."""
-    sizes = [r["docs"] for r in sig_refs]
-    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+def near_dedup(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, out: Path) -> dict[str, Any]:
+    """Per shard, which unique rows are kept (`keep-<i>.npy`) and each kept row's cluster size (`cluster-<i>.npy`).
+
+    Documents are the rows select marked unique, in corpus order; their signatures stay memory-mapped and only
+    those whose band key collides are read.
+    """
+    rows = [np.flatnonzero(load_mask(sel["dir"], "unique", r["index"])) for r in ingest_refs]
+    starts = np.concatenate([[0], np.cumsum([len(u) for u in rows])]).astype(np.int64)
+    bands, band_rows = lsh_params(cfg.threshold, cfg.num_perm)
     dup_of: dict[int, int] = {}
     if cfg.enabled and starts[-1]:
-        keys = np.concatenate([np.load(Path(r["dir"]) / "keys.npy") for r in sig_refs])
-        sigs = [np.load(Path(r["dir"]) / "sig.npy", mmap_mode="r") for r in sig_refs]
+        sigs = [np.load(Path(r["dir"]) / SIG, mmap_mode="r") for r in ingest_refs]
+        if any(s.shape[1] != cfg.num_perm for s in sigs):
+            raise AssertionError(f"ingest signatures have {sigs[0].shape[1]} slots, dedup.num_perm is {cfg.num_perm}")
+        keys = np.concatenate([band_keys(np.asarray(s[u]), bands=bands, rows=band_rows) for s, u in zip(sigs, rows)])
 
         def load_sig(idx: np.ndarray) -> np.ndarray:
             shard = np.searchsorted(starts, idx, side="right") - 1
-            return np.stack([sigs[s][i - starts[s]] for s, i in zip(shard.tolist(), idx.tolist())])
+            return np.stack([sigs[s][rows[s][i - starts[s]]] for s, i in zip(shard.tolist(), idx.tolist())])
 
         dup_of = greedy_near_dups(keys, load_sig, threshold=cfg.threshold, num_perm=cfg.num_perm)
-    exact = np.concatenate([load_mask(sel["dir"], "exact", r["index"]) for r in sig_refs]) if sig_refs else np.zeros(0, np.int64)
+    exact = np.concatenate([load_mask(sel["dir"], "exact", r["index"]) for r in ingest_refs]) if ingest_refs \
+        else np.zeros(0, np.int64)
     cluster = exact + 1
     for j, target in dup_of.items():
         cluster[target] += cluster[j]
@@ -133,13 +141,11 @@ def near_dedup(sig_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupCo
     keep[list(dup_of)] = False
     examples = [{"removed": int(j), "kept": int(i)} for j, i in list(dup_of.items())[:20]]
     with atomic_dir(out) as tmp:
-        for r, lo, hi in zip(sig_refs, starts[:-1], starts[1:]):
+        for r, lo, hi in zip(ingest_refs, starts[:-1], starts[1:]):
             np.save(tmp / f"keep-{r['index']:05d}.npy", keep[lo:hi])
             np.save(tmp / f"cluster-{r['index']:05d}.npy", cluster[lo:hi])
-    files = [f"{k}-{r['index']:05d}.npy" for r in sig_refs for k in ("keep", "cluster")]
-    bands = sig_refs[0]["bands"] if sig_refs else 0
-    rows = sig_refs[0]["rows"] if sig_refs else 0
-    return ref(out, files, near_duplicates=len(dup_of), kept=int(keep.sum()), lsh={"bands": bands, "rows": rows},
+    files = [f"{k}-{r['index']:05d}.npy" for r in ingest_refs for k in ("keep", "cluster")]
+    return ref(out, files, near_duplicates=len(dup_of), kept=int(keep.sum()), lsh={"bands": bands, "rows": band_rows},
                examples=examples)
 
 
@@ -149,11 +155,7 @@ def assign_split(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], near: d
     sizes: Counter[str] = Counter()
     newest = 0.0
     for r in ingest_refs:
-        t = pq.read_table(Path(r["dir"]) / ROWS, columns=["module", "mtime"])
-        unique = load_mask(sel["dir"], "unique", r["index"])
-        t = t.filter(unique) if t.num_rows else t
-        keep = load_mask(near["dir"], "keep", r["index"])
-        t = t.filter(keep) if t.num_rows else t
+        t = kept_rows(r["dir"], sel["dir"], near["dir"], r["index"], ["module", "mtime"])
         sizes.update(t.column("module").to_pylist())
         if t.num_rows:
             newest = max(newest, float(np.max(t.column("mtime").to_numpy())))
@@ -168,15 +170,17 @@ def assign_split(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], near: d
     return ref(out, ["split.json"], counts={s: counts.get(s, 0) for s in SPLITS}, groups={s: groups.get(s, 0) for s in SPLITS})
 
 
-def train_tokenizer_from(finish_refs: list[dict[str, Any]], cfg: TokenizerConfig, out: Path) -> dict[str, Any]:
-    """A BPE tokenizer trained on train-split text, streamed shard by shard, up to cfg.train_chars characters."""
+def train_tokenizer_from(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any],
+                         spl: dict[str, Any], cfg: TokenizerConfig, out: Path) -> dict[str, Any]:
+    """A BPE tokenizer trained on kept train-split text, streamed shard by shard, up to cfg.train_chars characters."""
+    places = json.loads((Path(spl["dir"]) / "split.json").read_text())["places"]
     used = {"docs": 0, "chars": 0}
 
     def texts():
-        for r in finish_refs:
-            t = pq.read_table(Path(r["dir"]) / "docs.parquet", columns=["text", "split"])
-            for text, split in zip(t.column("text").to_pylist(), t.column("split").to_pylist()):
-                if split != "train":
+        for r in ingest_refs:
+            t = kept_rows(r["dir"], sel["dir"], near["dir"], r["index"], ["text", "module"])
+            for text, module in zip(t.column("text").to_pylist(), t.column("module").to_pylist()):
+                if places.get(module, "train") != "train":
                     continue
                 if cfg.train_chars is not None and used["chars"] >= cfg.train_chars:
                     return
@@ -191,7 +195,7 @@ def train_tokenizer_from(finish_refs: list[dict[str, Any]], cfg: TokenizerConfig
             "sha256": sha256_tree(out / "tokenizer.json"), "vocab_size": tok.get_vocab_size(), "trained_on": used}
 
 
-def _write_shards(dst: Path, encode_refs: list[dict[str, Any]], vocab_size: int) -> dict[str, Any]:
+def _write_shards(dst: Path, finish_refs: list[dict[str, Any]], vocab_size: int) -> dict[str, Any]:
     """shards/: <split>.bin (every shard's tokens, in order), <split>.offsets.npy and index.json."""
     from lmforge.components.data.shards import INDEX, dtype_for
 
@@ -201,7 +205,7 @@ def _write_shards(dst: Path, encode_refs: list[dict[str, Any]], vocab_size: int)
     for s in SPLITS:
         offsets, n = [], 0
         with open(dst / f"{s}.bin", "wb") as f:
-            for r in encode_refs:
+            for r in finish_refs:
                 tokens = np.load(Path(r["dir"]) / f"tokens-{s}.npy")
                 lengths = np.load(Path(r["dir"]) / f"lengths-{s}.npy")
                 assert tokens.dtype == dtype
@@ -223,7 +227,7 @@ def _concat(dst: Path, parts: list[Path]) -> None:
 
 
 def assemble(dataset_root: Path, *, sel: dict[str, Any], finish_refs: list[dict[str, Any]], tokenizer: dict[str, Any],
-             encode_refs: list[dict[str, Any]], counts: dict[str, Any], config_hash: str, source: dict[str, Any],
+             counts: dict[str, Any], config_hash: str, source: dict[str, Any],
              report: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """Build the dataset's parts in `scratch`, hash them, then rename datasets/<version> into place.
 
@@ -248,7 +252,7 @@ def assemble(dataset_root: Path, *, sel: dict[str, Any], finish_refs: list[dict[
         else:
             writer.close()
         shutil.copytree(tokenizer["dir"], tmp / "tokenizer")
-        _write_shards(tmp / "shards", encode_refs, tokenizer["vocab_size"])
+        _write_shards(tmp / "shards", finish_refs, tokenizer["vocab_size"])
     scratch = Path(scratch)
     hashes = {p: sha256_tree(scratch / p) for p in DATASET_PARTS}
     manifest = build_manifest(counts=counts, hashes=hashes, config_hash=config_hash, tokenizer_hash=tokenizer["sha256"],

@@ -14,7 +14,9 @@ built-in corpus and each .py file of it that cannot be parsed (`unparseable_file
 row groups, files in the list) so that `records in = clean + quarantined` can be checked.
 
 JSONL is cut at newlines into byte ranges of about `shard_mb`; Parquet by row groups;
-.txt folders and the built-in corpus by files. CSV is one shard: a quoted cell may hold
+.txt folders and the built-in corpus by files. The shard size is evened out so that the
+number of shards is even: with 2 (4, 8, ...) workers the last round is not one shard
+running alone while the other cores wait. CSV is one shard: a quoted cell may hold
 a newline, so a byte range cannot be cut without parsing everything before it.
 """
 
@@ -36,18 +38,27 @@ def plan_shards(cfg: DataConfig, *, shard_mb: float | None = None, replay: list[
     target = int((shard_mb or cfg.shard_mb) * 2**20)
     path = check_source(cfg.source)
     if path is None:
-        specs = _plan_files([("corpus", s, str(root), rel) for s, root, rel in corpus_files(cfg.include_site_packages, cfg.skip_tests)],
-                            target)
+        files = [("corpus", s, str(root), rel) for s, root, rel in corpus_files(cfg.include_site_packages, cfg.skip_tests)]
+        specs = _plan_files(files, even_target(sum(os.path.getsize(Path(r) / rel) for _, _, r, rel in files), target))
     elif path.is_dir():
-        specs = _plan_files([("txt", "", str(path), p.relative_to(path).as_posix()) for p in sorted(path.rglob("*.txt"))], target)
+        files = [("txt", "", str(path), p.relative_to(path).as_posix()) for p in sorted(path.rglob("*.txt"))]
+        specs = _plan_files(files, even_target(sum(os.path.getsize(Path(r) / rel) for _, _, r, rel in files), target))
     elif path.suffix.lower() in JSONL_SUFFIXES:
-        specs = _plan_jsonl(path, target)
+        specs = _plan_jsonl(path, even_target(path.stat().st_size, target))
     elif path.suffix.lower() == ".parquet":
         specs = _plan_parquet(path, target)
     else:
         specs = [{"kind": "csv", "path": str(path)}]
     specs += [{"kind": "replay", "path": str(Path(p).resolve())} for p in (replay or [])]
     return [{**s, "index": i} for i, s in enumerate(specs)]
+
+
+def even_target(total: int, target: int) -> int:
+    """A shard size near `target` (never above it) that cuts `total` bytes into an even number of shards."""
+    n = -(-total // target) if target else 1
+    if n > 1 and n % 2:
+        n += 1
+    return max(1, -(-total // n))
 
 
 def _plan_files(files: list[tuple[str, str, str, str]], target: int) -> list[dict[str, Any]]:

@@ -1,15 +1,16 @@
 """The per-shard steps of the data stage: each reads one shard's files and writes its own folder.
 
     ing = ingest_shard(spec, cfg, out / "ingest-0003")                 # spec: from readers.plan_shards
-    sig = signature_shard(ing["dir"], sel["dir"], 3, cfg.dedup, out / "sig-0003")
-    fin = finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], 3, out / "finish-0003")
-    enc = encode_shard(fin["dir"], tok["dir"], out / "encode-0003")
+    fin = finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], 3, out / "finish-0003",
+                       vocab_size=4096)
 
 Every function returns a small reference: {"dir", "files": {name: sha256}, ...counts}. A shard
 holds its documents as Parquet (Arrow record batches); memory grows with the shard, not the
-corpus. The global decisions between them (sampling, duplicate ids, exact and near
-duplicates, the split) are made by components/data/corpuswork.py from small per-shard
-columns and handed back as per-shard masks.
+corpus. Two passes over the text, one per side of the corpus-wide decisions: ingest (read,
+validate, clean, MinHash signatures) and finish (features, records, token ids). The global
+decisions between them (sampling, duplicate ids, exact and near duplicates, the split, the
+tokenizer) are made by components/data/corpuswork.py from small per-shard columns and
+handed back as per-shard masks.
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ import pyarrow.parquet as pq
 
 from lmforge.components.data.clean import EMPTIED, clean_record
 from lmforge.components.data.featurize import document_features
-from lmforge.components.data.minhash import band_keys, lsh_params, signatures
+from lmforge.components.data.minhash import signatures
 from lmforge.components.data.quarantine import Quarantined, quarantine_entry, write_quarantine
 from lmforge.components.data.readers import read_shard
 from lmforge.components.data.records import FIELDS
 from lmforge.components.data.split import SPLITS
-from lmforge.components.data.tokenizer import EOS, load_tokenizer
+from lmforge.components.data.shards import dtype_for
+from lmforge.components.data.tokenizer import encode_flat, load_tokenizer
 from lmforge.components.data.validate import judge
-from lmforge.components.sections.data import DataConfig, DedupConfig
+from lmforge.components.sections.data import DataConfig
 from lmforge.components.workspace import atomic_dir, sha256_file
 
 ROWS = "rows.parquet"
 QUARANTINE = "quarantine.jsonl"
+SIG = "sig.npy"  # (rows, num_perm) uint32 MinHash signatures, one per row of ROWS
 ROW_SCHEMA = pa.schema([*((f, pa.string()) for f in FIELDS), ("origin", pa.string()), ("mtime", pa.float64()),
                         ("sample_key", pa.uint64()), ("text_hash", pa.binary(16)), ("qsource", pa.string()),
                         ("qline", pa.int64()), ("qformat", pa.string()), ("qmeta", pa.string()), ("raw", pa.large_binary())])
@@ -52,7 +55,8 @@ def ref(out: Path, files: list[str], **extra: Any) -> dict[str, Any]:
 
 
 def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> dict[str, Any]:
-    """Read, validate and clean one input shard: rows.parquet (clean records + their raw) and quarantine.jsonl."""
+    """Read, validate and clean one input shard: rows.parquet (clean records + their raw), quarantine.jsonl and
+    sig.npy (each row's MinHash signature, with cfg.dedup's num_perm and shingle)."""
     tally: dict[str, Any] = {}
     cols: dict[str, list[Any]] = {name: [] for name in ROW_SCHEMA.names}
     bad: list[Quarantined] = []
@@ -77,13 +81,15 @@ def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> dict[str, 
         cols["qmeta"].append(json.dumps(item.meta, sort_keys=True) if item.meta else "")
         cols["raw"].append(item.raw)
     table = pa.table(cols, schema=ROW_SCHEMA)
+    sig = signatures(table.column("text").combine_chunks(), num_perm=cfg.dedup.num_perm, shingle=cfg.dedup.shingle)
     with atomic_dir(out) as tmp:
         pq.write_table(table, tmp / ROWS, row_group_size=4096)
+        np.save(tmp / SIG, sig)
         n_bad = write_quarantine(tmp / QUARANTINE, bad)
     reasons: dict[str, int] = {}
     for q in bad:
         reasons[q.reason] = reasons.get(q.reason, 0) + 1
-    return ref(out, [ROWS, QUARANTINE], index=spec["index"], records_read=tally["records_read"], rows=table.num_rows,
+    return ref(out, [ROWS, QUARANTINE, SIG], index=spec["index"], records_read=tally["records_read"], rows=table.num_rows,
                quarantined=n_bad, quarantined_by_reason=dict(sorted(reasons.items())), files_read=tally.get("files", 0))
 
 
@@ -99,71 +105,47 @@ def load_mask(select_dir: str, name: str, index: int) -> np.ndarray:
     return np.load(Path(select_dir) / f"{name}-{index:05d}.npy")
 
 
-def signature_shard(ingest_dir: str, select_dir: str, index: int, cfg: DedupConfig, out: Path) -> dict[str, Any]:
-    """MinHash signatures and LSH band keys of the shard's rows that survived select (unique, sampled)."""
-    keep = load_mask(select_dir, "unique", index)
-    texts = pq.read_table(Path(ingest_dir) / ROWS, columns=["text"]).column("text").combine_chunks()
-    texts = texts.filter(pa.array(keep)) if len(keep) else texts
-    sig = signatures(texts, num_perm=cfg.num_perm, shingle=cfg.shingle)
-    bands, rows = lsh_params(cfg.threshold, cfg.num_perm)
-    with atomic_dir(out) as tmp:
-        np.save(tmp / "sig.npy", sig)
-        np.save(tmp / "keys.npy", band_keys(sig, bands=bands, rows=rows))
-    return ref(out, ["sig.npy", "keys.npy"], index=index, docs=len(sig), bands=bands, rows=rows)
+def kept_rows(ingest_dir: str, select_dir: str, near_dir: str, index: int, columns: list[str]) -> pa.Table:
+    """The shard's rows that survived select (sampled, unique id and text) and near-dedup, in row order."""
+    t = pq.read_table(Path(ingest_dir) / ROWS, columns=columns)
+    if not t.num_rows:
+        return t
+    t = t.filter(pa.array(load_mask(select_dir, "unique", index)))
+    return t.filter(pa.array(load_mask(near_dir, "keep", index)))
 
 
-def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str, index: int, out: Path) -> dict[str, Any]:
-    """The shard's kept documents with their split: docs.parquet, records-<split>.jsonl, features.parquet."""
-    table = pq.read_table(Path(ingest_dir) / ROWS, columns=[*FIELDS, "origin", "mtime"])
-    unique = load_mask(select_dir, "unique", index)
-    table = table.filter(pa.array(unique)) if table.num_rows else table
+def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str, tok_dir: str, index: int, out: Path,
+                 *, vocab_size: int) -> dict[str, Any]:
+    """The shard's kept documents with their split: records-<split>.jsonl, features.parquet, and token ids per
+    split with <eos> after each document: tokens-<split>.npy (flat) and lengths-<split>.npy."""
+    docs = kept_rows(ingest_dir, select_dir, near_dir, index, list(FIELDS))
     keep = load_mask(near_dir, "keep", index)
     sizes = load_mask(near_dir, "cluster", index)
-    table = table.filter(pa.array(keep)) if table.num_rows else table
     sizes = sizes[keep] if len(keep) else sizes
     split_info = json.loads((Path(split_dir) / "split.json").read_text())
     places = split_info["places"]  # only the groups that are not in train
-    modules = table.column("module").to_pylist()
+    modules = docs.column("module").to_pylist()
     split = [places.get(m, "train") for m in modules]
-    docs = table.append_column("split", pa.array(split, pa.string())).append_column("cluster_size", pa.array(sizes, pa.int64()))
-    feats = document_features(docs.column("id").to_pylist(), docs.column("text").combine_chunks(), splits=split,
-                              modules=modules, mtimes=[split_info["created"]] * docs.num_rows, cluster_sizes=sizes,
+    texts = docs.column("text").combine_chunks()
+    feats = document_features(docs.column("id").to_pylist(), texts, splits=split, modules=modules,
+                              mtimes=[split_info["created"]] * docs.num_rows, cluster_sizes=sizes,
                               created=split_info["created"])
+    tok, dtype = load_tokenizer(Path(tok_dir)), dtype_for(vocab_size)
+    text_list = texts.to_pylist()
+    tokens: dict[str, int] = {}
     with atomic_dir(out) as tmp:
-        pq.write_table(docs, tmp / "docs.parquet", row_group_size=4096)
         pq.write_table(feats, tmp / "features.parquet")
-        records = docs.select(list(FIELDS)).to_pylist()
+        records = docs.to_pylist()
         for s in SPLITS:
             with open(tmp / f"records-{s}.jsonl", "wb") as f:
                 f.writelines((json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
                              for r, a in zip(records, split) if a == s)
-    counts = {s: split.count(s) for s in SPLITS}
-    return ref(out, ["docs.parquet", "features.parquet", *(f"records-{s}.jsonl" for s in SPLITS)], index=index,
-               counts=counts, quality_sum=float(np.sum(feats.column("quality_score").to_numpy())))
-
-
-def encode_shard(finish_dir: str, tok_dir: str, out: Path, *, vocab_size: int) -> dict[str, Any]:
-    """Token ids per split, <eos> after each document: tokens-<split>.npy (flat) and lengths-<split>.npy."""
-    from lmforge.components.data.shards import dtype_for
-
-    tok = load_tokenizer(Path(tok_dir))
-    eos = tok.token_to_id(EOS)
-    dtype = dtype_for(vocab_size)
-    docs = pq.read_table(Path(finish_dir) / "docs.parquet", columns=["text", "split"])
-    texts, split = docs.column("text").to_pylist(), docs.column("split").to_pylist()
-    tokens: dict[str, int] = {}
-    with atomic_dir(out) as tmp:
-        for s in SPLITS:
-            batch = [t for t, a in zip(texts, split) if a == s]
-            encs = tok.encode_batch_fast(batch, add_special_tokens=False) if batch else []
-            lengths = np.fromiter((len(e.ids) + 1 for e in encs), dtype=np.int64, count=len(encs))
-            flat = np.empty(int(lengths.sum()), dtype=dtype)
-            pos = 0
-            for e, n in zip(encs, lengths):
-                flat[pos:pos + n - 1] = e.ids
-                flat[pos + n - 1] = eos
-                pos += n
+            flat, lengths = encode_flat(tok, [t for t, a in zip(text_list, split) if a == s], dtype)
             np.save(tmp / f"tokens-{s}.npy", flat)
             np.save(tmp / f"lengths-{s}.npy", lengths)
             tokens[s] = int(len(flat))
-    return ref(out, [f"{k}-{s}.npy" for s in SPLITS for k in ("tokens", "lengths")], tokens=tokens)
+    counts = {s: split.count(s) for s in SPLITS}
+    files = ["features.parquet", *(f"{k}-{s}.{ext}" for s in SPLITS for k, ext in (("records", "jsonl"), ("tokens", "npy"),
+                                                                                    ("lengths", "npy")))]
+    return ref(out, files, index=index, counts=counts, tokens=tokens,
+               quality_sum=float(np.sum(feats.column("quality_score").to_numpy())))

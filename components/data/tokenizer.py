@@ -2,7 +2,7 @@
 
     tok = train_tokenizer(train_texts, TokenizerConfig(vocab_size=4096))
     save_tokenizer(tok, out_dir)               # tokenizer.json + config, loads with PreTrainedTokenizerFast
-    ids = encode_documents(tok, texts)         # list[list[int]], each ending with the <eos> id
+    flat, lengths = encode_flat(tok, texts, np.dtype(np.uint16))   # ids, <eos> after each text
 
 Special tokens, in this order (ids 0-3): <pad> <bos> <eos> <unk>. Byte-level means any
 text round-trips: decode(encode(text)) == text, with no unknown tokens.
@@ -10,16 +10,16 @@ text round-trips: decode(encode(text)) == text, with no unknown tokens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lmforge.components.sections.data import TokenizerConfig
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
 PAD, BOS, EOS, UNK = SPECIALS
-ENCODE_BATCH = 2048
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizerConfig) -> Tokenizer:
@@ -54,16 +54,15 @@ def load_tokenizer(tok_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
 
 
-def iter_encoded(tok: Tokenizer, texts: Sequence[str], *, progress: Callable[[int], None] | None = None) -> Iterator[list[int]]:
-    """Token ids of each text followed by <eos>, encoded in parallel batches (Rust threads)."""
+def encode_flat(tok: Tokenizer, texts: Sequence[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """(flat, lengths): every text's token ids followed by <eos>, concatenated; lengths include the <eos>."""
     eos = tok.token_to_id(EOS)
-    for start in range(0, len(texts), ENCODE_BATCH):
-        batch = list(texts[start:start + ENCODE_BATCH])
-        for enc in tok.encode_batch_fast(batch, add_special_tokens=False):
-            yield [*enc.ids, eos]
-        if progress:
-            progress(len(batch))
-
-
-def encode_documents(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    return list(iter_encoded(tok, texts))
+    encs = tok.encode_batch_fast(list(texts), add_special_tokens=False) if len(texts) else []
+    lengths = np.fromiter((len(e.ids) + 1 for e in encs), dtype=np.int64, count=len(encs))
+    flat = np.empty(int(lengths.sum()), dtype=dtype)
+    pos = 0
+    for e, n in zip(encs, lengths.tolist()):
+        flat[pos:pos + n - 1] = e.ids
+        flat[pos + n - 1] = eos
+        pos += n
+    return flat, lengths

@@ -107,8 +107,8 @@ def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
     """Two .txt files two years apart: both documents get the corpus version's time, so neither falls out of a ttl."""
     import os
 
-    from lmforge.components.data.corpuswork import assign_split, near_dedup
-    from lmforge.components.data.shardwork import finish_shard, signature_shard
+    from lmforge.components.data.corpuswork import assign_split, near_dedup, train_tokenizer_from
+    from lmforge.components.data.shardwork import finish_shard
 
     src = tmp_path / "txt"
     src.mkdir()
@@ -118,10 +118,11 @@ def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
     cfg = DataConfig(source=str(src), split={"validation": 0, "test": 0})
     refs = ingest_all(cfg, tmp_path / "b")
     sel = select(refs, cfg, tmp_path / "b" / "select")
-    sigs = [signature_shard(r["dir"], sel["dir"], r["index"], cfg.dedup, tmp_path / "b" / f"sig{r['index']}") for r in refs]
-    near = near_dedup(sigs, sel, cfg.dedup, tmp_path / "b" / "near")
+    near = near_dedup(refs, sel, cfg.dedup, tmp_path / "b" / "near")
     spl = assign_split(refs, sel, near, cfg.split, tmp_path / "b" / "split", seed=0)
-    (ref,) = [finish_shard(r["dir"], sel["dir"], near["dir"], spl["dir"], r["index"], tmp_path / "b" / "fin") for r in refs]
+    tok = train_tokenizer_from(refs, sel, near, spl, cfg.tokenizer.model_copy(update={"vocab_size": 300}), tmp_path / "b" / "tok")
+    (ref,) = [finish_shard(r["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], r["index"], tmp_path / "b" / "fin",
+                           vocab_size=tok["vocab_size"]) for r in refs]
     feats = pq.read_table(tmp_path / "b" / "fin" / "features.parquet").to_pylist()
     assert len(feats) == 2
     assert {f["event_timestamp"].timestamp() for f in feats} == {1_663_000_000.0}

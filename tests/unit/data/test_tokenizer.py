@@ -1,6 +1,8 @@
 from transformers import PreTrainedTokenizerFast
 
-from lmforge.components.data.tokenizer import SPECIALS, encode_documents, save_tokenizer, train_tokenizer
+import numpy as np
+
+from lmforge.components.data.tokenizer import SPECIALS, encode_flat, save_tokenizer, train_tokenizer
 from lmforge.components.sections.data import TokenizerConfig
 
 from .corpus import good_rows
@@ -26,6 +28,8 @@ def test_documents_end_with_eos_and_training_is_deterministic():
     cfg = TokenizerConfig(vocab_size=400)
     a, b = train_tokenizer(TEXTS, cfg), train_tokenizer(TEXTS, cfg)
     assert a.to_str() == b.to_str()
-    docs = encode_documents(a, TEXTS[:3])
+    flat, lengths = encode_flat(a, TEXTS[:3], np.dtype(np.uint16))
+    docs = np.split(flat, np.cumsum(lengths)[:-1])
+    assert len(docs) == 3 and len(flat) == lengths.sum()
     assert all(d[-1] == 2 and 2 not in d[:-1] for d in docs)
-    assert a.decode(docs[0][:-1]) == TEXTS[0]
+    assert a.decode(docs[0][:-1].tolist()) == TEXTS[0]
