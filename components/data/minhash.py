@@ -165,7 +165,10 @@ def greedy_near_dups(keys: np.ndarray, load_sig: Callable[[np.ndarray], np.ndarr
     for pos, doc in enumerate(idx.tolist()):
         row = sub_keys[pos]
         cands = sorted({c for band in range(bands) for c in buckets[band].get(row[band], ())})
-        match = next((c for c in cands if np.count_nonzero(sig[c] == sig[pos]) >= need), None)
+        match = None
+        if cands:  # every candidate compared at once; the earliest that agrees enough wins
+            hits = np.flatnonzero(np.count_nonzero(sig[cands] == sig[pos], axis=1) >= need)
+            match = cands[hits[0]] if len(hits) else None
         if match is None:
             for band in range(bands):
                 buckets[band].setdefault(row[band], []).append(pos)

@@ -23,3 +23,21 @@ def test_features_columns_values_and_quality():
     assert c["quality_score"] == pytest.approx(a["quality_score"] / 3, abs=1e-5)  # 1/sqrt(cluster of 9)
     assert a["event_timestamp"].tzinfo is not None and a["event_timestamp"].utcoffset() == timezone.utc.utcoffset(None)
     assert {r["created_timestamp"] for r in rows} == {a["event_timestamp"]}
+
+
+def test_character_counts_match_the_unicode_class_regexes():
+    """The code-point table counts what RE2's Unicode classes count, across scripts, emoji, _ and empty texts."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from lmforge.components.data.featurize import char_counts
+
+    texts = ["", "snake_case_name(x, y=2) -> int", "Ünïcödé — tabs\tand 漢字 ٣٤ Ⅻ ½ 🐍🐍", "a\n\nb\n", "_", "１２３ abc", PROSE, SOUP]
+    got = char_counts(texts)
+    arr = pa.array(texts, pa.large_string())
+    for key, pattern in {"n_words": r"[\pL\pN_]+", "alpha": r"\pL", "digit": r"\p{Nd}", "punct": r"[\pP\pS]",
+                         "newlines": "\n"}.items():
+        want = pc.count_substring_regex(arr, pattern).to_numpy(zero_copy_only=False)
+        assert np.array_equal(got[key], want), key
+    assert got["n_chars"].tolist() == [len(t) for t in texts]
