@@ -19,6 +19,8 @@ import atexit
 import json
 import sqlite3
 import uuid
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -115,28 +117,28 @@ def ensure_collection(client: Any, name: str, embedder: Embedder, *, server: boo
     return True
 
 
-def read_records(ws: Workspace, version: str) -> list[tuple[str, Record]]:
+def iter_records(ws: Workspace, version: str) -> Iterator[tuple[str, Record]]:
+    """(split, record) for every kept document of the dataset, read a line at a time."""
     ds = ws.dataset_dir(version)
-    out: list[tuple[str, Record]] = []
-    for split in SPLITS:
-        path = ds / "records" / f"{split}.jsonl"
+    paths = {split: ds / "records" / f"{split}.jsonl" for split in SPLITS}
+    for split, path in paths.items():
         if not path.is_file():
             raise UserError("dataset", ds, f"has no records/{split}.jsonl", "Re-run the data stage: lmforge run data")
+    for split, path in paths.items():
         with open(path, encoding="utf-8") as f:
-            out += [(split, Record.from_dict(json.loads(line))) for line in f if line.strip()]
-    return out
+            for line in f:
+                if line.strip():
+                    yield split, Record.from_dict(json.loads(line))
 
 
-def upsert_points(client: Any, name: str, items: list[tuple[str, Record]], vectors: np.ndarray, batch_size: int) -> None:
+def upsert_points(client: Any, name: str, items: list[tuple[str, Record]], vectors: np.ndarray) -> None:
     from qdrant_client import models
 
-    for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
-        points = [models.PointStruct(id=point_id(r.id), vector=vectors[start + n].tolist(),
-                                     payload={"id": r.id, "module": r.module, "qualname": r.qualname, "summary": r.summary,
-                                              "split": split, "signature": r.signature, "text": r.text})
-                  for n, (split, r) in enumerate(chunk)]
-        client.upsert(name, points=points, wait=True)
+    points = [models.PointStruct(id=point_id(r.id), vector=vectors[n].tolist(),
+                                 payload={"id": r.id, "module": r.module, "qualname": r.qualname, "summary": r.summary,
+                                          "split": split, "signature": r.signature, "text": r.text})
+              for n, (split, r) in enumerate(items)]
+    client.upsert(name, points=points, wait=True)
 
 
 def delete_stale(client: Any, name: str, keep: set[str]) -> int:
@@ -155,20 +157,36 @@ def delete_stale(client: Any, name: str, keep: set[str]) -> int:
 
 
 def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: Embedder | None = None) -> dict[str, Any]:
+    """Embed and upsert the dataset's documents a batch at a time; then drop stale points and report near-duplicates.
+
+    Only the vectors (n x dim float32), ids and splits are kept for the whole corpus, for the
+    near-duplicate search; texts and payloads live one batch at a time.
+    """
     embedder = embedder or make_embedder(cfg)
-    items = read_records(ws, version)
-    vectors = embedder.embed([r.text for _, r in items])
     client = qdrant_client(ws, cfg)
     name = collection_name(cfg, version, embedder)
     created = ensure_collection(client, name, embedder, server=cfg.url is not None)
     fast_writes = cfg.url is None and tune_local_storage(client)
-    upsert_points(client, name, items, vectors, cfg.batch_size)
-    deleted = delete_stale(client, name, {point_id(r.id) for _, r in items})
+    ids: list[str] = []
+    splits: list[str] = []
+    chunks: list[np.ndarray] = []
+    records = iter_records(ws, version)
+    while batch := list(islice(records, cfg.batch_size)):  # itertools.batched needs Python 3.12
+        vectors = np.asarray(embedder.embed([r.text for _, r in batch]), dtype=np.float32)
+        upsert_points(client, name, batch, vectors)
+        ids += [r.id for _, r in batch]
+        splits += [split for split, _ in batch]
+        chunks.append(vectors)
+    vectors = np.concatenate(chunks) if chunks else np.zeros((0, embedder.dim), dtype=np.float32)
+    deleted = delete_stale(client, name, {point_id(i) for i in ids})
     points = client.count(name, exact=True).count
-    assert points == len({r.id for _, r in items}), f"{name} holds {points} points for {len(items)} documents"
-    dups = semantic_near_duplicates(
-        [r.id for _, r in items], vectors, [s for s, _ in items], threshold=cfg.near_dup_threshold,
-        max_pairs=cfg.max_reported_pairs, details={r.id: {"module": r.module, "qualname": r.qualname, "summary": r.summary}
-                                                   for _, r in items})
+    assert points == len(set(ids)), f"{name} holds {points} points for {len(ids)} documents"
+    dups = semantic_near_duplicates(ids, vectors, splits, threshold=cfg.near_dup_threshold, max_pairs=cfg.max_reported_pairs)
+    listed = {side["id"] for pair in dups["pairs"] for side in (pair["a"], pair["b"])}
+    details = {r.id: {"module": r.module, "qualname": r.qualname, "summary": r.summary}
+               for _, r in iter_records(ws, version) if r.id in listed} if listed else {}
+    for pair in dups["pairs"]:
+        for side in (pair["a"], pair["b"]):
+            side.update(details.get(side["id"], {}))
     return {"collection": name, "location": cfg.url or str(Path(ws.qdrant)), "embedder": embedder.name,
             "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "local_wal": fast_writes, "near_duplicates": dups}

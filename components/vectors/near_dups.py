@@ -72,7 +72,7 @@ def similar_pairs_exact(vectors: np.ndarray, threshold: float, *, block: int = 2
 
 
 def semantic_near_duplicates(ids: list[str], vectors: np.ndarray, splits: list[str], *, threshold: float,
-                             max_pairs: int, details: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                             max_pairs: int) -> dict[str, Any]:
     """Count every pair at or above `threshold` (and those across splits); list the `max_pairs` closest."""
     assert len(ids) == len(vectors) == len(splits)
     found = cross = 0
@@ -84,9 +84,7 @@ def semantic_near_duplicates(ids: list[str], vectors: np.ndarray, splits: list[s
             heapq.heappush(top, (cos, i, j))
         elif max_pairs and cos > top[0][0]:
             heapq.heapreplace(top, (cos, i, j))
-    details = details or {}
-    listed = [{"a": {"id": ids[i], "split": splits[i], **details.get(ids[i], {})},
-               "b": {"id": ids[j], "split": splits[j], **details.get(ids[j], {})},
+    listed = [{"a": {"id": ids[i], "split": splits[i]}, "b": {"id": ids[j], "split": splits[j]},
                "cosine": round(cos, 4)} for cos, i, j in sorted(top, reverse=True)]
     return {"threshold": threshold, "documents": len(ids), "pairs_found": found,
             "cross_split_pairs": cross, "pairs": listed}
