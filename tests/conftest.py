@@ -42,6 +42,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Send Prefect's queued logs and events, then stop its temporary API server, while pytest still
+    captures output: stopped at exit instead, its "Stopping temporary server" line goes to a
+    closed stream and prints a logging error."""
+    import sys
+
+    if "prefect.server.api.server" in sys.modules:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+        from prefect.server.api.server import SubprocessASGIServer
+
+        APILogWorker.drain_all(timeout=10)  # what is still queued for the server goes to it first
+        EventsWorker.drain_all(timeout=10)
+        SubprocessASGIServer().stop()  # the temporary server is the instance without a fixed port
+
+
 @pytest.fixture
 def workspace(tmp_path, monkeypatch):
     """A fresh workspace: LMFORGE_HOME points at it for the test and its subprocesses."""
