@@ -246,11 +246,11 @@ def _shard_fingerprint(spec: dict[str, Any]) -> str:
     import hashlib
 
     h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
-    if spec["kind"] == "jsonl":
+    if spec["kind"] in ("jsonl", "csv"):  # a byte range of the file (the spec holds the CSV header)
         with open(spec["path"], "rb") as f:
             f.seek(spec["start"])
             h.update(f.read(spec["end"] - spec["start"]))
-    elif spec["kind"] in ("csv", "parquet", "replay"):
+    elif spec["kind"] in ("parquet", "replay"):
         h.update(sha256_file(Path(spec["path"])).encode())
     else:
         for _, root, rel in spec["files"]:

@@ -11,13 +11,15 @@ too: it is judged `blank_line`), each CSV row (a row with more or fewer cells th
 header is judged `column_count`), each Parquet row, each .txt file, each docstring of the
 built-in corpus and each .py file of it that cannot be parsed (`unparseable_file`). The
 `records_read` tally is counted from the input (newlines in the byte range, rows in the
-row groups, files in the list) so that `records in = clean + quarantined` can be checked.
+row groups, files in the list, CSV rows as the csv module parses them) so that
+`records in = clean + quarantined` can be checked.
 
-JSONL is cut at newlines into byte ranges of about `shard_mb`; Parquet by row groups;
-.txt folders and the built-in corpus by files. The shard size is evened out so that the
-number of shards is even: with 2 (4, 8, ...) workers the last round is not one shard
-running alone while the other cores wait. CSV is one shard: a quoted cell may hold
-a newline, so a byte range cannot be cut without parsing everything before it.
+JSONL is cut at newlines into byte ranges of about `shard_mb`; CSV likewise, but only at a
+newline outside quotes (an even number of `"` before it: a quoted cell may hold a newline,
+and RFC 4180 doubles a quote inside one); Parquet by row groups; .txt folders and the
+built-in corpus by files. The shard size is evened out so that the number of shards is
+even: with 2 (4, 8, ...) workers the last round is not one shard running alone while the
+other cores wait.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def plan_shards(cfg: DataConfig, *, shard_mb: float | None = None, replay: list[
     elif path.suffix.lower() == ".parquet":
         specs = _plan_parquet(path, target)
     else:
-        specs = [{"kind": "csv", "path": str(path)}]
+        specs = _plan_csv(path, even_target(path.stat().st_size, target))
     specs += [{"kind": "replay", "path": str(Path(p).resolve())} for p in (replay or [])]
     return [{**s, "index": i} for i, s in enumerate(specs)]
 
@@ -93,6 +95,42 @@ def _plan_jsonl(path: Path, target: int) -> list[dict[str, Any]]:
     return specs or [{"kind": "jsonl", "path": str(path), "start": 0, "end": 0, "first_line": 1}]
 
 
+def _plan_csv(path: Path, target: int, chunk: int = 8 << 20) -> list[dict[str, Any]]:
+    """Byte ranges of whole rows after the header, each ending at a newline outside quotes; read in chunks."""
+    import numpy as np
+
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        header = next(csv.reader(f), None) or []
+    size = path.stat().st_size
+    specs: list[dict[str, Any]] = []
+    start: int | None = None  # where the current shard starts (None until the header row has ended)
+    first_line = want = parity = newlines = pos = 0
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            a = np.frombuffer(block, dtype=np.uint8)
+            inside = (np.cumsum(a == ord('"'), dtype=np.int64) + parity) % 2
+            nl = a == ord("\n")
+            lines = np.cumsum(nl, dtype=np.int64)  # newlines up to and including each byte
+            row_ends = np.flatnonzero(nl & (inside == 0))  # a row ends after each of these bytes
+            k = 0
+            while k < len(row_ends):
+                if start is not None:
+                    k = int(np.searchsorted(row_ends, want - pos - 1))
+                    if k == len(row_ends):
+                        break
+                    specs.append({"kind": "csv", "path": str(path), "start": start, "end": pos + int(row_ends[k]) + 1,
+                                  "first_line": first_line, "header": header})
+                start = pos + int(row_ends[k]) + 1
+                first_line = newlines + int(lines[row_ends[k]]) + 1
+                want = start + target
+                k += 1
+            parity, newlines, pos = int(inside[-1]), newlines + int(lines[-1]), pos + len(a)
+    if start is not None and start < size:
+        specs.append({"kind": "csv", "path": str(path), "start": start, "end": size, "first_line": first_line,
+                      "header": header})
+    return specs or [{"kind": "csv", "path": str(path), "start": size, "end": size, "first_line": 2, "header": header}]
+
+
 def _plan_parquet(path: Path, target: int) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -132,16 +170,21 @@ def _read_jsonl(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) ->
 
 
 def _read_csv(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
+    import io
+
     path = Path(spec["path"])
     mtime, name = path.stat().st_mtime, path.name
     csv.field_size_limit(2**31 - 1)  # a too-long document must reach validation, not crash the reader
+    header = spec["header"]
+    with open(path, "rb") as f:
+        f.seek(spec["start"])
+        data = f.read(spec["end"] - spec["start"])
     # surrogateescape keeps undecodable bytes as lone surrogates, which validation reports as invalid_utf8
-    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None) or []
+    with io.StringIO(data.decode("utf-8", "surrogateescape"), newline="") as text:
+        reader = csv.reader(text)
         for row in reader:
             tally["records_read"] += 1
-            n = reader.line_num
+            n = spec["first_line"] - 1 + reader.line_num
             error = None
             if len(row) != len(header):
                 error = ("column_count", f"{len(row)} cells under a header of {len(header)} columns")
