@@ -49,40 +49,76 @@ def _sample_threshold(ingest_refs: list[dict[str, Any]], cfg: DataConfig) -> int
     return int(np.partition(allk, cfg.max_docs - 1)[cfg.max_docs - 1])
 
 
+def _hash128(values: list[str]) -> np.ndarray:
+    """(n, 2) uint64: two keyed SipHashes of each string (pandas' vectorised hash); equal strings, equal rows."""
+    from pandas.util import hash_array
+
+    arr = np.asarray(values, dtype=object)
+    if not len(arr):
+        return np.zeros((0, 2), np.uint64)
+    return np.stack([hash_array(arr, hash_key=k, categorize=False) for k in ("lmforge-select-1", "lmforge-select-2")], 1)
+
+
+def first_occurrences(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For `rows` (indices into `keys`, in corpus order): the first of those rows that has the same key."""
+    if not len(rows):
+        return rows
+    k = keys[rows]
+    order = np.lexsort((rows, k[:, 1], k[:, 0]))  # by key, then corpus order
+    sk = k[order]
+    starts = np.ones(len(order), bool)
+    starts[1:] = (sk[1:] != sk[:-1]).any(axis=1)
+    group_start = np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))
+    first = np.empty(len(rows), dtype=rows.dtype)
+    first[order] = rows[order[group_start]]
+    return first
+
+
 def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dict[str, Any]:
-    """Per shard, which rows go on (`unique-<i>.npy`), and the quarantine entries that stay (after sampling)."""
+    """Per shard, which rows go on (`unique-<i>.npy`), and the quarantine entries that stay (after sampling).
+
+    In corpus order: a record whose id an earlier sampled record already used is quarantined
+    (`duplicate_id`); among the rest, the first record with a given text is unique and later
+    ones are exact duplicates. Both are sorts over fixed-width columns of the whole corpus
+    (128-bit hashes of ids and texts, ~40 bytes a record), not Python dicts of its strings.
+    """
     cut = _sample_threshold(ingest_refs, cfg)
-    seen_ids: dict[str, str] = {}
-    seen_text: dict[bytes, tuple[int, int]] = {}
-    exact_onto: dict[tuple[int, int], int] = {}
-    dup_entries, n = [], {"sampled_out": 0, "clean": 0, "exact_duplicates": 0, "quarantined": 0}
+    id_keys, text_keys, samples, shard_starts = [], [], [], [0]
+    for r in ingest_refs:
+        t = pq.read_table(Path(r["dir"]) / ROWS, columns=["id", "sample_key", "text_hash"])
+        id_keys.append(_hash128(t.column("id").to_pylist()))
+        text_keys.append(np.frombuffer(b"".join(t.column("text_hash").to_pylist()), dtype=np.uint64).reshape(-1, 2))
+        samples.append(np.ones(t.num_rows, bool) if cut is None else t.column("sample_key").to_numpy() <= cut)
+        shard_starts.append(shard_starts[-1] + t.num_rows)
+    ids = np.concatenate(id_keys) if id_keys else np.zeros((0, 2), np.uint64)
+    texts = np.concatenate(text_keys) if text_keys else np.zeros((0, 2), np.uint64)
+    sampled = np.flatnonzero(np.concatenate(samples)) if samples else np.zeros(0, np.int64)
+    id_first = first_occurrences(ids, sampled)
+    dup_id, used_by = sampled[id_first != sampled], id_first[id_first != sampled]
+    go_on = sampled[id_first == sampled]
+    text_first = first_occurrences(texts, go_on)
+    unique = go_on[text_first == go_on]
+    onto = np.bincount(text_first[text_first != go_on], minlength=len(ids)).astype(np.int64)
+    n = {"sampled_out": int(len(ids) - len(sampled)), "clean": int(len(go_on)),
+         "exact_duplicates": int(len(go_on) - len(unique)), "quarantined": 0}
+    starts = np.asarray(shard_starts, dtype=np.int64)
+    origin_of = _origins(ingest_refs, starts, used_by)
     reasons: Counter[str] = Counter()
     with atomic_dir(out) as tmp:
-        kept_q = []
-        for r in ingest_refs:
-            i = r["index"]
-            t = pq.read_table(Path(r["dir"]) / ROWS, columns=["id", "origin", "sample_key", "text_hash"])
-            ids, origins, hashes = t.column("id").to_pylist(), t.column("origin").to_pylist(), t.column("text_hash").to_pylist()
-            in_sample = np.ones(t.num_rows, bool) if cut is None else t.column("sample_key").to_numpy() <= cut
-            unique = np.zeros(t.num_rows, bool)
-            dup_rows = []
-            for row in np.flatnonzero(in_sample).tolist():
-                if ids[row] in seen_ids:
-                    dup_rows.append((row, f"id {ids[row]!r} already used by {seen_ids[ids[row]]}"))
-                    continue
-                seen_ids[ids[row]] = origins[row]
-                first = seen_text.setdefault(hashes[row], (i, row))
-                if first == (i, row):
-                    unique[row] = True
-                else:
-                    exact_onto[first] = exact_onto.get(first, 0) + 1
-                    n["exact_duplicates"] += 1
-            if dup_rows:
-                full = pq.read_table(Path(r["dir"]) / ROWS).take([row for row, _ in dup_rows]).to_pylist()
-                dup_entries += [quarantined_row(row, "duplicate_id", why) for row, (_, why) in zip(full, dup_rows)]
-            n["sampled_out"] += int(t.num_rows - in_sample.sum())
-            n["clean"] += int(in_sample.sum()) - len(dup_rows)
-            np.save(tmp / f"unique-{i:05d}.npy", unique)
+        kept_q, dup_entries = [], []
+        for k, r in enumerate(ingest_refs):
+            i, lo, hi = r["index"], starts[k], starts[k + 1]
+            mask = np.zeros(hi - lo, bool)
+            mask[unique[(unique >= lo) & (unique < hi)] - lo] = True
+            np.save(tmp / f"unique-{i:05d}.npy", mask)
+            # exact duplicates collapsed onto each unique row, in the order of that shard's unique rows
+            np.save(tmp / f"exact-{i:05d}.npy", onto[lo:hi][mask])
+            here = (dup_id >= lo) & (dup_id < hi)
+            if here.any():
+                rows = (dup_id[here] - lo).tolist()
+                full = pq.read_table(Path(r["dir"]) / ROWS).take(rows).to_pylist()
+                dup_entries += [quarantined_row(row, "duplicate_id", f"id {row['id']!r} already used by {origin_of[int(g)]}")
+                                for row, g in zip(full, used_by[here])]
             for q in iter_quarantine(Path(r["dir"]) / QUARANTINE):
                 if cut is None or sample_key(cfg.seed, q.origin) <= cut:
                     kept_q.append(q)
@@ -92,12 +128,6 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
         for q in dup_entries:
             reasons[q.reason] += 1
         n["quarantined"] = write_quarantine(tmp / QUARANTINE, [*kept_q, *dup_entries])
-        # exact duplicates collapsed onto each unique row, in the order of that shard's unique rows
-        for r in ingest_refs:
-            i = r["index"]
-            unique = np.load(tmp / f"unique-{i:05d}.npy")
-            onto = np.array([exact_onto.get((i, row), 0) for row in np.flatnonzero(unique).tolist()], dtype=np.int64)
-            np.save(tmp / f"exact-{i:05d}.npy", onto)
     records_read = sum(r["records_read"] for r in ingest_refs)
     docs_in = records_read - n["sampled_out"]
     if docs_in != n["clean"] + n["quarantined"]:
@@ -109,6 +139,18 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
     files = [QUARANTINE, *(f"{k}-{r['index']:05d}.npy" for r in ingest_refs for k in ("unique", "exact"))]
     return ref(out, files, records_read=records_read, docs_in=docs_in, **n,
                quarantined_by_reason=dict(sorted(reasons.items())))
+
+
+def _origins(ingest_refs: list[dict[str, Any]], starts: np.ndarray, rows: np.ndarray) -> dict[int, str]:
+    """{global row: its origin} for a few rows (those a duplicate id points back to)."""
+    out: dict[int, str] = {}
+    wanted = np.unique(rows)
+    for k, r in enumerate(ingest_refs):
+        here = wanted[(wanted >= starts[k]) & (wanted < starts[k + 1])]
+        if len(here):
+            origins = pq.read_table(Path(r["dir"]) / ROWS, columns=["origin"]).column("origin").take(here - starts[k])
+            out.update(zip(here.tolist(), origins.to_pylist()))
+    return out
 
 
 def near_dedup(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, out: Path) -> dict[str, Any]:

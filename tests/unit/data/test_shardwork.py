@@ -155,3 +155,26 @@ def test_csv_cut_into_many_shards_reads_the_same_rows_as_one(tmp_path):
     assert len(many) > 10 and n_cut == n_whole == 600 == len(cut)
     assert cut == whole
     assert sum(e is not None for _, _, e in cut) == 7  # rows 0, 97, ..., 582 have a surplus cell
+
+
+def test_select_decides_ids_then_texts_in_corpus_order_across_shards(tmp_path):
+    """A reused id is quarantined and its text does not count as seen; the first of equal texts is kept."""
+    import numpy as np
+
+    docs = [("a", "Text one about sockets and queues."), ("b", "Text one about sockets and queues."),
+            ("a", "Text two about threads and locks."), ("c", "Text two about threads and locks."),
+            ("b", "Text three about files.")]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in docs))
+    cfg = DataConfig(source=str(path))
+    refs = ingest_all(cfg, tmp_path, shard_mb=0.00005)  # about one record a shard
+    assert len(refs) >= 4
+    sel = select(refs, cfg, tmp_path / "select")
+    unique = np.concatenate([np.load(tmp_path / "select" / f"unique-{r['index']:05d}.npy") for r in refs])
+    exact = np.concatenate([np.load(tmp_path / "select" / f"exact-{r['index']:05d}.npy") for r in refs])
+    assert unique.tolist() == [True, False, False, True, False]
+    assert exact.tolist() == [1, 0]  # the second record collapsed onto the first; none onto the fourth
+    assert (sel["clean"], sel["exact_duplicates"], sel["quarantined"]) == (3, 1, 2)
+    entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
+    assert [(q.line, q.reason) for q in entries] == [(3, "duplicate_id"), (5, "duplicate_id")]
+    assert entries[0].detail == "id 'a' already used by d.jsonl:1" and entries[1].detail == "id 'b' already used by d.jsonl:2"
