@@ -87,7 +87,7 @@ def document_features(doc_ids: Sequence[str], texts: Sequence[str], *, splits: S
                       mtimes: Sequence[float], cluster_sizes: Sequence[int], created: float | None = None) -> pa.Table:
     """`created` (seconds since the epoch) defaults to the newest of `mtimes`; a sharded run passes the corpus's."""
     assert len({len(doc_ids), len(texts), len(splits), len(modules), len(mtimes), len(cluster_sizes)}) == 1
-    c = char_counts(texts.to_pylist() if isinstance(texts, pa.Array) else list(texts))
+    c = char_counts(texts)
     n_chars, n_words, n_lines = c["n_chars"], c["n_words"], c["newlines"] + 1
     denom = np.maximum(n_chars, 1)
     alpha = np.round(c["alpha"] / denom, 6)

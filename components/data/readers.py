@@ -25,6 +25,7 @@ other cores wait.
 from __future__ import annotations
 
 import csv
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,10 +42,10 @@ def plan_shards(cfg: DataConfig, *, shard_mb: float | None = None, replay: list[
     path = check_source(cfg.source)
     if path is None:
         files = [("corpus", s, str(root), rel) for s, root, rel in corpus_files(cfg.include_site_packages, cfg.skip_tests)]
-        specs = _plan_files(files, even_target(sum(os.path.getsize(Path(r) / rel) for _, _, r, rel in files), target))
+        specs = _plan_files(files, target)
     elif path.is_dir():
         files = [("txt", "", str(path), p.relative_to(path).as_posix()) for p in sorted(path.rglob("*.txt"))]
-        specs = _plan_files(files, even_target(sum(os.path.getsize(Path(r) / rel) for _, _, r, rel in files), target))
+        specs = _plan_files(files, target)
     elif path.suffix.lower() in JSONL_SUFFIXES:
         specs = _plan_jsonl(path, even_target(path.stat().st_size, target))
     elif path.suffix.lower() == ".parquet":
@@ -64,12 +65,14 @@ def even_target(total: int, target: int) -> int:
 
 
 def _plan_files(files: list[tuple[str, str, str, str]], target: int) -> list[dict[str, Any]]:
+    sizes = [os.path.getsize(Path(root) / rel) for _, _, root, rel in files]
+    target = even_target(sum(sizes), target)
     specs: list[dict[str, Any]] = []
     group: list[list[str]] = []
     size = 0
-    for kind, source, root, rel in files:
+    for (kind, source, root, rel), file_size in zip(files, sizes):
         group.append([source, root, rel])
-        size += os.path.getsize(Path(root) / rel)
+        size += file_size
         if size >= target:
             specs.append({"kind": kind, "files": group})
             group, size = [], 0
@@ -170,8 +173,6 @@ def _read_jsonl(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) ->
 
 
 def _read_csv(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
-    import io
-
     path = Path(spec["path"])
     mtime, name = path.stat().st_mtime, path.name
     csv.field_size_limit(2**31 - 1)  # a too-long document must reach validation, not crash the reader

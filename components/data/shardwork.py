@@ -118,24 +118,22 @@ def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str
                  *, vocab_size: int) -> dict[str, Any]:
     """The shard's kept documents with their split: records-<split>.jsonl, features.parquet, and token ids per
     split with <eos> after each document: tokens-<split>.npy (flat) and lengths-<split>.npy."""
-    docs = kept_rows(ingest_dir, select_dir, near_dir, index, list(FIELDS))
+    records = kept_rows(ingest_dir, select_dir, near_dir, index, list(FIELDS)).to_pylist()
     keep = load_mask(near_dir, "keep", index)
     sizes = load_mask(near_dir, "cluster", index)
     sizes = sizes[keep] if len(keep) else sizes
     split_info = json.loads((Path(split_dir) / "split.json").read_text())
     places = split_info["places"]  # only the groups that are not in train
-    modules = docs.column("module").to_pylist()
+    modules = [r["module"] for r in records]
     split = [places.get(m, "train") for m in modules]
-    texts = docs.column("text").combine_chunks()
-    feats = document_features(docs.column("id").to_pylist(), texts, splits=split, modules=modules,
-                              mtimes=[split_info["created"]] * docs.num_rows, cluster_sizes=sizes,
+    text_list = [r["text"] for r in records]
+    feats = document_features([r["id"] for r in records], text_list, splits=split, modules=modules,
+                              mtimes=[split_info["created"]] * len(records), cluster_sizes=sizes,
                               created=split_info["created"])
     tok, dtype = load_tokenizer(Path(tok_dir)), dtype_for(vocab_size)
-    text_list = texts.to_pylist()
     tokens: dict[str, int] = {}
     with atomic_dir(out) as tmp:
         pq.write_table(feats, tmp / "features.parquet")
-        records = docs.to_pylist()
         for s in SPLITS:
             with open(tmp / f"records-{s}.jsonl", "wb") as f:
                 f.writelines((json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
