@@ -191,6 +191,7 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
         follower.join()
         for tail in [launcher_tail, *tails.values()]:
             tail.flush()
+        release_shm_buffers(port)
     seconds = time.perf_counter() - start
     if rc == 0:
         return LaunchResult(0, seconds, events, log_dir, backend_name())
@@ -204,6 +205,22 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     quoted = "\n".join(f"  [rank{'?' if rank is None else rank}] {line}" for line in last[-12:])
     raise LaunchFailed(f"training failed: {where}; launcher exit code {rc}. Its last lines:\n{quoted}\n"
                        f"(all rank logs: {log_dir})", rank, last, rc)
+
+
+def shm_buffers(port: int) -> list[Path]:
+    """DeepSpeed's shared-memory allreduce buffers of the job on `port` (CPU ranks on one machine).
+
+    Each CPU rank creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank>
+    (about 66 MiB; ops/csrc/cpu/comm/shm.cpp, shm_initialize) and DeepSpeed never unlinks it, so
+    every run would hold RAM until the machine restarts.
+    """
+    return sorted(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+
+
+def release_shm_buffers(port: int) -> None:
+    """Unlink the job's buffers once its ranks are gone (a rank that still maps one keeps its memory)."""
+    for path in shm_buffers(port):
+        path.unlink(missing_ok=True)
 
 
 def _failed_rank(tails: list[_Tail]) -> tuple[int | None, list[str]]:

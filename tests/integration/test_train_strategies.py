@@ -115,6 +115,21 @@ def test_strategy_trains_and_exports(ws, name, parallel):
         assert torch.allclose(ours, engine, atol=2e-2, rtol=2e-2), (ours - engine).abs().max()
 
 
+def test_the_ranks_shared_memory_buffers_are_released_when_the_run_ends(ws):
+    """DeepSpeed's CPU ranks each map a ~66 MiB /dev/shm allreduce buffer and never unlink it."""
+    from lmforge.components.ports import free_port
+    from lmforge.components.training.launcher import shm_buffers
+
+    port = free_port()
+    during: list[int] = []
+    run_training(ws, "shm", tiny_training(max_steps=2, warmup_steps=1, save_every=2), master_port=port,
+                 on_event=lambda event: during.append(len(shm_buffers(port))))
+    if not any(during):
+        pytest.skip("DeepSpeed's shm allreduce is not used on this machine (no /dev/shm or no shm op)")
+    assert max(during) == 2, during      # one buffer per rank while they ran
+    assert shm_buffers(port) == []
+
+
 def test_sigkill_one_rank_then_resume_matches_the_uninterrupted_run(ws, zero_runs):
     """Rank 1 is SIGKILLed once a checkpoint is complete; --resume then reproduces zero2's losses exactly."""
     import os

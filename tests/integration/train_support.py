@@ -80,13 +80,17 @@ def tiny_training(**overrides: object):
     return TrainingConfig.model_validate(merge(raw, overrides))
 
 
-def run_training(ws: Workspace, name: str, cfg, *, resume: bool = False, version: str = "testdata0001", timeout_s: float = 300):
+def run_training(ws: Workspace, name: str, cfg, *, resume: bool = False, version: str = "testdata0001", timeout_s: float = 300,
+                 master_port: int | None = None, on_event=None):
     """Prepare and launch one job the way flows/train.py does; returns (events, run_dir)."""
+    import dataclasses
+
     from lmforge.components.training.job import prepare_job
     from lmforge.components.training.launcher import launch
 
     run_dir = ws.run_dir(name)
     job = prepare_job(cfg, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
                       run_dir=run_dir, resume=resume, meta={"run_name": name, "dataset_version": version}, timeout_s=timeout_s)
-    result = launch(job.launch, on_line=lambda rank, line: None)
+    result = launch(dataclasses.replace(job.launch, master_port=master_port or job.launch.master_port), on_line=lambda rank, line: None,
+                    on_event=on_event)
     return result.events, run_dir
