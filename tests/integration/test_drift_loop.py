@@ -30,7 +30,9 @@ from tests.conftest import REPO, TINY_CONFIG
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 NEW_DOMAIN = ("click", "rich", "typer", "pydantic", "requests", "jinja2", "httpx", "starlette", "yaml", "urllib3")
-BASE = ["compression.enabled=false", "monitoring.window_minutes=1440", "monitoring.lookback_windows=1",
+# Two day-long decision windows: the traffic stays in view if the monitor runs just after midnight UTC.
+BASE = ["compression.enabled=false", "monitoring.window_minutes=1440", "monitoring.decision_windows=2",
+        "monitoring.lookback_windows=1",
         "monitoring.cooldown_minutes=0", "registry.rougeL_tolerance=1.0", "deploy.validation_latency_ms=60000"]
 
 

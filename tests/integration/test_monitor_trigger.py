@@ -73,8 +73,10 @@ def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
     held_out = signatures(workspace, version, "test")
     write_requests(RequestLog(workspace.requests), shifted_prompts(n=120, seed=0, noise=0.3, held_out=held_out),
                    featurize, ts=now - timedelta(seconds=5))
+    # Windows are aligned to the clock: two decision windows keep the rows in view when the
+    # second pass (now + 5 min) lands in the next hour.
     cfg = load_config(TINY_CONFIG, ["monitoring.training_deployment=train-probe/on-demand",
-                                    "monitoring.cooldown_minutes=60"])
+                                    "monitoring.cooldown_minutes=60", "monitoring.decision_windows=2"])
 
     with prefect_server.settings():
         deployment_id = deploy_probe(tmp_path)
