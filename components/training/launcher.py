@@ -32,6 +32,7 @@ from typing import Any
 from lmforge.components import supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
+from lmforge.components.training.ops import load_ops
 from lmforge.components.workspace import atomic_write_json
 
 EVENT_PREFIX = "LMFORGE_EVENT "
@@ -158,6 +159,7 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
             user_errors.append(json.loads(line[len(USER_ERROR_PREFIX):]))
         lines_out(rank, line)
 
+    load_ops(req.request["ds_config"], device=req.request["hardware"]["device"])
     start = time.perf_counter()
     # Its own session, so that stopping it reaches every rank; the ranks watch it in turn (watch_supervisor).
     launcher = supervisor.start(command(req, request_path, log_dir, port), log=log_dir / "launcher.log", env=env,

@@ -1,0 +1,75 @@
+"""Build the DeepSpeed C++ ops a job needs once, in the launching process, before its ranks start.
+
+    load_ops(job.ds_config, device="cpu")   # prints a line when an op is compiled; a stale lock is a UserError
+
+DeepSpeed compiles an op the first time a rank loads it (deepspeed/ops/op_builder/builder.py,
+jit_load), through torch.utils.cpp_extension.load, into torch's extensions folder under a
+`lock` file: the shared-memory allreduce (deepspeed_shm_comm) of CPU ranks, and
+DeepSpeedCPUAdam (cpu_adam) when the optimizer is offloaded. Left to the ranks, every rank
+of the first run on a machine sits silent for minutes while one of them compiles, and a
+build that was killed half-way leaves its lock behind: torch's FileBaton then waits on it
+forever and prints nothing. Here the build happens once, says so, and an old lock is
+named with the way out instead of waited on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from lmforge.components.errors import UserError
+
+# A lock older than this is not a build in progress: the op compiles in 1-5 min on 2 cores.
+STALE_LOCK_S = 20 * 60
+
+
+def needed_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
+    """The op builders (DeepSpeed class names) the ranks of this job will load."""
+    names = ["ShareMemCommBuilder"] if device == "cpu" else []   # comm/torch.py build_shm_op, CPU accelerator only
+    offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {})
+    if offload.get("device") in ("cpu", "nvme") and "torch_adam" not in ds_config.get("optimizer", {}).get("params", {}):
+        names.append("CPUAdamBuilder")                           # runtime/engine.py: ZeRO-Offload uses DeepSpeedCPUAdam
+    return names
+
+
+def extensions_root() -> Path:
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+
+
+def check_lock(root: Path, name: str, *, now: float | None = None) -> None:
+    """Raise StaleBuildLock when a build lock of op `name` is older than STALE_LOCK_S."""
+    now = time.time() if now is None else now
+    for lock in root.glob(f"**/{name}/lock"):
+        age = now - lock.stat().st_mtime
+        if age > STALE_LOCK_S:
+            raise UserError(f"DeepSpeed op {name}", lock,
+                            f"has a build lock {age / 60:.0f} min old (a build killed half-way); every rank would wait on it forever",
+                            f"Delete {lock} and run again")
+
+
+def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
+    """Load (compiling when needed) every op the job's ranks will load; returns their names."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.ops import __compatible_ops__
+
+    loaded = []
+    root = extensions_root()
+    for class_name in needed_ops(ds_config, device=device):
+        builder = get_accelerator().create_op_builder(class_name)
+        if builder is None or not __compatible_ops__.get(builder.NAME, False):
+            continue   # DeepSpeed falls back to torch for it (or fails in the rank with its own message)
+        check_lock(root, builder.NAME)
+        built = any(root.glob(f"*/{builder.NAME}/{builder.NAME}.so"))
+        if not built:
+            print(f"deepspeed: compiling the {builder.NAME} op once for this machine into {root} "
+                  "(1-5 min on 2 cores; later runs reuse it)", flush=True)
+        start = time.perf_counter()
+        builder.load()
+        if not built:
+            print(f"deepspeed: {builder.NAME} compiled in {time.perf_counter() - start:.0f} s", flush=True)
+        loaded.append(builder.NAME)
+    return loaded

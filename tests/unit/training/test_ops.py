@@ -1,0 +1,34 @@
+"""Which DeepSpeed ops a job needs, and a stale build lock named instead of waited on."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from lmforge.components.errors import UserError
+from lmforge.components.training.ops import STALE_LOCK_S, check_lock, needed_ops
+
+
+def test_cpu_ranks_need_the_shm_allreduce_and_offload_needs_cpu_adam():
+    plain = {"zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"torch_adam": True}}}
+    offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+               "optimizer": {"type": "AdamW", "params": {}}}
+    assert needed_ops(plain, device="cpu") == ["ShareMemCommBuilder"]
+    assert needed_ops(plain, device="cuda") == []
+    assert needed_ops(offload, device="cpu") == ["ShareMemCommBuilder", "CPUAdamBuilder"]
+    assert needed_ops(offload, device="cuda") == ["CPUAdamBuilder"]
+
+
+def test_an_old_build_lock_is_an_error_that_names_it_and_a_fresh_one_is_a_build_in_progress(tmp_path):
+    lock = tmp_path / "py311_cpu" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    check_lock(tmp_path, "cpu_adam")                                   # being built now: wait for it
+    old = time.time() - STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with pytest.raises(UserError) as e:
+        check_lock(tmp_path, "cpu_adam")
+    assert str(lock) in str(e.value) and "Delete" in str(e.value)
+    check_lock(tmp_path, "deepspeed_shm_comm")                         # another op's folder is not looked at
