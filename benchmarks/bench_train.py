@@ -24,7 +24,6 @@ Tokens/s is the median over the steps after the first `--warmup` of each run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics

@@ -19,7 +19,6 @@ Nothing is cached: variants train, timings are measured anew, and the registry i
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Any

@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import csv
 import hashlib
-import json
 import os
 import random
 import sys

@@ -4,10 +4,10 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from lmforge.components.compression.lowrank import Spectrum, choose_ranks, lowrank_variant
-from lmforge.components.compression.modules import LowRankLinear, linear_layers, select
+from lmforge.components.compression.modules import LowRankLinear
 from lmforge.components.compression.variant import load_variant, read_meta
 from lmforge.components.errors import UserError
-from lmforge.components.sections.compression import DEFAULT_TARGETS, LowRankConfig
+from lmforge.components.sections.compression import LowRankConfig
 
 from ._util import logits
 
