@@ -14,7 +14,6 @@ named with the way out instead of waited on.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -34,21 +33,26 @@ def needed_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
     return names
 
 
-def extensions_root() -> Path:
-    from torch.utils.cpp_extension import get_default_build_root
+def build_dir(name: str) -> Path:
+    """Where torch builds extension `name`: $TORCH_EXTENSIONS_DIR/<name>, or ~/.cache/torch_extensions/py311_cpu/<name>.
 
-    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    torch's own (private) helper, so that this is the folder the ranks' load() will use.
+    """
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return Path(_get_build_directory(name, verbose=False))
 
 
-def check_lock(root: Path, name: str, *, now: float | None = None) -> None:
-    """Raise StaleBuildLock when a build lock of op `name` is older than STALE_LOCK_S."""
-    now = time.time() if now is None else now
-    for lock in root.glob(f"**/{name}/lock"):
-        age = now - lock.stat().st_mtime
-        if age > STALE_LOCK_S:
-            raise UserError(f"DeepSpeed op {name}", lock,
-                            f"has a build lock {age / 60:.0f} min old (a build killed half-way); every rank would wait on it forever",
-                            f"Delete {lock} and run again")
+def check_lock(folder: Path, *, now: float | None = None) -> None:
+    """Raise a UserError when the build lock in `folder` is older than STALE_LOCK_S."""
+    lock = folder / "lock"
+    if not lock.exists():
+        return
+    age = (time.time() if now is None else now) - lock.stat().st_mtime
+    if age > STALE_LOCK_S:
+        raise UserError(f"DeepSpeed op {folder.name}", lock,
+                        f"has a build lock {age / 60:.0f} min old (a build killed half-way); every rank would wait on it forever",
+                        f"Delete {lock} and run again")
 
 
 def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
@@ -57,15 +61,15 @@ def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
     from deepspeed.ops import __compatible_ops__
 
     loaded = []
-    root = extensions_root()
     for class_name in needed_ops(ds_config, device=device):
         builder = get_accelerator().create_op_builder(class_name)
         if builder is None or not __compatible_ops__.get(builder.NAME, False):
             continue   # DeepSpeed falls back to torch for it (or fails in the rank with its own message)
-        check_lock(root, builder.NAME)
-        built = any(root.glob(f"*/{builder.NAME}/{builder.NAME}.so"))
+        folder = build_dir(builder.NAME)
+        check_lock(folder)
+        built = (folder / f"{builder.NAME}.so").is_file()
         if not built:
-            print(f"deepspeed: compiling the {builder.NAME} op once for this machine into {root} "
+            print(f"deepspeed: compiling the {builder.NAME} op once for this machine into {folder} "
                   "(1-5 min on 2 cores; later runs reuse it)", flush=True)
         start = time.perf_counter()
         builder.load()

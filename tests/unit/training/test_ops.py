@@ -8,7 +8,7 @@ import time
 import pytest
 
 from lmforge.components.errors import UserError
-from lmforge.components.training.ops import STALE_LOCK_S, check_lock, needed_ops
+from lmforge.components.training.ops import STALE_LOCK_S, build_dir, check_lock, needed_ops
 
 
 def test_cpu_ranks_need_the_shm_allreduce_and_offload_needs_cpu_adam():
@@ -22,13 +22,19 @@ def test_cpu_ranks_need_the_shm_allreduce_and_offload_needs_cpu_adam():
 
 
 def test_an_old_build_lock_is_an_error_that_names_it_and_a_fresh_one_is_a_build_in_progress(tmp_path):
-    lock = tmp_path / "py311_cpu" / "cpu_adam" / "lock"
-    lock.parent.mkdir(parents=True)
+    folder = tmp_path / "cpu_adam"
+    folder.mkdir()
+    check_lock(folder)                                                 # no lock: nothing to say
+    lock = folder / "lock"
     lock.touch()
-    check_lock(tmp_path, "cpu_adam")                                   # being built now: wait for it
+    check_lock(folder)                                                 # being built now: wait for it
     old = time.time() - STALE_LOCK_S - 60
     os.utime(lock, (old, old))
     with pytest.raises(UserError) as e:
-        check_lock(tmp_path, "cpu_adam")
+        check_lock(folder)
     assert str(lock) in str(e.value) and "Delete" in str(e.value)
-    check_lock(tmp_path, "deepspeed_shm_comm")                         # another op's folder is not looked at
+
+
+def test_the_build_folder_is_the_one_torch_uses(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert build_dir("cpu_adam") == tmp_path / "cpu_adam"
