@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 
 from lmforge.components.compression.build import TECHNIQUES, build_variant, needs_data, preflight
 from lmforge.components.compression.measure import evaluate_variant
@@ -38,6 +38,7 @@ from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, atomic_write_json, atomic_write_text
 from lmforge.deploy.server import serve_venv
+from lmforge.flows.workspace_flow import workspace_flow
 
 ALIAS = "compressed"
 
@@ -91,7 +92,7 @@ def _finite(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
 
 
-@flow(name="compress", log_prints=True)
+@workspace_flow(name="compress", log_prints=True)
 def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Build, measure and register every enabled variant of the parent; move `compressed`."""
     cfg = as_config(cfg)

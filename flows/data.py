@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from rich.console import Console
 from rich.table import Table
@@ -44,6 +44,7 @@ from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfi
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json
 from lmforge.flows.prefect_home import api_for_children
+from lmforge.flows.workspace_flow import workspace_flow
 
 console = Console(stderr=True)
 
@@ -181,7 +182,7 @@ def task_runner(data: DataConfig) -> Any:
                                           "dashboard_address": None, "silence_logs": 40})
 
 
-@flow(name="data", log_prints=True)
+@workspace_flow(name="data", log_prints=True)
 def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None = None) -> dict[str, Any]:
     """Ingest, validate, clean, dedup, split, featurize, tokenize per shard; publish datasets/<version>; set LATEST."""
     cfg = as_config(cfg)
@@ -191,7 +192,7 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
         return inner(cfg, replay=replay)
 
 
-@flow(name="data-stage", log_prints=True)
+@workspace_flow(name="data-stage", log_prints=True)
 def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[str, Any]:
     data = cfg.data
     ws = Workspace.from_env().ensure()

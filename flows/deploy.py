@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
@@ -22,6 +22,7 @@ from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace
 from lmforge.deploy.server import ServerInfo
 from lmforge.deploy.service import deploy_version, ensure_server, resolve_model
+from lmforge.flows.workspace_flow import workspace_flow
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
@@ -46,7 +47,7 @@ def rollout_task(ws: Workspace, cfg: DeployConfig, info: ServerInfo, registry_mo
     return {"ok": result.ok, "serving": result.serving, "reason": result.reason, "seconds": result.seconds}
 
 
-@flow(name="deploy", log_prints=True)
+@workspace_flow(name="deploy", log_prints=True)
 def deploy_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     cfg = as_config(cfg)
     d = cfg.deploy

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
@@ -33,6 +33,7 @@ from lmforge.components.registry import current, download_model, gate, register_
 from lmforge.components.registry.gate import CHAMPION
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file
+from lmforge.flows.workspace_flow import workspace_flow
 
 
 @task(name="evaluate-model", cache_policy=NO_CACHE, persist_result=False)
@@ -84,7 +85,7 @@ def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str
                                f"{dataset_version} at context {result['info']['context_length']}", holder)
 
 
-@flow(name="evaluate", log_prints=True)
+@workspace_flow(name="evaluate", log_prints=True)
 def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Evaluate ws.latest_run() on ws.latest_dataset(), register, gate. Returns {"version", "decision", "summary"}."""
     cfg = as_config(cfg)

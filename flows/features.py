@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
@@ -29,6 +29,7 @@ from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.vectors.index import close_clients, index_dataset
 from lmforge.components.workspace import Workspace
+from lmforge.flows.workspace_flow import workspace_flow
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
@@ -71,7 +72,7 @@ def index_task(ws: Workspace, cfg: VectorsConfig, version: str) -> dict[str, Any
     return report
 
 
-@flow(name="features", log_prints=True)
+@workspace_flow(name="features", log_prints=True)
 def features_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Apply, materialise and select (Feast); index and report near-duplicates (Qdrant); on the latest dataset."""
     cfg = as_config(cfg)

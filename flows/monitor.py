@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.states import Cancelled
 
@@ -33,6 +33,7 @@ from lmforge.components.sections.monitoring import MonitoringConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, atomic_write_text, sha256_tree
 from lmforge.flows.lateness import too_late
+from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.assess import Assessment, assess
 from lmforge.monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
 from lmforge.monitoring.report import write_report
@@ -219,7 +220,7 @@ def _log_mlflow(ws: Workspace, summary: dict[str, Any], report_dir: Path) -> str
         return run.info.run_id
 
 
-@flow(name="monitor", log_prints=True)
+@workspace_flow(name="monitor", log_prints=True)
 def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: float | None = None,
                  now: datetime | None = None) -> Any:
     """Profiles, drift, report; on drift outside the cool-down, retraining. Returns {"decision", "report", "summary"}."""

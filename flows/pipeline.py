@@ -22,12 +22,12 @@ import json
 import time
 from typing import Any
 
-from prefect import flow
 from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.workspace import Workspace
 from lmforge.flows.lateness import too_late
+from lmforge.flows.workspace_flow import workspace_flow
 
 # name -> "module:flow"; a stage is present when its module is.
 STAGES: dict[str, str] = {
@@ -50,7 +50,7 @@ def stage_flow(name: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-@flow(name="pipeline", log_prints=True)
+@workspace_flow(name="pipeline", log_prints=True)
 def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
                   max_lateness_minutes: float | None = None) -> Any:
     """Run every available stage in order; return per-stage summaries and wall times.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+import warnings
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -103,6 +104,10 @@ def apply(mode: PrefectMode, environ: MutableMapping[str, str] | None = None) ->
     env = os.environ if environ is None else environ
     for key, value in {**DEFAULTS, **mode.env}.items():
         env.setdefault(key, value)
+    if mode.embedded and environ is None:
+        # `import prefect` tries to make PREFECT_HOME without its parents and warns when the workspace
+        # is not there yet; `prepare` makes it before any run (the CLI, flows.workspace_flow).
+        warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
 
 
 def prepare(mode: PrefectMode) -> None:

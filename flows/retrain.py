@@ -30,11 +30,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
 
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace, atomic_write_text
+from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.trigger import append_record
 
 LOCK_FILE = "retrain.lock"
@@ -111,7 +111,7 @@ def _record(ws: Workspace, result: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@flow(name="retrain", log_prints=True)
+@workspace_flow(name="retrain", log_prints=True)
 def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual") -> dict[str, Any]:
     """Data (with the new domain), train, evaluate + gate, compress, deploy; {"outcome", "serving", "reason", ...}."""
     from lmforge.components.registry import current

@@ -18,7 +18,7 @@ import json
 import shutil
 from typing import Any
 
-from prefect import flow, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -33,6 +33,7 @@ from lmforge.components.training.report import loss_curve_png, read_steps
 from lmforge.components.training.strategies import applied
 from lmforge.components.workspace import Workspace, atomic_write_json, sha256_file
 from lmforge.flows import quiet
+from lmforge.flows.workspace_flow import workspace_flow
 
 console = Console(stderr=True)
 RUN_FILE = "run.json"
@@ -90,7 +91,7 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
     return {"seconds": result.seconds, "backend": result.backend, "steps_logged": len(result.events)}
 
 
-@flow(name="train", log_prints=True)
+@workspace_flow(name="train", log_prints=True)
 def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) -> dict[str, Any]:
     cfg = as_config(cfg)
     ws = Workspace.from_env().ensure()

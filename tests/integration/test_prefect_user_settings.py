@@ -66,3 +66,21 @@ def test_an_active_profile_or_home_is_respected_and_only_then_embedded(tmp_path)
 
     assert choose(ws, {**env, "PREFECT_HOME": str(tmp_path / "mine")}).kind == "home"
     assert choose(ws, {**env, "PREFECT_API_URL": "http://x/api"}).kind == "api_url"
+
+
+def test_a_flow_called_from_python_in_an_empty_folder_makes_its_embedded_home(tmp_path):
+    """No Prefect set up and no .lmforge yet: the flow creates <workspace>/prefect before Prefect's server needs it."""
+    cwd = tmp_path / "empty"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LMFORGE_"))}
+    env.update(HOME=str(tmp_path / "home"))
+    script = ("from lmforge.flows.workspace_flow import workspace_flow\n"
+              "@workspace_flow(name='probe')\n"
+              "def probe(x: int) -> int:\n"
+              "    return x + 1\n"
+              "print('result', probe(41))\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "result 42" in r.stdout
+    assert (cwd / ".lmforge" / "prefect" / "prefect.db").is_file()
+    assert "Failed to create the Prefect home" not in r.stderr
