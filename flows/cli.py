@@ -92,11 +92,10 @@ def load(config: Path | None, overrides: list[str] | None) -> Any:
 
 
 def start_work(ws: Workspace) -> None:
-    """Create the workspace and the embedded Prefect home (if that is the Prefect in use), and say which Prefect."""
-    from lmforge.flows import PREFECT, prefect_home
+    """Create the workspace and say which Prefect (the flow call creates the embedded Prefect home: workspace_flow)."""
+    from lmforge.flows import PREFECT
 
     ws.ensure()
-    prefect_home.prepare(PREFECT)
     quiet.quiet_prefect_console()
     err_console.print(f"[dim]{PREFECT.describe()}[/dim]", highlight=False)
 

@@ -106,7 +106,7 @@ def apply(mode: PrefectMode, environ: MutableMapping[str, str] | None = None) ->
         env.setdefault(key, value)
     if mode.embedded and environ is None:
         # `import prefect` tries to make PREFECT_HOME without its parents and warns when the workspace
-        # is not there yet; `prepare` makes it before any run (the CLI, flows.workspace_flow).
+        # is not there yet; `prepare` makes it before any run (flows.workspace_flow).
         warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
 
 
