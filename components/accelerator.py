@@ -9,8 +9,9 @@
 Every stage that puts tensors on a device (training ranks, evaluation, compression fine-tuning,
 distillation) takes it from here, so placement is decided in one place.
 
-`precision = "auto"` picks bf16 only where it is really faster: on CUDA where
-`torch.cuda.is_bf16_supported()`; on CPU by timing bf16 against fp32 matmuls on one core (a CPU
+`precision = "auto"` picks bf16 only where it is really faster: on CUDA where the GPU has native
+bf16 (`torch.cuda.is_bf16_supported(including_emulation=False)`: compute capability 8.0 or
+later; a V100 or T4 only emulates it); on CPU by timing bf16 against fp32 matmuls on one core (a CPU
 without AVX512-BF16/AMX runs bf16 5-30x slower than fp32, one with them ~2-4x faster). The probe
 runs once per machine (again while the last one came from a busy machine) and is cached in
 `machine_cache()` (~/.cache/lmforge, or $LMFORGE_CACHE_DIR), keyed by the CPU, its flags,
@@ -109,15 +110,31 @@ def choose_precision(requested: str, device: torch.device | str | None = None) -
     if requested != "auto":
         raise UserError("precision", requested, "is not a precision", "Use auto, bf16 or fp32")
     if device.type == "cuda":
-        ok = bool(torch.cuda.is_bf16_supported())
+        # Native bf16 only: the default (including_emulation=True) is also True on a V100 or T4
+        # (compute capability 7.x), where bf16 tensors can be made but their matmuls are emulated
+        # and slower than fp32.
+        ok = bool(torch.cuda.is_bf16_supported(including_emulation=False))
         name = torch.cuda.get_device_name(device)
-        return Precision("bf16" if ok else "fp32", f"torch.cuda.is_bf16_supported() is {ok} on {name}")
+        why = (f"native bf16 (compute capability {_capability(device)})" if ok else
+               f"compute capability {_capability(device)} < 8.0: "
+               + ("bf16 is emulated there, slower than fp32" if torch.cuda.is_bf16_supported() else "no bf16 there"))
+        return Precision("bf16" if ok else "fp32",
+                         f"torch.cuda.is_bf16_supported() is {ok} on {name} with including_emulation=False: {why}")
     probe = cpu_bf16_probe()
     ratio = probe["bf16_flops"] / max(probe["fp32_flops"], 1.0)
     name = "bf16" if ratio >= BF16_MIN_SPEEDUP else "fp32"
     flags = ", ".join(f"{f}: {'yes' if f in probe['flags'] else 'no'}" for f in ("avx512_bf16", "amx_bf16"))
     return Precision(name, f"bf16 matmul {probe['bf16_flops'] / 1e9:.1f} vs fp32 {probe['fp32_flops'] / 1e9:.1f} GFLOP/s "
                            f"on one core of this CPU ({ratio:.2f}x; {flags}; {'cached' if probe['cached'] else 'measured now'})")
+
+
+def _capability(device: torch.device) -> str:
+    """The compute capability of a CUDA device as "8.0", for a reason string ("unknown" when it cannot be read)."""
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+    except (RuntimeError, AssertionError, ValueError):  # no driver, or a build without CUDA: only the text suffers
+        return "unknown"
+    return f"{major}.{minor}"
 
 
 # --- the per-machine cache ------------------------------------------------------------------
