@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 bootstrap: .venv/.bootstrapped
 
 demo: .venv/.bootstrapped
-	$(PY) -m lmforge.flows.cli run all --config $(CONFIG)
+	$(PY) -m lmforge.cli run all --config $(CONFIG)
 
 test: .venv/.bootstrapped
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -42,7 +42,7 @@ def time_demo(config: Path) -> dict:
 def _stop_servers(home: str) -> None:
     """The demo leaves Triton serving; stop it so the next measurement has the cores."""
     env = dict(os.environ, LMFORGE_HOME=home)
-    subprocess.run([sys.executable, "-m", "lmforge.flows.cli", "deploy", "stop"], cwd=REPO, env=env, capture_output=True)
+    subprocess.run([sys.executable, "-m", "lmforge.cli", "deploy", "stop"], cwd=REPO, env=env, capture_output=True)
 
 
 def _run_pipeline(config: Path, *, plain: bool) -> float:

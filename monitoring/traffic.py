@@ -8,7 +8,7 @@ In-distribution prompts are held-out standard-library signatures (the dataset's 
 split: modules training never saw, same kind of text). Shifted prompts mix three kinds
 in equal parts: signatures of third-party packages from site-packages (different naming
 and argument styles, longer), truncated signatures, and noisy ones with a share of
-characters replaced by rare symbols. `send(prompt)` is one request; flows/commands/
+characters replaced by rare symbols. `send(prompt)` is one request; cli/commands/
 monitor.py passes deploy/client.py's `generate` against the running Triton server, so
 the demo traffic lands in the request log exactly as real traffic does.
 """

@@ -40,7 +40,7 @@ fi
 
 pip_quiet() { "$@" --quiet --disable-pip-version-check; }
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.flows.cli' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.cli.cli' 2>/dev/null; then
     echo "bootstrap: building .venv (torch $TORCH_VERSION first, then lmforge) ..."
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
     pip_quiet .venv/bin/python -m pip install --upgrade pip

@@ -16,7 +16,7 @@ def test_evaluate_flow_registers_gates_and_reports(workspace, tiny_model_dir, ti
     from mlflow import MlflowClient
 
     from lmforge.components.registry import current
-    from lmforge.flows.commands.registry import app
+    from lmforge.cli.commands.registry import app
     from lmforge.flows.evaluate import evaluate_flow
 
     version = make_eval_dataset(workspace, per_module=8)

@@ -99,7 +99,7 @@ def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
 
     from typer.testing import CliRunner
 
-    from lmforge.flows.commands.monitor import app
+    from lmforge.cli.commands.monitor import app
 
     out = CliRunner().invoke(app, ["report"])
     assert out.exit_code == 0, out.output

@@ -33,7 +33,7 @@ def test_run_data_reports_to_the_users_server(prefect_server, tmp_path):
     env.update(PREFECT_API_URL=prefect_server.api_url, HOME=str(tmp_path / "home"))
     since = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
 
-    r = subprocess.run([sys.executable, "-m", "lmforge.flows.cli", "run", "data", "--config", "tiny"], cwd=cwd, env=env,
+    r = subprocess.run([sys.executable, "-m", "lmforge.cli", "run", "data", "--config", "tiny"], cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"prefect: server {prefect_server.api_url} (PREFECT_API_URL)" in " ".join(r.stderr.split())

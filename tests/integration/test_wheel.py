@@ -53,7 +53,7 @@ def installed(wheel, tmp_path_factory) -> Path:
 def test_the_wheel_carries_configs_feature_repo_and_prefect_yaml(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in ("lmforge/configs/demo.toml", "lmforge/configs/tiny.toml", "lmforge/feature_repo/feature_store.yaml",
-                 "lmforge/feature_repo/feature_definitions.py", "lmforge/flows/prefect.yaml", "lmforge/flows/cli.py"):
+                 "lmforge/feature_repo/feature_definitions.py", "lmforge/flows/prefect.yaml", "lmforge/cli/cli.py"):
         assert path in names, path
     assert not [n for n in names if n.split("/")[0] in ("components", "flows", "deploy", "monitoring")]
     prefect_yaml = zipfile.ZipFile(wheel).read("lmforge/flows/prefect.yaml").decode()
@@ -67,7 +67,7 @@ def test_lmforge_run_data_from_an_empty_folder(installed, tmp_path):
     env["HOME"] = str(tmp_path / "home")   # no Prefect profile of the user's: the embedded home in ./.lmforge
     python, lmforge = installed / "bin" / "python", installed / "bin" / "lmforge"
 
-    where = subprocess.run([str(python), "-c", "import lmforge.flows.cli, lmforge.configs as c; print(c.__file__)"],
+    where = subprocess.run([str(python), "-c", "import lmforge.cli.cli, lmforge.configs as c; print(c.__file__)"],
                            cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
     assert where.startswith(str(installed)), f"lmforge imported from {where}, not from the installed wheel"
 

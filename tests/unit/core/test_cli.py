@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 def lmforge(*args, env_home, cwd=None, **env):
     full_env = {**os.environ, "LMFORGE_HOME": str(env_home), **env}
-    return subprocess.run([sys.executable, "-m", "lmforge.flows.cli", *args], cwd=cwd or REPO, env=full_env,
+    return subprocess.run([sys.executable, "-m", "lmforge.cli", *args], cwd=cwd or REPO, env=full_env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -78,7 +78,7 @@ def test_help_lists_the_choices_and_every_option_has_help(tmp_path):
 def test_every_option_of_every_command_has_help_text():
     import typer.main
 
-    from lmforge.flows import cli
+    from lmforge.cli import cli
 
     cli._mount_groups()
     root = typer.main.get_command(cli.app)
@@ -96,14 +96,14 @@ def test_every_option_of_every_command_has_help_text():
 
 
 def test_stage_choices_match_the_pipeline():
-    from lmforge.flows.cli import STAGE_NAMES
+    from lmforge.cli.cli import STAGE_NAMES
     from lmforge.flows.pipeline import STAGES
 
     assert list(STAGE_NAMES) == list(STAGES)
 
 
 def test_new_command_modules_are_mounted_without_a_list():
-    from lmforge.flows.cli import command_modules
+    from lmforge.cli.cli import command_modules
 
     names = command_modules()
     assert {"plan", "prefect", "registry", "serve", "monitor"} <= set(names)
@@ -122,7 +122,7 @@ def test_help_and_status_write_nothing_to_the_current_folder(tmp_path):
     cwd = tmp_path / "empty"
     cwd.mkdir()
     for args in (["--help"], ["status"], ["prefect", "status"], ["plan", "--model", "1b"]):
-        r = subprocess.run([sys.executable, "-m", "lmforge.flows.cli", *args], cwd=cwd, env=env,
+        r = subprocess.run([sys.executable, "-m", "lmforge.cli", *args], cwd=cwd, env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, (args, r.stderr)
         assert list(cwd.iterdir()) == [], (args, list(cwd.iterdir()))

@@ -17,7 +17,7 @@ import pytest
 
 def lmforge_json(ws, *args: str) -> object:
     env = {**os.environ, "LMFORGE_HOME": str(ws.root), "COLUMNS": "80"}
-    r = subprocess.run([sys.executable, "-m", "lmforge.flows.cli", *args, "--json"], cwd=ws.root, env=env,
+    r = subprocess.run([sys.executable, "-m", "lmforge.cli", *args, "--json"], cwd=ws.root, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (args, r.stderr[-2000:])
     return json.loads(r.stdout)   # the whole of stdout: one document, nothing before or after it

@@ -2,7 +2,7 @@
 
 from lmforge.components.config import load_config
 from lmforge.flows.pipeline import missing_model
-from lmforge.flows.summary import headline
+from lmforge.cli.summary import headline
 
 
 def test_compress_and_deploy_skip_without_a_champion(workspace, tiny_config):

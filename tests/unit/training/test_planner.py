@@ -45,7 +45,7 @@ def test_parse_size():
 def test_plan_command_prints_the_table_and_json():
     import typer
 
-    from lmforge.flows.commands.plan import register
+    from lmforge.cli.commands.plan import register
 
     app = typer.Typer()
     register(app)

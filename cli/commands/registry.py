@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.table import Table
 
 from lmforge.components.workspace import Workspace
-from lmforge.flows.output import emit_json
-from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
 console = Console()

@@ -21,8 +21,8 @@ from rich.console import Console
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
-from lmforge.flows.output import emit_json, json_mode
-from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Data stage tools: replay fixed quarantined records.")
 err = Console(stderr=True)
@@ -59,7 +59,7 @@ def replay(
         raise UserError("quarantine file", path, "holds no entries", "Nothing to replay")
     cfg = load_config(config, set_ or [])
     check_source(cfg.data.source)
-    from lmforge.flows.cli import WorkFailed, one_line, start_work
+    from lmforge.cli.cli import WorkFailed, one_line, start_work
 
     ws = Workspace.from_env()
     start_work(ws)

@@ -18,8 +18,8 @@ from rich.console import Console
 
 from lmforge.components.workspace import Workspace
 from lmforge.flows import prefect_home, prefect_local
-from lmforge.flows.output import emit_json, json_mode
-from lmforge.flows.commands import JsonOpt
+from lmforge.cli.output import emit_json, json_mode
+from lmforge.cli.commands import JsonOpt
 
 app = typer.Typer(no_args_is_help=True, help="A local Prefect server, deployments and a worker, on loopback.")
 console = Console()

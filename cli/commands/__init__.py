@@ -1,6 +1,6 @@
-"""CLI command groups, one module each; `flows/cli.py` mounts them. The options they share live here.
+"""CLI command groups, one module each; `cli/cli.py` mounts them. The options they share live here.
 
-    from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
+    from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 """
 
 from __future__ import annotations

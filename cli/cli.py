@@ -9,11 +9,11 @@ Conventions, for every command:
 - errors go to stderr as one line, `error: ...`; `--debug`, anywhere on the line, adds the traceback;
 - exit codes: 0 ok, 1 the work failed, 2 a usage or configuration error (a bad option,
   config value or input: anything a UserError names before the work starts);
-- `--json` prints one JSON document and nothing else on stdout (flows/output.py);
+- `--json` prints one JSON document and nothing else on stdout (cli/output.py);
 - quiet by default (flows/quiet.py); `-v`/`--verbose`, anywhere on the line, lets
   third-party progress bars, warnings and the training ranks' output through.
 
-Command groups live in flows/commands/<name>.py, each exposing `app` (a typer.Typer,
+Command groups live in cli/commands/<name>.py, each exposing `app` (a typer.Typer,
 mounted as `lmforge <name> ...`) or `register(app)` (adds top-level commands). Every
 module there whose name does not start with "_" is mounted.
 """
@@ -36,8 +36,8 @@ from rich.console import Console
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
 from lmforge.flows import quiet
-from lmforge.flows.output import emit_json, json_mode
-from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 console = Console()
 err_console = Console(stderr=True)
@@ -118,7 +118,7 @@ def run(
     ws = Workspace.from_env()
     start_work(ws)
     from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
-    from lmforge.flows.summary import headline, print_run_summary
+    from lmforge.cli.summary import headline, print_run_summary
 
     if stage != "all" and stage not in available_stages():
         raise UserError("stage", stage, "is not installed here", f"Choose one of: {', '.join(available_stages())}, all")
@@ -142,7 +142,7 @@ def run(
 @app.command()
 def status(as_json: JsonOpt = False) -> None:
     """What the workspace holds: datasets, training runs, models and aliases, deployments."""
-    from lmforge.flows.status import render_status, status_dict
+    from lmforge.cli.status import render_status, status_dict
 
     ws = Workspace.from_env()
     if as_json:
@@ -177,15 +177,15 @@ def ui_prefect(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 42
 
 
 def command_modules() -> list[str]:
-    """The modules under flows/commands/ to mount, by name (those not starting with "_")."""
-    from lmforge.flows import commands
+    """The modules under cli/commands/ to mount, by name (those not starting with "_")."""
+    from lmforge.cli import commands
 
     return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
 
 
 def _mount_groups() -> None:
     for name in command_modules():
-        module = importlib.import_module(f"lmforge.flows.commands.{name}")
+        module = importlib.import_module(f"lmforge.cli.commands.{name}")
         if hasattr(module, "register"):
             module.register(app)
         elif hasattr(module, "app"):

@@ -7,7 +7,7 @@
     else:
         console.print(...)
 
-Errors are not written here: flows/cli.py prints them on stderr as one line.
+Errors are not written here: cli/cli.py prints them on stderr as one line.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import typer
 from rich.console import Console
 
 from lmforge.components.workspace import Workspace
-from lmforge.flows.output import emit_json
-from lmforge.flows.commands import ConfigOpt, SetOpt
+from lmforge.cli.output import emit_json
+from lmforge.cli.commands import ConfigOpt, SetOpt
 
 err = Console(stderr=True)
 
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         """Remove dataset versions (and their step folders, feature files, collections) nothing refers to."""
         from lmforge.components.config import load_config
         from lmforge.components.data.retention import gc_plan, referenced_versions, remove
-        from lmforge.flows.cli import WorkFailed
+        from lmforge.cli.cli import WorkFailed
 
         cfg = load_config(config, set_ or [])
         ws = Workspace.from_env()

@@ -24,8 +24,8 @@ from rich.console import Console
 
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
-from lmforge.flows.output import emit_json, json_mode
-from lmforge.flows.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 console = Console()
 err_console = Console(stderr=True)

@@ -19,7 +19,7 @@ from rich.table import Table
 from lmforge.components.sections.training import PRESETS, ModelConfig
 from lmforge.components.training.model import param_count
 from lmforge.components.training.planner import PlanInput, make_plan, parse_size, shape_for
-from lmforge.flows.output import emit_json
+from lmforge.cli.output import emit_json
 
 console = Console()
 
