@@ -129,7 +129,7 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
 
         info["mlflow_run_id"] = meta["mlflow_run_id"] = run.info.run_id
         atomic_write_json(run_file, info)
-        attempt = job.launch.request["attempt"]
+        attempt = job.launch.request.attempt
         if attempt == 0:
             mlflow.log_params({k: str(v)[:500] for k, v in _flat("", tc.model_dump(mode="json"), {}).items()})
             mlflow.log_dict(cfg.model_dump(mode="json"), "config/resolved_config.json")

@@ -30,6 +30,7 @@ from lmforge.components.training.launcher import LaunchRequest
 from lmforge.components.training.layout import Layout, check_layout, world_size_of
 from lmforge.components.training.model import load_tokenizer
 from lmforge.components.training.perf import Peak, device_peak
+from lmforge.components.training.protocol import REQUEST_GLOB, RankHardware, RankRequest
 from lmforge.components.training.strategies import deepspeed_config
 
 
@@ -56,10 +57,14 @@ class Hardware:
     peak: Peak                   # of one device: one GPU, or the whole CPU
     compile: bool
 
+    def for_rank(self) -> RankHardware:
+        """The part of the request the ranks read (flat and JSON-able)."""
+        return RankHardware(device=self.device, device_name=self.device_name, gpus=self.gpus,  # type: ignore[arg-type]
+                            precision=self.precision.name, precision_reason=self.precision.reason,  # type: ignore[arg-type]
+                            peak_flops_per_device=self.peak.flops, peak_source=self.peak.source, compile=self.compile)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "device_name": self.device_name, "gpus": list(self.gpus),
-                "precision": self.precision.name, "precision_reason": self.precision.reason,
-                "peak_flops_per_device": self.peak.flops, "peak_source": self.peak.source, "compile": self.compile}
+        return self.for_rank().model_dump(mode="json")
 
     def summary(self) -> str:
         where = f"{self.device_name} (GPUs {','.join(self.gpus)})" if self.gpus else self.device_name
@@ -102,7 +107,7 @@ def training_hardware(cfg: TrainingConfig) -> Hardware:
 
 
 def next_attempt(run_dir: Path) -> int:
-    found = [int(m.group(1)) for p in Path(run_dir).glob("request-*.json") if (m := re.match(r"request-(\d+)\.json$", p.name))]
+    found = [int(m.group(1)) for p in Path(run_dir).glob(REQUEST_GLOB) if (m := re.match(r"request-(\d+)\.json$", p.name))]
     return max(found, default=-1) + 1
 
 
@@ -128,9 +133,9 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
             raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
                             "Raise training.max_steps to train further")
     ds = deepspeed_config(cfg, layout, device=hardware.device)
-    request = {"training": cfg.model_dump(mode="json"), "layout": layout.to_dict(), "ds_config": ds,
-               "run_dir": str(run_dir), "shards": str(shards), "tokenizer": str(tokenizer), "resume": resume,
-               "meta": meta, "attempt": next_attempt(run_dir), "hardware": hardware.to_dict()}
+    request = RankRequest(training=cfg, layout=layout, ds_config=ds, run_dir=Path(run_dir), shards=Path(shards),
+                          tokenizer=Path(tokenizer), resume=resume, meta=meta, attempt=next_attempt(run_dir),
+                          hardware=hardware.for_rank())
     req = LaunchRequest(run_dir=Path(run_dir), request=request, num_ranks=cfg.num_ranks, hostfile=cfg.hostfile,
                         master_port=cfg.master_port, timeout_s=timeout_s, gpus=hardware.gpus)
     return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware)

@@ -1,6 +1,6 @@
 """Run the `deepspeed` launcher as a subprocess: N local ranks, rank-prefixed output, failures named.
 
-    result = launch(LaunchRequest(run_dir=..., request={...}, num_ranks=2),
+    result = launch(LaunchRequest(run_dir=..., request=RankRequest(...), num_ranks=2),
                     on_line=lambda rank, line: print(f"[rank{rank}] {line}"),
                     on_event=lambda ev: print(ev["step"], ev["loss"]))
     result.events          # the step events rank 0 emitted, in order
@@ -10,7 +10,8 @@ runs on both; on CUDA the ranks go to the GPUs named in `gpus` (`--include local
 hostfile is passed through for multi-node. Each rank writes its own log
 (`--enable_each_rank_log`); they are tailed and streamed with a rank prefix. When a rank
 fails, LaunchFailed carries that rank's last lines; a UserError raised inside a rank
-(say, a truncated checkpoint) comes back as the same UserError.
+(say, a truncated checkpoint) comes back as the same UserError. What the ranks read and print
+back is fixed in components/training/protocol.py, which both sides import.
 """
 
 from __future__ import annotations
@@ -33,14 +34,9 @@ from lmforge.components import supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.training.ops import load_ops
-from lmforge.components.workspace import atomic_write_json
+from lmforge.components.training.protocol import (EVENT_PREFIX, SUPERVISOR_ENV, USER_ERROR_PREFIX, RankRequest, request_file,
+                                                  write_request)
 
-EVENT_PREFIX = "LMFORGE_EVENT "
-USER_ERROR_PREFIX = "LMFORGE_USER_ERROR "
-# "host:pid" of the process that launched training. The deepspeed runner lives in its own
-# session (so that a failure can kill its whole group); if the launching process is killed
-# outright (SIGKILL, OOM), nothing would stop the ranks, so each rank watches it instead.
-SUPERVISOR_ENV = "LMFORGE_SUPERVISOR"
 _RANK_LOG = re.compile(r"_rank(\d+)\.log$")
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"
                         r"wait timeout|Timed out|SIGTERM|KeyboardInterrupt", re.IGNORECASE)
@@ -57,7 +53,7 @@ class LaunchFailed(RuntimeError):
 @dataclass(frozen=True)
 class LaunchRequest:
     run_dir: Path
-    request: dict[str, Any]          # what components.training.rank reads (config, layout, paths)
+    request: RankRequest             # what components.training.rank reads (components/training/protocol.py)
     num_ranks: int = 2
     hostfile: str | None = None
     gpus: tuple[str, ...] = ()       # physical GPU ids to run on (one rank each); empty = CPU ranks
@@ -136,10 +132,10 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
            on_event: Callable[[dict[str, Any]], None] | None = None) -> LaunchResult:
     """Run the job to the end; raise LaunchFailed (or a rank's UserError) when it fails."""
     run_dir = Path(req.run_dir).resolve()  # the ranks run with it as their working folder
-    attempt = int(req.request.get("attempt", 0))
+    attempt = req.request.attempt
     log_dir = run_dir / "logs" / f"attempt-{attempt}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    request_path = atomic_write_json(run_dir / f"request-{attempt}.json", req.request)
+    request_path = write_request(run_dir / request_file(attempt), req.request)
     port = req.master_port or free_port()
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(threads_per_rank(req.num_ranks)), PYTHONUNBUFFERED="1",
@@ -159,7 +155,7 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
             user_errors.append(json.loads(line[len(USER_ERROR_PREFIX):]))
         lines_out(rank, line)
 
-    load_ops(req.request["ds_config"], device=req.request["hardware"]["device"])
+    load_ops(req.request.ds_config, device=req.request.hardware.device)
     start = time.perf_counter()
     # Its own session, so that stopping it reaches every rank; the ranks watch it in turn (watch_supervisor).
     launcher = supervisor.start(command(req, request_path, log_dir, port), log=log_dir / "launcher.log", env=env,
@@ -240,25 +236,3 @@ def _failed_rank(tails: list[_Tail]) -> tuple[int | None, list[str]]:
     if silent and len(silent) < len(tails):
         return silent[0].rank, list(silent[0].last)
     return (None, list(tails[0].last)) if tails else (None, [])
-
-
-def watch_supervisor(*, interval_s: float = 2.0) -> None:
-    """Rank side: exit when the local process that launched training is gone, instead of training on as an orphan."""
-    host, _, pid = os.environ.get(SUPERVISOR_ENV, "").partition(":")
-    if not pid or host != socket.gethostname():
-        return  # launched by hand, or a rank on another node
-
-    def watch() -> None:
-        while True:
-            time.sleep(interval_s)
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                print(f"launching process {pid} is gone; stopping this rank", file=sys.stderr, flush=True)
-                os._exit(143)
-            except PermissionError:
-                pass
-
-    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
-
-

@@ -9,15 +9,20 @@ worse, accept and run wrongly) is refused here with the rule it broke and a fix.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from lmforge.components.errors import UserError
 from lmforge.components.sections.training import TrainingConfig
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(BaseModel):
+    """A pydantic model, not a dataclass, because it also crosses into the ranks inside the
+    request (components/training/protocol.py), where an unknown or missing field must fail."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     world_size: int
     dp: int
     pp: int
@@ -30,7 +35,7 @@ class Layout:
     bf16: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
 
 def world_size_of(cfg: TrainingConfig) -> int:

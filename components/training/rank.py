@@ -2,9 +2,9 @@
 
     deepspeed --num_gpus 2 --module --no_local_rank lmforge.components.training.rank --request runs/r1/request.json
 
-The request (written by components/training/launcher.py) holds the training section, the
-generated DeepSpeed config, the layout and the paths. Rank 0 appends one JSON line per
-logged step to <run>/metrics.jsonl and prints it after EVENT_PREFIX for the launcher's
+The request (a RankRequest, components/training/protocol.py, written by the launcher) holds
+the training section, the generated DeepSpeed config, the layout and the paths. Rank 0 appends
+one JSON line per logged step to <run>/metrics.jsonl and prints it after EVENT_PREFIX for the launcher's
 progress bar. Every `save_every` steps all ranks save a checkpoint, and rank 0 marks it
 complete only after a barrier. At the end every rank takes part in the export.
 
@@ -28,7 +28,9 @@ from typing import Any
 import torch
 
 from lmforge.components.errors import UserError
-from lmforge.components.training.launcher import EVENT_PREFIX, USER_ERROR_PREFIX, watch_supervisor
+from lmforge.components.training.layout import Layout
+from lmforge.components.training.protocol import (EVENT_PREFIX, METRICS_FILE, USER_ERROR_PREFIX, RankRequest, read_request,
+                                                  watch_supervisor)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -40,7 +42,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def _emit(run_dir: Path, event: dict[str, Any]) -> None:
-    with open(run_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+    with open(run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(event) + "\n")
     print(EVENT_PREFIX + json.dumps(event), flush=True)
 
@@ -136,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     watch_supervisor()
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    req = json.loads(args.request.read_text())
-    hw = req["hardware"]
+    req = read_request(args.request)
+    hw = req.hardware
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)  # host-side work; on CPU ranks x threads = cores
@@ -146,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from lmforge.components.accelerator import to_device
-    from lmforge.components.sections.training import TrainingConfig
     from lmforge.components.training import checkpoint as ckpt
     from lmforge.components.training.data import TokenWindows
     from lmforge.components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
@@ -155,11 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
     from lmforge.components.training.strategies import for_deepspeed
 
-    cfg = TrainingConfig.model_validate(req["training"])
-    layout, ds_config = req["layout"], req["ds_config"]
-    run_dir, ckpt_dir = Path(req["run_dir"]), Path(req["run_dir"]) / "checkpoints"
-    pp, bf16 = layout["pp"], layout["bf16"]
-    if hw["device"] == "cuda":
+    cfg, layout, ds_config = req.training, req.layout, req.ds_config
+    run_dir, ckpt_dir = req.run_dir, req.run_dir / "checkpoints"
+    pp, bf16 = layout.pp, layout.bf16
+    if hw.device == "cuda":
         # Before the process group: NCCL, all_gather_object and every default-device tensor use this GPU.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if not bf16:
@@ -172,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     (run_dir / "ranks").mkdir(parents=True, exist_ok=True)
     (run_dir / "ranks" / f"rank{rank}.pid").write_text(str(os.getpid()))
 
-    tokenizer = load_tokenizer(Path(req["tokenizer"]))
-    windows = TokenWindows.open(Path(req["shards"]), seq_len=cfg.seq_len, seed=cfg.seed)
-    zero3 = layout["zero_stage"] == 3 and pp == 1
+    tokenizer = load_tokenizer(req.tokenizer)
+    windows = TokenWindows.open(req.shards, seq_len=cfg.seq_len, seed=cfg.seed)
+    zero3 = layout.zero_stage == 3 and pp == 1
     model = build_model(cfg.model, tokenizer, seq_len=cfg.seq_len, seed=cfg.seed,
                         zero3_config=for_deepspeed(ds_config) if zero3 else None)
     n_params = count_params(model)
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         net = model
     engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
                                            config=for_deepspeed(ds_config))
-    if hw["compile"]:
+    if hw.compile:
         engine.compile()
     if pp > 1:
         dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         from deepspeed.utils import groups
 
         dp_rank, dp_size = groups._get_data_parallel_rank(), groups._get_data_parallel_world_size()
-    assert dp_size == layout["dp"], (dp_size, layout)
+    assert dp_size == layout.dp, (dp_size, layout)
     device = engine.device
     comms = DeviceCollectives(device, world=world)
     idle = IdleClock.attach(engine) if pp > 1 else None
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
               f"engine {t_engine - t_init:.1f}s", flush=True)
 
     start = 0
-    if req["resume"]:
+    if req.resume:
         step, folder = ckpt.latest_complete(ckpt_dir)
         _, client = engine.load_checkpoint(str(ckpt_dir), tag=folder.name)
         assert client is not None and client["step"] == step, (client, step)
@@ -216,16 +216,16 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     # Measured (or looked up) once before the ranks started: see components/training/perf.py.
-    peak = hw["peak_flops_per_device"] * devices_in_job(hw["device"], world)
+    peak = hw.peak_flops_per_device * devices_in_job(hw.device, world)
     flops_per_token = train_flops_per_token(cfg.model, vocab_size=len(tokenizer), seq_len=cfg.seq_len)
-    tokens_per_step = layout["global_batch"] * cfg.seq_len
+    tokens_per_step = layout.global_batch * cfg.seq_len
     if rank == 0:
-        print(f"model {n_params / 1e6:.2f}M params; layout {json.dumps(layout)}; {hw['device']} {hw['precision']} "
-              f"({hw['precision_reason']}); peak {peak / 1e9:.0f} GFLOP/s ({hw['peak_source']}); "
-              f"compile {'on' if hw['compile'] else 'off'}", flush=True)
+        print(f"model {n_params / 1e6:.2f}M params; layout {layout.model_dump_json()}; {hw.device} {hw.precision} "
+              f"({hw.precision_reason}); peak {peak / 1e9:.0f} GFLOP/s ({hw.peak_source}); "
+              f"compile {'on' if hw.compile else 'off'}", flush=True)
 
     def place(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        mbs = windows.micro_batches(step, dp_rank=dp_rank, dp_size=dp_size, micro=layout["micro"], accum=layout["accum"])
+        mbs = windows.micro_batches(step, dp_rank=dp_rank, dp_size=dp_size, micro=layout.micro, accum=layout.accum)
         return [(to_device(x, device), to_device(y, device)) for x, y in mbs]
 
     loss_val = float("nan")
@@ -275,17 +275,17 @@ def main(argv: list[str] | None = None) -> int:
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=flops_per_token, peak_flops=peak),
                                 "peak_flops": peak, "flops_per_token": flops_per_token,
-                                "memory": per_rank, "attempt": req["attempt"], "max_steps": cfg.max_steps})
+                                "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps})
         elif idle is not None:
             idle.idle_fraction(step_s)
         if done % cfg.save_every == 0 or done == cfg.max_steps:
             rngs = comms.gather_objects(rng_state())
             tag = ckpt.tag_for(done)
             engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False,
-                                   client_state={"step": done, "data_position": done * layout["global_batch"], "rng": rngs})
+                                   client_state={"step": done, "data_position": done * layout.global_batch, "rng": rngs})
             comms.barrier()
             if rank == 0:
-                ckpt.mark_complete(ckpt_dir, tag, step=done, world_size=world, extra={"layout": layout})
+                ckpt.mark_complete(ckpt_dir, tag, step=done, world_size=world, extra={"layout": layout.to_dict()})
                 ckpt.prune(ckpt_dir, keep=cfg.keep_checkpoints)
             comms.barrier()
             window_t0 = time.perf_counter()  # a save is not training time
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _export(engine: Any, req: dict[str, Any], layout: dict[str, Any], tokenizer: Any, cfg: Any, windows: Any,
+def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: Any, windows: Any,
             dtype: torch.dtype, final_loss: float, peak: float, n_params: int) -> None:
     import torch.distributed as dist
     from safetensors.torch import save_file
@@ -304,9 +304,9 @@ def _export(engine: Any, req: dict[str, Any], layout: dict[str, Any], tokenizer:
     from lmforge.components.training.model import llama_config
 
     rank = dist.get_rank()
-    run_dir = Path(req["run_dir"])
+    run_dir = req.run_dir
     probe = windows.batch(windows.window_ids(0, 2))[0]
-    if layout["pp"] == 1:
+    if layout.pp == 1:
         # The engine's own logits on a fixed batch, so a test can check the export reproduces them.
         engine.eval()
         with torch.no_grad():
@@ -314,11 +314,11 @@ def _export(engine: Any, req: dict[str, Any], layout: dict[str, Any], tokenizer:
         engine.train()
         if rank == 0:
             save_file({"input_ids": probe, "logits": logits.contiguous()}, str(run_dir / "probe.safetensors"))
-    state = gather_hf_state(engine, zero_stage=layout["zero_stage"], tp=layout["tp"], pp=layout["pp"])
+    state = gather_hf_state(engine, zero_stage=layout.zero_stage, tp=layout.tp, pp=layout.pp)
     if rank == 0:
         assert state is not None
-        meta = {**req["meta"], "steps": cfg.max_steps, "final_loss": final_loss, "params": n_params,
-                "dtype": str(dtype).removeprefix("torch."), "layout": layout, "peak_flops": peak}
+        meta = {**req.meta, "steps": cfg.max_steps, "final_loss": final_loss, "params": n_params,
+                "dtype": str(dtype).removeprefix("torch."), "layout": layout.to_dict(), "peak_flops": peak}
         write_export(run_dir / "export", state, llama_config(cfg.model, tokenizer, seq_len=cfg.seq_len, dtype=dtype),
                      tokenizer, dtype=dtype, meta=meta)
         print(f"exported {run_dir / 'export'}", flush=True)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 RANK = """
 import time
-from lmforge.components.training.launcher import watch_supervisor
+from lmforge.components.training.protocol import watch_supervisor
 watch_supervisor(interval_s=0.2)
 time.sleep(60)
 """
@@ -44,8 +44,8 @@ time.sleep(60)
 
 
 def test_a_rank_on_another_host_does_not_watch(monkeypatch):
-    from lmforge.components.training import launcher
+    from lmforge.components.training import protocol
 
-    monkeypatch.setenv(launcher.SUPERVISOR_ENV, f"not-{socket.gethostname()}:1")
-    launcher.watch_supervisor()
+    monkeypatch.setenv(protocol.SUPERVISOR_ENV, f"not-{socket.gethostname()}:1")
+    protocol.watch_supervisor()
     assert not any(t.name == "supervisor-watch" for t in threading.enumerate())
