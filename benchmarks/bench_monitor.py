@@ -92,7 +92,7 @@ def serving_features(train_texts: list[str], vocab: int, min_count: int):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
-    from lmforge.flows.monitor import serving_featurizer
+    from lmforge.monitoring.served import serving_featurizer
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(train_texts, vocab_size=vocab, min_frequency=2,

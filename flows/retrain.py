@@ -33,6 +33,7 @@ from typing import Any
 
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
+from lmforge.components.registry.gate import PRODUCTION
 from lmforge.components.workspace import Workspace, atomic_write_text
 from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.trigger import append_record
@@ -123,13 +124,13 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
     with retrain_lock(ws) as holder:
         if holder is not None:
             return _record(ws, {"at": started, "trigger": reason, "outcome": BUSY, "reason": holder,
-                                "serving": current(ws, name, "production"), "stages": {}})
+                                "serving": current(ws, name, PRODUCTION), "stages": {}})
         stages: dict[str, Any] = {}
         try:
             return _record(ws, _lifecycle(ws, cfg, reason, started, stages))
         except BaseException as e:   # the old version still serves; say which stage failed and why, then re-raise
             _record(ws, {"at": started, "trigger": reason, "outcome": FAILED, "stages": stages,
-                         "serving": current(ws, name, "production"),
+                         "serving": current(ws, name, PRODUCTION),
                          "reason": f"{next(iter(STAGES[len(stages):]), 'retrain')} failed: {type(e).__name__}: {e}"})
             raise
 
@@ -137,7 +138,7 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
 def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, stages: dict[str, Any]) -> dict[str, Any]:
     from lmforge.components.registry import current
     from lmforge.deploy.rollout import RolloutRefused
-    from lmforge.flows.monitor import served_model
+    from lmforge.monitoring.served import served_model
     from lmforge.flows.pipeline import stage_flow
 
     name = cfg.registry.model_name
@@ -154,7 +155,7 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
     result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
               "stages": stages}
     if not decision["promote"]:
-        result.update(outcome=REFUSED, serving=current(ws, name, "production"),
+        result.update(outcome=REFUSED, serving=current(ws, name, PRODUCTION),
                       reason=f"gate: {decision['reason']}")
     else:
         stages["compress"] = stage_flow("compress")(run_cfg).get("summary")
@@ -163,6 +164,6 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
             result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
         except RolloutRefused as e:
             result.update(outcome=REFUSED, reason=f"rollout: {e}")
-        result["serving"] = current(ws, name, "production")
+        result["serving"] = current(ws, name, PRODUCTION)
     print(f"retrain: {result['outcome']}: v{result['serving']} serves; {result['reason']}")
     return result

@@ -31,6 +31,7 @@ from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
 CHALLENGER, CHAMPION = "challenger", "champion"
+PRODUCTION = "production"   # moved by deploy once a version serves and validates (deploy/service.py)
 SHOWN = ("bpc", "unigram_bpc", "perplexity", "rougeL", "bleu", "exact_match", "tokens_per_s")
 
 

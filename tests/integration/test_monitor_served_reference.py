@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_tokenizer_change_alone_raises_no_drift_alarm(workspace, tiny_model_dir, tmp_path):
-    from lmforge.flows.monitor import monitor_flow, serving_featurizer
+    from lmforge.flows.monitor import monitor_flow
+    from lmforge.monitoring.served import serving_featurizer
     from lmforge.monitoring.assess import assess
     from lmforge.monitoring.profiles import build_reference, reference_rows, save_reference
 

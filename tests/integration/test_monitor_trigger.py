@@ -64,7 +64,8 @@ def deployment_runs(deployment_id: str) -> list:
 
 def test_drift_triggers_one_deployment_run_and_the_cool_down_holds_the_next(
         prefect_server, workspace, tiny_model_dir, tmp_path):
-    from lmforge.flows.monitor import monitor_flow, serving_featurizer
+    from lmforge.flows.monitor import monitor_flow
+    from lmforge.monitoring.served import serving_featurizer
 
     version = make_dataset(workspace, tiny_model_dir)
     assert serve(workspace, tiny_model_dir, version, model_name="lmforge-tiny") == "1"   # the rows' version

@@ -16,7 +16,7 @@ from tests.unit.monitoring.dataset import make_dataset
 class MonitorData:
     ws: Workspace           # holds the dataset; tests write their request logs elsewhere
     version: str
-    featurize: Any          # flows.monitor.serving_featurizer over the dataset's tokenizer and rare ids
+    featurize: Any          # monitoring.served.serving_featurizer over the dataset's tokenizer and rare ids
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def monitor_data(tmp_path_factory, tiny_model_dir) -> MonitorData:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LMFORGE_HOME", str(root))   # importing flows/ points Prefect at this workspace
         from lmforge.deploy.repository import rare_token_ids
-        from lmforge.flows.monitor import serving_featurizer
+        from lmforge.monitoring.served import serving_featurizer
 
         ws = Workspace(root).ensure()
         version = make_dataset(ws, tiny_model_dir)
