@@ -29,6 +29,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.workspace import atomic_file
 
 FORMATS = ("jsonl", "csv", "parquet", "txt", "docstring", "py")
+CR_OUTSIDE_QUOTES = "a carriage return (\\r) outside quotes, and rows end at \\n only: quote the cell that holds it, or remove it"
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,11 @@ def fields_bytes(fields: dict[str, Any]) -> bytes:
 
 
 def csv_row_bytes(row: list[str]) -> bytes:
+    """One CSV row without its line end. csv quotes a cell holding a character of the line terminator, so
+    "\\r\\n" makes it quote a cell with a bare \\r as well as one with \\n: unquoted, it would not read back."""
     buf = io.StringIO()
-    csv.writer(buf, lineterminator="\n").writerow(row)
-    return buf.getvalue().rstrip("\n").encode("utf-8", "surrogateescape")
+    csv.writer(buf, lineterminator="\r\n").writerow(row)
+    return buf.getvalue().removesuffix("\r\n").encode("utf-8", "surrogateescape")
 
 
 def quarantine_entry(item: Any, reason: str, detail: str) -> Quarantined:
@@ -121,7 +124,7 @@ def write_quarantine(path: Path, entries: Iterable[Quarantined]) -> int:
 
 
 def iter_quarantine(path: Path) -> Iterator[Quarantined]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", newline="\n") as f:  # lines end at \n only, as the data stage wrote them
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -149,7 +152,10 @@ def replay_fields(q: Quarantined) -> bytes | dict[str, Any]:
             return data  # still not a JSON object: validation quarantines it again as invalid_json
     if q.format == "csv":
         header = list(q.meta.get("header", []))
-        (row,) = list(csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape")))) or [[]]
+        try:  # StringIO's lines end at \n only, as the reader's do
+            (row,) = list(csv.reader(io.StringIO(data.decode("utf-8", "surrogateescape")))) or [[]]
+        except csv.Error as e:
+            return {"__invalid__": CR_OUTSIDE_QUOTES if "new-line" in str(e) else f"not a CSV row ({e})"}
         fields: dict[str, Any] = dict(zip(header, row))
         if len(row) != len(header):
             fields["__columns__"] = (len(row), len(header))

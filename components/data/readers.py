@@ -8,11 +8,15 @@
 
 Every input unit becomes exactly one RawItem, good or bad: each JSONL line (a blank one
 too: it is judged `blank_line`), each CSV row (a row with more or fewer cells than the
-header is judged `column_count`), each Parquet row, each .txt file, each docstring of the
+header is judged `column_count`, a row with a \\r outside quotes `invalid_csv`), each Parquet row, each .txt file, each docstring of the
 built-in corpus and each .py file of it that cannot be parsed (`unparseable_file`). The
 `records_read` tally is counted from the input (newlines in the byte range, rows in the
 row groups, files in the list, CSV rows as the csv module parses them) so that
 `records in = clean + quarantined` can be checked.
+
+Records end at "\\n" only (a "\\r" just before it is dropped): a bare "\\r", U+2028 or any other
+character that str.splitlines() cuts at stays inside its record, so that the count of newlines
+the plan makes and the records the reader yields always agree.
 
 JSONL is cut at newlines into byte ranges of about `shard_mb`; CSV likewise, but only at a
 newline outside quotes (an even number of `"` before it: a quoted cell may hold a newline,
@@ -25,14 +29,14 @@ other cores wait.
 from __future__ import annotations
 
 import csv
-import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from lmforge.components.data.ingest import (JSONL_SUFFIXES, RawItem, check_source, corpus_files, extract_file)
-from lmforge.components.data.quarantine import csv_row_bytes, fields_bytes, iter_quarantine, raw_bytes, replay_fields
+from lmforge.components.data.quarantine import (CR_OUTSIDE_QUOTES, csv_row_bytes, fields_bytes, iter_quarantine, raw_bytes,
+                                                replay_fields)
 from lmforge.components.sections.data import DataConfig
 
 
@@ -165,9 +169,14 @@ def _read_jsonl(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) ->
     with open(path, "rb") as f:
         f.seek(spec["start"])
         data = f.read(spec["end"] - spec["start"])
-    tally["records_read"] += data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
-    for n, line in enumerate(data.splitlines(keepends=False) if data else [], spec["first_line"]):
-        line = line.rstrip(b"\r")
+    # split at b"\n" only, as the plan counted: bytes.splitlines() also cuts at a bare \r, which a bad
+    # record may hold, and the counts would no longer reconcile
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the range ends with a newline (or is empty): nothing after it
+        lines.pop()
+    tally["records_read"] += len(lines)
+    for n, line in enumerate(lines, spec["first_line"]):
+        line = line[:-1] if line.endswith(b"\r") else line  # a CRLF line end; further \r are the record's
         error = ("blank_line", "a blank line holds no record") if not line.strip() else None
         yield RawItem(f"{name}:{n}", line, mtime, source=name, line=n, format="jsonl", raw=line, error=error)
 
@@ -181,16 +190,48 @@ def _read_csv(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> I
         f.seek(spec["start"])
         data = f.read(spec["end"] - spec["start"])
     # surrogateescape keeps undecodable bytes as lone surrogates, which validation reports as invalid_utf8
-    with io.StringIO(data.decode("utf-8", "surrogateescape"), newline="") as text:
-        reader = csv.reader(text)
-        for row in reader:
+    text = data.decode("utf-8", "surrogateescape")
+    read: list[str] = []  # the lines the current row was parsed from
+    reader = csv.reader(_tracked(_newline_lines(text), read))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:  # a \r outside quotes: csv would end a row there, the plan did not
+            detail = CR_OUTSIDE_QUOTES if "new-line" in str(e) else f"not a CSV row ({e})"
             tally["records_read"] += 1
             n = spec["first_line"] - 1 + reader.line_num
-            error = None
-            if len(row) != len(header):
-                error = ("column_count", f"{len(row)} cells under a header of {len(header)} columns")
-            yield RawItem(f"{name}:{n}", dict(zip(header, row)), mtime, source=name, line=n, format="csv",
-                          raw=csv_row_bytes(row), meta={"header": header}, error=error)
+            raw = "".join(read).removesuffix("\n").removesuffix("\r").encode("utf-8", "surrogateescape")
+            read.clear()
+            yield RawItem(f"{name}:{n}", {}, mtime, source=name, line=n, format="csv", raw=raw, meta={"header": header},
+                          error=("invalid_csv", detail))
+            continue
+        read.clear()
+        tally["records_read"] += 1
+        n = spec["first_line"] - 1 + reader.line_num
+        error = None
+        if len(row) != len(header):
+            error = ("column_count", f"{len(row)} cells under a header of {len(header)} columns")
+        yield RawItem(f"{name}:{n}", dict(zip(header, row)), mtime, source=name, line=n, format="csv",
+                      raw=csv_row_bytes(row), meta={"header": header}, error=error)
+
+
+def _newline_lines(text: str) -> Iterator[str]:
+    """The lines of `text` ended by "\\n" only (kept). csv's own line splitting (a file opened with newline="")
+    also ends a line at a bare \\r, so a quoted \\r would throw `line_num` off the plan's count of newlines."""
+    start = 0
+    while (end := text.find("\n", start)) != -1:
+        yield text[start:end + 1]
+        start = end + 1
+    if start < len(text):
+        yield text[start:]
+
+
+def _tracked(lines: Iterator[str], read: list[str]) -> Iterator[str]:
+    for line in lines:
+        read.append(line)
+        yield line
 
 
 def _read_parquet(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -> Iterator[RawItem]:
@@ -257,6 +298,8 @@ def _read_replay(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -
         if q.format == "csv" and "__columns__" in payload:
             got, want = payload.pop("__columns__")
             error = ("column_count", f"{got} cells under a header of {want} columns")
+        if q.format == "csv" and "__invalid__" in payload:
+            error = ("invalid_csv", payload.pop("__invalid__"))
         if q.format == "txt":
             v = cfg.validation
             rel = q.source

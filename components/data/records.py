@@ -89,5 +89,5 @@ def read_records(path: Any) -> list[Record]:
     """The records of a dataset's records/<split>.jsonl."""
     import json
 
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", newline="\n") as f:  # one record a \n-ended line, whatever else it holds
         return [Record.from_dict(json.loads(line)) for line in f if line.strip()]

@@ -50,6 +50,12 @@ def sample_key(seed: int, origin: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}\x1f{origin}".encode("utf-8", "surrogatepass")).digest()[:8], "little")
 
 
+def record_line(r: dict[str, Any]) -> str:
+    """A record as one JSONL line. U+2028 and U+2029 are escaped, as json escapes \\r: a consumer that splits the
+    file with str.splitlines() still sees one record a line (the JSON text and its value are unchanged)."""
+    return json.dumps(r, ensure_ascii=False, sort_keys=True).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
 def ref(out: Path, files: list[str], **extra: Any) -> dict[str, Any]:
     return {"dir": str(out), "files": {f: sha256_file(Path(out) / f) for f in files}, **extra}
 
@@ -136,8 +142,7 @@ def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str
         pq.write_table(feats, tmp / "features.parquet")
         for s in SPLITS:
             with open(tmp / f"records-{s}.jsonl", "wb") as f:
-                f.writelines((json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
-                             for r, a in zip(records, split) if a == s)
+                f.writelines((record_line(r) + "\n").encode("utf-8") for r, a in zip(records, split) if a == s)
             flat, lengths = encode_flat(tok, [t for t, a in zip(text_list, split) if a == s], dtype)
             np.save(tmp / f"tokens-{s}.npy", flat)
             np.save(tmp / f"lengths-{s}.npy", lengths)

@@ -8,7 +8,8 @@
     judge(item, cfg.validation)   # one item: a Record, or a Quarantined entry (no duplicate_id check)
 
 Reason codes: invalid_utf8, invalid_json, control_chars, empty, too_long, missing_field,
-wrong_type, duplicate_id, and from the readers blank_line, column_count, unparseable_file.
+wrong_type, duplicate_id, and from the readers blank_line, column_count, invalid_csv (a \\r outside
+quotes in a CSV row), unparseable_file.
 Records in = clean + quarantined, always.
 """
 
@@ -27,7 +28,7 @@ from lmforge.components.data.records import Record, first_sentence, stable_id
 from lmforge.components.sections.data import ValidationConfig
 
 REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id",
-           "blank_line", "column_count", "unparseable_file")
+           "blank_line", "column_count", "invalid_csv", "unparseable_file")
 
 # C0/C1 controls except tab, newline, carriage return and form feed (which source code uses as a page break)
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
