@@ -104,7 +104,18 @@ def param_count(cfg: ModelConfig, *, vocab_size: int) -> int:
 
 
 def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) -> float:
-    """Forward + backward FLOPs per token: 6N for the weights plus the attention scores (PaLM appendix B)."""
+    """Forward + backward FLOPs per token: 6N for the weights plus the attention scores (PaLM appendix B).
+
+    N counts every weight that takes part in a matmul: the decoder layers and the output head,
+    not the embedding (a lookup). The head is counted also when it shares its weight with the
+    embedding: sharing saves memory, not the 2·hidden·vocab multiply-adds per token of the
+    logits, forward and twice in backward (6·hidden·vocab in all). The attention term is
+    12·layers·hidden·seq_len: QKᵀ and AV over the full seq_len × seq_len matrix, forward plus
+    twice that in backward, with no saving for the causal half.
+    """
     s = cfg.sizes()
-    n = param_count(cfg, vocab_size=vocab_size) - vocab_size * s["hidden_size"]  # the embedding lookup is no matmul
-    return 6.0 * n + 12.0 * s["num_layers"] * s["hidden_size"] * seq_len
+    h = s["hidden_size"]
+    n = param_count(cfg, vocab_size=vocab_size) - vocab_size * h  # the embedding lookup is no matmul
+    if cfg.tie_embeddings:
+        n += vocab_size * h  # param_count counts a shared weight once; the head's matmul runs anyway
+    return 6.0 * n + 12.0 * s["num_layers"] * h * seq_len

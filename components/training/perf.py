@@ -1,14 +1,14 @@
 """The peak FLOP/s a run's MFU is measured against, and the MFU itself (never above 1).
 
     peak = device_peak("bf16", torch.device("cuda"))   # Peak(flops=9.89e14, source="datasheet: NVIDIA H100 SXM, dense bf16")
-    peak = device_peak("fp32", torch.device("cpu"))    # Peak(flops=2.0e11, source="measured: best fp32 GEMM up to 512^2, one core x 2 cores, ...")
+    peak = device_peak("fp32", torch.device("cpu"))    # Peak(flops=2.0e11, source="measured: best fp32 GEMM up to 512^2, one core x 2 physical cores, ...")
     mfu(tokens_per_s=9000, flops_per_token=3.2e7, peak_flops=peak.flops)   # raises MfuAboveOne above 1
 
 For a GPU in the datasheet table the peak is NVIDIA's dense (non-sparse) figure for the
 precision in use; fp32 on CUDA runs its matmuls as TF32 (the rank turns it on), so it is
 measured against the TF32 figure. Any other device gets a GEMM peak measured once per machine
 before ranks start and cached (components/accelerator.py): an unknown GPU's best large GEMM;
-a CPU's best single-core GEMM times its cores. A measured figure is a lower bound of the true
+a CPU's best single-core GEMM times its physical cores. A measured figure is a lower bound of the true
 peak, so the cache keeps the best one seen and a measurement taken while the machine was busy
 is taken again next time.
 """
@@ -40,6 +40,9 @@ DATASHEET: list[tuple[str, str, dict[str, float]]] = [
     (r"\bA10\b", "NVIDIA A10", {"bf16": 125 * T, "tf32": 62.5 * T, "fp32": 31.2 * T}),
 ]
 _SIZES = (512, 1024, 2048, 4096, 8192)
+# v3: the CPU figure counts physical cores; v2 entries counted SMT siblings too, and since the
+# cache keeps the best figure seen, an old over-count would otherwise be kept for ever.
+_CACHE_VERSION = "peak-v3"
 
 
 @dataclass(frozen=True)
@@ -77,18 +80,35 @@ def device_peak(precision: str, device: torch.device | str) -> Peak:
     return measured_peak(key, device)
 
 
+def physical_cores() -> tuple[int, str]:
+    """(cores, what they are) for the CPU peak: physical cores, not logical CPUs.
+
+    SMT siblings share one core's FMA units, so two threads on one core do not double its GEMM
+    rate: a peak of one thread's rate x logical CPUs is up to twice too high, and the MFU half
+    of the truth. psutil cannot always tell (some containers and VMs hide the topology and it
+    returns None); then the logical count is the best figure there is, and the source says so.
+    """
+    import psutil
+
+    physical = psutil.cpu_count(logical=False)
+    if physical:
+        return physical, "physical cores"
+    return os.cpu_count() or 1, "logical CPUs (physical cores unknown)"
+
+
 def measured_peak(precision: str, device: torch.device, *, seconds_per_size: float = 0.25, max_matmul_s: float = 0.1) -> Peak:
     """The best GEMM FLOP/s over growing square sizes (until one matmul takes `max_matmul_s`), cached per machine.
 
-    On a CPU: one core's best, times the cores. A matmul of a few milliseconds on one thread
+    On a CPU: one core's best, times the physical cores (physical_cores). A matmul of a few milliseconds on one thread
     fits in a scheduler time slice, so the best of many is what the core does when it runs,
     however busy the machine; an all-thread GEMM on a shared machine reads far lower than the
     ranks (one thread each) reach, and the MFU then exceeds 1.
     """
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    entry = f"peak-v2:{device.type}:{name}:{precision}"
+    entry = f"{_CACHE_VERSION}:{device.type}:{name}:{precision}"
     cached = cache_get(entry)
-    cores = os.cpu_count() or 1
+    cores, what = physical_cores()
+    logical = os.cpu_count() or 1
     if cached is not None and cached["quiet"]:
         return Peak(cached["flops"], cached["source"] + " (cached)")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -110,14 +130,14 @@ def measured_peak(precision: str, device: torch.device, *, seconds_per_size: flo
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
     if device.type == "cpu":
         best *= cores
-        where = f"one core x {cores} cores"
+        where = f"one core x {cores} {what}"
     else:
         where = name
     source = f"measured: best {precision} GEMM up to {best_n}^2, {where}, {time.strftime('%Y-%m-%d')}"
     if cached is not None and cached["flops"] >= best:
         best, source = cached["flops"], cached["source"]
     # A figure taken while other work shared the cores may be low; measure again next time.
-    quiet = device.type != "cpu" or load < cores / 2
+    quiet = device.type != "cpu" or load < logical / 2  # the load average counts runnable threads over logical CPUs
     cache_put(entry, {"flops": best, "source": source, "quiet": quiet, "load_avg": load})
     return Peak(best, source)
 

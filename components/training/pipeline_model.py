@@ -108,6 +108,12 @@ class IdleClock:
     backward work: 1 - (forward + backward) / (step time - optimizer and gradient reduction).
     Waits at the end of the step (a later stage finishing its last backward) count, which is
     why this does not time the send/receive instructions alone.
+
+    On CUDA the clock waits for the device (torch.cuda.synchronize on the engine's device)
+    before each reading: kernels run asynchronously, so without it an instruction's time would
+    be the time to launch its kernels, and the compute would look near zero and the idle
+    fraction near one. The syncs cost a little overlap between instructions; on the CPU,
+    where every op is done when it returns, there is nothing to wait for and none is made.
     """
 
     def __init__(self) -> None:
@@ -121,16 +127,23 @@ class IdleClock:
         from deepspeed.runtime.pipe import schedule
 
         clock = cls()
+        device = torch.device(engine.device)
+
+        def now() -> float:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # the queued kernels finish first: see the docstring
+            return time.perf_counter()
+
         compute = (schedule.ForwardPass, schedule.BackwardPass)
         outside = (schedule.OptimizerStep, schedule.ReduceGrads, schedule.ReduceTiedGrads)
 
         def timed(fn: Any, bucket: str) -> Any:
             def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
+                t0 = now()  # work queued before this instruction is not its time
                 try:
                     return fn(self, *args, **kwargs)
                 finally:
-                    setattr(clock, bucket, getattr(clock, bucket) + time.perf_counter() - t0)
+                    setattr(clock, bucket, getattr(clock, bucket) + now() - t0)
             return run
 
         table = {}

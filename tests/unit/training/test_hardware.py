@@ -8,7 +8,6 @@ No GPU is needed: CUDA is faked where a decision depends on it, and the engine's
 from __future__ import annotations
 
 import ast
-import os
 import inspect
 from pathlib import Path
 
@@ -102,7 +101,7 @@ def test_measured_peak_is_cached_when_quiet_and_keeps_the_best(monkeypatch):
     calls = fake_rates(monkeypatch, {torch.float32: 100e9})
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (99.0, 0, 0))  # busy: measured, not trusted
     first = perf.measured_peak("fp32", torch.device("cpu"))
-    cores = os.cpu_count() or 1
+    cores, _ = perf.physical_cores()
     assert first.flops == 100e9 * cores and first.source.startswith("measured: best fp32 GEMM")
     fake_rates(monkeypatch, {torch.float32: 60e9})  # a slower, busier second look never lowers the peak
     monkeypatch.setattr(perf.os, "getloadavg", lambda: (0.0, 0, 0))
@@ -262,7 +261,7 @@ def test_training_hardware_on_cpu(monkeypatch):
     fake_rates(monkeypatch, {torch.bfloat16: 1e9, torch.float32: 40e9})  # no native bf16
     hw = training_hardware(TrainingConfig())
     assert (hw.device, hw.gpus, hw.precision.name, hw.compile) == ("cpu", (), "fp32", False)
-    assert hw.peak.flops == 40e9 * (os.cpu_count() or 1) and hw.peak.source.startswith("measured: best fp32 GEMM")
+    assert hw.peak.flops == 40e9 * perf.physical_cores()[0] and hw.peak.source.startswith("measured: best fp32 GEMM")
     d = hw.to_dict()
     assert d["precision_reason"] == hw.precision.reason and d["peak_flops_per_device"] == hw.peak.flops
     assert training_hardware(TrainingConfig(compile=True)).compile is True
