@@ -4,10 +4,17 @@
     choice = choose_precision("auto", dev)         # Precision(name="fp32", reason="bf16 matmul 16.8 vs fp32 85.7 GFLOP/s ...")
     with autocast(dev, choice): loss = model(...)  # bf16 autocast only when the choice is bf16
     x = to_device(x, dev)                          # pinned + non-blocking on CUDA, a no-op on CPU
+    where = runnable_device(model)                 # DeviceChoice(cpu, "quantized::linear_dynamic is CPU-only") for int8
     gpus = visible_gpus()                          # ["0", "1"]: the GPUs this process may use
 
 Every stage that puts tensors on a device (training ranks, evaluation, compression fine-tuning,
 distillation) takes it from here, so placement is decided in one place.
+
+A model goes where its kernels exist: `runnable_device(model, wanted)` is `wanted` (default: the
+host's pick) unless the model holds modules whose kernels are CPU-only, torch's quantized layers
+(an int8 variant's dynamic `Linear` runs `quantized::linear_dynamic`, fbgemm/qnnpack, CPU only);
+then it is the CPU, with that reason. deploy/processing.py carries a copy of `cpu_only_kernels`
+for the Triton model, which cannot import lmforge (a test keeps the two the same).
 
 `precision = "auto"` picks bf16 only where it is really faster: on CUDA where the GPU has native
 bf16 (`torch.cuda.is_bf16_supported(including_emulation=False)`: compute capability 8.0 or
@@ -84,6 +91,75 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 def model_device(model: torch.nn.Module) -> torch.device:
     p = next(model.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    device: torch.device
+    reason: str          # one line: why this device
+    fallback: bool       # True when the model's kernels overrode the device that was wanted
+
+    @property
+    def label(self) -> str:
+        """The device, with the reason when the model forced the CPU: cpu (quantized::linear_dynamic is CPU-only)."""
+        return f"{self.device} ({self.reason})" if self.fallback else str(self.device)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": str(self.device), "reason": self.reason, "fallback": self.fallback}
+
+
+def cpu_only_kernels(model: Any) -> list[str]:
+    """What in `model` has CPU kernels only, e.g. ["quantized::linear_dynamic"]; [] when it runs anywhere.
+
+    Decided by what the modules are, not by trying: torch's quantized modules (torch.ao.nn.quantized,
+    dynamic included, and their fused and sparse kin) dispatch to fbgemm/qnnpack, which exist for the
+    CPU only; so do quantized packed params and quantized tensors held anywhere else. QAT, quantizable
+    and reference modules compute in float and run anywhere. Standard library only (no torch import):
+    deploy/processing.py holds a copy of this function for the Triton model.
+    """
+    cpu_only = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.", "torch.ao.nn.sparse.quantized.",
+                "torch.nn.quantized.", "torch.nn.intrinsic.quantized.")
+    anywhere = ("torch.ao.nn.quantized.reference.", "torch.nn.quantized._reference.")
+    found: list[str] = []
+
+    def add(kernel: str) -> None:
+        if kernel not in found:
+            found.append(kernel)
+
+    for module in model.modules():
+        cls = type(module)
+        path = cls.__module__ + "."
+        if path.startswith(cpu_only) and not path.startswith(anywhere):
+            if cls.__name__.endswith("PackedParams"):
+                continue  # the weights of the quantized layer that holds them, named already
+            if cls.__name__ == "Linear":
+                add("quantized::linear_dynamic" if ".dynamic." in path else "quantized::linear")
+            else:
+                add(f"quantized {cls.__name__} ({cls.__module__})")
+            continue
+        for key, value in vars(module).items():  # packed params a custom module holds itself
+            kind = value._type().qualified_name() if type(value).__name__ == "ScriptObject" else ""
+            if ".quantized." in kind:
+                add(f"quantized packed params ({cls.__name__}.{key}: {kind.rsplit('.', 1)[-1]})")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if getattr(tensor, "is_quantized", False):
+            add(f"quantized {tensor.dtype} tensors ({name})")
+    return found
+
+
+def runnable_device(model: torch.nn.Module, wanted: torch.device | str | None = None) -> DeviceChoice:
+    """Where `model` can run: `wanted` (default: `pick_device()`), or the CPU when its kernels exist there only."""
+    if wanted is None:
+        device = pick_device()
+        why = "CUDA is available" if device.type == "cuda" else "no CUDA device"
+    else:
+        device, why = torch.device(wanted), "as asked"
+    if device.type != "cpu":
+        kernels = cpu_only_kernels(model)
+        if kernels:
+            return DeviceChoice(torch.device("cpu"), f"{', '.join(kernels)} {'is' if len(kernels) == 1 else 'are'} "
+                                                     f"CPU-only", True)
+    return DeviceChoice(device, why, False)
 
 
 @contextlib.contextmanager

@@ -9,8 +9,9 @@ container's on GPUs):
     outputs  SUMMARY, COMPLETION, TOKEN_IDS [n,1] BYTES; OUTPUT_TOKENS [n,1] INT32; MEAN_LOGPROB,
              FIRST_TOKEN_MS, DECODE_MS [n,1] FP32
 
-The model loads with modelload.load_model (an int8 or low-rank variant as what it is) and
-generates with generation.generate: the prompt template, eos prefix, greedy decoding and
+The model loads with modelload.load_model (an int8 or low-rank variant as what it is), goes
+to the instance's GPU unless its kernels are CPU-only (processing.serving_device: an int8
+variant stays on the CPU, and the server log says why), and generates with generation.generate: the prompt template, eos prefix, greedy decoding and
 stopping rule that evaluation scores and the MLflow pyfunc runs. TOKEN_IDS holds the
 generated ids, space-separated. Triton hands `execute` every request of a dynamic batch;
 their valid rows are generated together, and each request gets exactly one response:
@@ -51,8 +52,14 @@ class TritonPythonModel:
         folder = os.path.join(here, "model")
         self.tok = modelload.load_tokenizer(folder)
         self.model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
-        if args["model_instance_kind"] == "GPU" and torch.cuda.is_available():
-            self.model = self.model.to(torch.device(f"cuda:{args['model_instance_device_id']}"))
+        # A GPU instance of an int8 variant keeps it on the CPU: torch's quantized::linear_dynamic has
+        # CPU kernels only (processing.serving_device, a copy of lmforge's accelerator.runnable_device check).
+        device, why = processing.serving_device(self.model, args["model_instance_kind"],
+                                                args["model_instance_device_id"], torch.cuda.is_available())
+        if device != "cpu":
+            self.model = self.model.to(torch.device(device))
+        self.device = device
+        pb_utils.Logger.log_info(f"{self.name} v{self.version}: model on {device} ({why})")
         self.rare_ids = processing.load_rare_ids(here)
         log_dir = params.get("request_log", "")
         self.log = RequestLog(log_dir) if log_dir else None

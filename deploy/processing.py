@@ -6,6 +6,7 @@
     ids = check_tokens(tokenizer(text)["input_ids"], limits)
     rate = rare_token_rate(tokenizer(signature)["input_ids"], rare_ids, unk_id)
     summary = extract_summary(completion)                       # what is scored and returned
+    device, why = serving_device(model, "GPU", 0, torch.cuda.is_available())  # ("cpu", "quantized::... is CPU-only ...")
 
 The Triton model (deploy/model.py) runs inside the server's own Python, where lmforge
 is not installed: the repository builder copies this file, components/generation.py,
@@ -25,6 +26,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:
     from lmforge.components.data.records import extract_summary, generation_prompt
@@ -33,9 +35,9 @@ except ImportError:  # inside a Triton model version folder, beside copies of re
     from .generation import prompt_text  # type: ignore[no-redef]
     from .records import extract_summary, generation_prompt  # type: ignore[no-redef]
 
-__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "decode_prompt", "extract_summary",
-           "generation_prompt", "is_well_formed", "load_rare_ids", "parse_max_new_tokens", "rare_token_rate",
-           "VALIDATION_PROMPTS", "validation_prompts"]
+__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "cpu_only_kernels", "decode_prompt",
+           "extract_summary", "generation_prompt", "is_well_formed", "load_rare_ids", "parse_max_new_tokens",
+           "rare_token_rate", "serving_device", "VALIDATION_PROMPTS", "validation_prompts"]
 
 RARE_TOKENS_FILE = "rare_tokens.json"
 
@@ -163,3 +165,59 @@ def is_well_formed(result: dict) -> str | None:
 def validation_prompts(n: int) -> list[str]:
     """The first n fixed prompts, cycled when n exceeds the list."""
     return [VALIDATION_PROMPTS[i % len(VALIDATION_PROMPTS)] for i in range(n)]
+
+
+# --- where the served model runs ---------------------------------------------------------
+
+def cpu_only_kernels(model: Any) -> list[str]:
+    """What in `model` has CPU kernels only, e.g. ["quantized::linear_dynamic"]; [] when it runs anywhere.
+
+    A copy of components/accelerator.py's `cpu_only_kernels` (the Triton model cannot import
+    lmforge; tests/unit/deploy/test_model_device.py keeps the two the same): torch's quantized
+    modules dispatch to fbgemm/qnnpack, which exist for the CPU only.
+    """
+    cpu_only = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.", "torch.ao.nn.sparse.quantized.",
+                "torch.nn.quantized.", "torch.nn.intrinsic.quantized.")
+    anywhere = ("torch.ao.nn.quantized.reference.", "torch.nn.quantized._reference.")
+    found: list[str] = []
+
+    def add(kernel: str) -> None:
+        if kernel not in found:
+            found.append(kernel)
+
+    for module in model.modules():
+        cls = type(module)
+        path = cls.__module__ + "."
+        if path.startswith(cpu_only) and not path.startswith(anywhere):
+            if cls.__name__.endswith("PackedParams"):
+                continue  # the weights of the quantized layer that holds them, named already
+            if cls.__name__ == "Linear":
+                add("quantized::linear_dynamic" if ".dynamic." in path else "quantized::linear")
+            else:
+                add(f"quantized {cls.__name__} ({cls.__module__})")
+            continue
+        for key, value in vars(module).items():  # packed params a custom module holds itself
+            kind = value._type().qualified_name() if type(value).__name__ == "ScriptObject" else ""
+            if ".quantized." in kind:
+                add(f"quantized packed params ({cls.__name__}.{key}: {kind.rsplit('.', 1)[-1]})")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if getattr(tensor, "is_quantized", False):
+            add(f"quantized {tensor.dtype} tensors ({name})")
+    return found
+
+
+def serving_device(model: Any, instance_kind: str, device_id: int | str, cuda_available: bool) -> tuple[str, str]:
+    """("cuda:<id>" or "cpu", why) for a Triton model instance of `instance_kind` ("GPU" | "CPU").
+
+    A GPU instance runs a model whose kernels are CPU-only (an int8 variant) on the CPU: moved to
+    the GPU, its first request would fail in `quantized::linear_dynamic`.
+    """
+    if instance_kind != "GPU":
+        return "cpu", f"Triton instance kind {instance_kind}"
+    if not cuda_available:
+        return "cpu", "Triton instance kind GPU, but torch in this Python sees no CUDA device"
+    kernels = cpu_only_kernels(model)
+    if kernels:
+        return "cpu", (f"{', '.join(kernels)} {'is' if len(kernels) == 1 else 'are'} CPU-only: "
+                       f"this GPU instance (device {device_id}) runs the model on the CPU")
+    return f"cuda:{device_id}", f"Triton instance kind GPU, device {device_id}"

@@ -9,6 +9,11 @@ model `load_variant` rebuilds (int8 as int8, low-rank with its factors: the load
 Triton and the pyfunc run), and adds its size: params, bytes on disk, bytes of weights
 in memory. The parent is measured with this too, so every row of the trade-off
 table comes from the same code on the same machine within minutes.
+
+BPC is scored on the GPU when there is one, except for a model whose kernels are CPU-only
+(int8: `quantized::linear_dynamic`), which stays on the CPU; `device`, `device_reason` and
+`device_fallback` (the model's kernels overrode the GPU) say which and why
+(accelerator.runnable_device decides). Generation (tok/s, TTFT) runs on the CPU.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Any
 
+from lmforge.components.accelerator import runnable_device
 from lmforge.components.compression.variant import load_variant, variant_stats
 from lmforge.components.data.records import extract_summary, generation_prompt
 from lmforge.components.errors import UserError
@@ -29,7 +36,9 @@ from lmforge.components.modelload import load_tokenizer
 from lmforge.components.sections.evaluation import EvaluationConfig
 
 
-def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) -> dict[str, float]:
+def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) -> dict[str, Any]:
+    """The metrics (floats) plus `device` ("cuda" / "cpu"), `device_reason` and `device_fallback`: where BPC
+    was scored and why."""
     import torch
 
     started = time.perf_counter()
@@ -46,8 +55,9 @@ def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) 
         context = cfg.context_length or int(getattr(model.config, "max_position_embeddings", 512))
         rng = random.Random(cfg.seed)
         texts = [r.text for r in _sample(heldout, cfg.bpc_max_docs, rng)]
+        where = runnable_device(model)
         b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context,
-                               batch_size=cfg.bpc_batch_size)
+                               batch_size=cfg.bpc_batch_size, device=where.device)
         examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
         gens, wall = generate(model, tokenizer, [generation_prompt(r.signature) for r in examples],
                               max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
@@ -59,7 +69,8 @@ def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) 
     finally:
         torch.set_num_threads(old_threads)
     return {"bpc": b.bpc, "perplexity": b.perplexity, **scores.metrics(), **latency,
-            **{k: float(v) for k, v in stats.items()}, "eval_seconds": round(time.perf_counter() - started, 2)}
+            **{k: float(v) for k, v in stats.items()}, "eval_seconds": round(time.perf_counter() - started, 2),
+            "device": str(where.device), "device_reason": where.reason, "device_fallback": where.fallback}
 
 
 def _sample(records: list, n: int | None, rng: random.Random) -> list:

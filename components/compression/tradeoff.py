@@ -6,7 +6,9 @@
     tradeoff_chart(rows, out / "tradeoff.png")
 
 Each row: parameters, bytes on disk, weight bytes in memory, CPU generation tokens/s
-and TTFT, BPC, ROUGE-L and BLEU, with their change against the parent. A variant
+and TTFT, BPC, ROUGE-L and BLEU, with their change against the parent, and the device
+BPC was scored on, with the reason when the variant's kernels kept it off the GPU
+("cpu (quantized::linear_dynamic is CPU-only)"). A variant
 qualifies when its BPC rises by at most `max_bpc_increase` (relative) and its ROUGE-L
 falls by at most `max_rouge_l_drop` (absolute); the policy picks the qualifying variant
 with the fewest weight bytes in memory (what serving pays), provided it is smaller
@@ -26,14 +28,22 @@ PARENT = "parent"
 COLUMNS = [("variant", "variant"), ("technique", "technique"), ("params", "params"), ("disk_mb", "disk MB"),
            ("weight_mb", "weights MB"), ("tokens_per_s", "tok/s"), ("speedup", "speed x"), ("ttft_ms", "TTFT ms"),
            ("bpc", "BPC"), ("bpc_change_pct", "ΔBPC %"), ("rougeL", "ROUGE-L"), ("rougeL_change", "ΔROUGE-L"),
-           ("bleu", "BLEU"), ("bleu_change", "ΔBLEU"), ("qualifies", "within tolerance")]
+           ("bleu", "BLEU"), ("bleu_change", "ΔBLEU"), ("device", "BPC on"), ("qualifies", "within tolerance")]
 
 
 def _ratio(a: float, b: float) -> float:
     return a / b if b and math.isfinite(a) and math.isfinite(b) else math.nan
 
 
-def row(name: str, technique: str, m: Mapping[str, float], parent: Mapping[str, float], cfg: CompressionConfig) -> dict[str, Any]:
+def device_label(m: Mapping[str, Any]) -> str:
+    """The device BPC was scored on; with the reason when the model's kernels overrode the GPU
+    (`device_fallback`): cpu (quantized::linear_dynamic is CPU-only). "n/a" when not recorded."""
+    if "device" not in m:
+        return "n/a"
+    return f"{m['device']} ({m.get('device_reason', '')})" if m.get("device_fallback") else str(m["device"])
+
+
+def row(name: str, technique: str, m: Mapping[str, Any], parent: Mapping[str, Any], cfg: CompressionConfig) -> dict[str, Any]:
     d_bpc = 100.0 * (_ratio(m["bpc"], parent["bpc"]) - 1.0)
     d_rouge = m["rougeL"] - parent["rougeL"]
     qualifies = (math.isfinite(d_bpc) and d_bpc <= 100.0 * cfg.max_bpc_increase + 1e-9
@@ -47,11 +57,12 @@ def row(name: str, technique: str, m: Mapping[str, float], parent: Mapping[str, 
         "bpc": round(m["bpc"], 4), "bpc_change_pct": round(d_bpc, 2),
         "rougeL": round(m["rougeL"], 4), "rougeL_change": round(d_rouge, 4),
         "bleu": round(m["bleu"], 2), "bleu_change": round(m["bleu"] - parent["bleu"], 2),
+        "device": device_label(m), "device_reason": str(m.get("device_reason", "")),
         "qualifies": name == PARENT or qualifies,
     }
 
 
-def tradeoff_rows(parent: Mapping[str, float], variants: Mapping[str, Mapping[str, float]], cfg: CompressionConfig,
+def tradeoff_rows(parent: Mapping[str, Any], variants: Mapping[str, Mapping[str, Any]], cfg: CompressionConfig,
                   techniques: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """The parent's row first, then one per variant in the given order."""
     techniques = techniques or {}

@@ -17,7 +17,8 @@ text costs and nothing else:
 Characters are Python characters (code points) of the texts, so BPC compares models with
 different tokenizers on the same text.
 
-The model runs on the GPU when there is one (moved there for the call and back after), and
+The model runs on the GPU when there is one (moved there for the call and back after), unless
+its kernels are CPU-only (an int8 variant: components/accelerator.py's `runnable_device`), and
 always in fp32: the registry's gate compares BPCs from different runs and machines.
 """
 
@@ -62,20 +63,21 @@ def windows(ids: Sequence[int], context_length: int) -> list[tuple[list[int], in
 
 def bits_per_character(model: Any, tokenizer: Any, texts: Sequence[str], *, start_id: int,
                        context_length: int, batch_size: int = 8, device: Any = None) -> BpcResult:
-    """Score `texts`; on `device` (default: components/accelerator.py's pick, the GPU when there is one)."""
+    """Score `texts`; on `device` (default: the GPU when there is one), or on the CPU when the model's
+    kernels exist there only (accelerator.runnable_device decides, whatever the caller asked)."""
     import torch
 
-    from lmforge.components.accelerator import on_device, pick_device, to_device
+    from lmforge.components.accelerator import on_device, runnable_device, to_device
 
-    device = torch.device(device) if device is not None else pick_device()
+    device = runnable_device(model, device).device
     encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     items = [w for ids in encoded for w in windows([start_id, *ids], context_length)]
     # Similar lengths together keep padding (wasted compute) small.
     items.sort(key=lambda w: len(w[0]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else start_id
-    total_nats = torch.zeros((), dtype=torch.float64, device=device)
     scored = 0
     with torch.inference_mode(), on_device(model, device):
+        total_nats = torch.zeros((), dtype=torch.float64, device=device)
         for i in range(0, len(items), batch_size):
             batch = items[i : i + batch_size]
             width = max(len(w) for w, _ in batch)

@@ -80,15 +80,17 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                        rag: Rag | Callable[[str], str] | None = None) -> EvalResult:
     import torch
 
-    from lmforge.components.accelerator import pick_device
+    from lmforge.components.accelerator import runnable_device
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
     model, tokenizer = load_causal_lm(Path(model_dir))
-    # BPC, generation and latency all run where the model is: the GPU when there is one. In fp32
-    # on every device, so that the gate compares scores taken on different machines.
-    device = pick_device()
+    # BPC, generation and latency all run where the model is: the GPU when there is one, unless the
+    # folder is an int8 variant, whose kernels are CPU-only. In fp32 on every device, so that the
+    # gate compares scores taken on different machines.
+    where = runnable_device(model)
+    device = where.device
     model.to(device)
     heldout = read_split(dataset_dir, cfg.split)
     if not heldout:
@@ -101,7 +103,8 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
 
     bpc_docs = _sample(heldout, cfg.bpc_max_docs, rng)
     texts = [r.text for r in bpc_docs]
-    b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context, batch_size=cfg.bpc_batch_size)
+    b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context, batch_size=cfg.bpc_batch_size,
+                           device=device)
     unigram_bpc = UnigramModel.fit(tokenizer, [r.text for r in train]).bits_per_character(tokenizer, texts)
 
     examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
@@ -124,7 +127,7 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                    rag_prediction=rag_preds[i] if rag_preds else None, rag_rougeL=rag_pairs[i]["rougeL"] if rag_pairs else None)
            for i, (r, p, ref, pred, s, g) in enumerate(zip(examples, prompts, refs, preds, scores.per_pair, gens))]
     info = {"model_dir": str(model_dir), "dataset_dir": str(dataset_dir), "split": cfg.split, "bpc_docs": b.docs,
-            "examples": len(out), "device": str(device), "context_length": context, "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
+            "examples": len(out), "device": str(device), "device_reason": where.reason, "context_length": context, "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
             "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2)}
     return EvalResult(metrics=metrics, examples=out, rag=rag_info, info=info)
 

@@ -1,0 +1,138 @@
+"""Where the Triton model puts the model it serves: a GPU instance, but an int8 variant stays on the CPU.
+
+deploy/model.py runs inside tritonserver's Python, where lmforge is not installed, so the check
+it uses lives in the copy of deploy/processing.py the repository carries; it must stay the same
+as components/accelerator.py's. No server and no GPU: the version folder is built for real,
+`triton_python_backend_utils` is faked, CUDA is made to look present and `Module.to` onto CUDA
+is recorded and refused (`HandedCuda`), never done.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import inspect
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from lmforge.components import accelerator
+from lmforge.components.compression.lowrank import lowrank_variant
+from lmforge.components.compression.quantize import quantize_int8_variant
+from lmforge.components.compression.variant import load_variant
+from lmforge.components.sections.compression import LowRankConfig, QuantizeConfig
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy import processing, repository
+
+INT8_REASON = "quantized::linear_dynamic is CPU-only"
+
+
+class HandedCuda(Exception):
+    """A module was asked onto a CUDA device."""
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    moves: list[str] = []
+    real_to = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device = next((torch.device(a) for a in (*args, kwargs.get("device")) if isinstance(a, (str, torch.device))),
+                      None)
+        if device is not None:
+            moves.append(str(device))
+            if device.type == "cuda":
+                raise HandedCuda(str(device))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", to)
+    return moves
+
+
+@pytest.fixture(scope="module")
+def variants(tiny_model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    return {"parent": tiny_model_dir, "int8": quantize_int8_variant(tiny_model_dir, root / "int8", QuantizeConfig())}
+
+
+def _body(fn) -> str:
+    tree = ast.parse(inspect.getsource(fn)).body[0]
+    tree.body = tree.body[1:]  # without the docstring, which says which is the copy
+    return ast.dump(tree)
+
+
+def test_the_served_copy_of_the_kernel_check_is_the_accelerators():
+    assert _body(processing.cpu_only_kernels) == _body(accelerator.cpu_only_kernels)
+
+
+def test_both_checks_agree_on_real_models(variants, tiny_model_dir, tmp_path):
+    models = {name: load_variant(path) for name, path in variants.items()}
+    models["lowrank"] = load_variant(lowrank_variant(tiny_model_dir, tmp_path / "lr", LowRankConfig()))
+    for name, model in models.items():
+        assert processing.cpu_only_kernels(model) == accelerator.cpu_only_kernels(model), name
+    assert processing.cpu_only_kernels(models["int8"]) == ["quantized::linear_dynamic"]
+    assert processing.cpu_only_kernels(models["lowrank"]) == []
+
+
+@pytest.mark.parametrize("kind, cuda, variant, device", [
+    ("GPU", True, "parent", "cuda:1"),
+    ("GPU", True, "int8", "cpu"),
+    ("GPU", False, "parent", "cpu"),
+    ("CPU", True, "parent", "cpu"),
+])
+def test_serving_device(variants, kind, cuda, variant, device):
+    chosen, why = processing.serving_device(load_variant(variants[variant]), kind, "1", cuda)
+    assert chosen == device
+    assert (INT8_REASON in why) == (variant == "int8" and kind == "GPU" and cuda)
+
+
+@pytest.fixture
+def triton_model(monkeypatch, tmp_path):
+    """Build a real version folder of a model and import its model.py with a fake pb_utils."""
+    logged: list[str] = []
+    fake = types.ModuleType("triton_python_backend_utils")
+    fake.Logger = types.SimpleNamespace(log_info=logged.append, log_warn=logged.append, log_error=logged.append,
+                                        log_verbose=logged.append)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # model.py puts its folder first
+    threads = torch.get_num_threads()
+
+    def start(model_dir, *, kind="GPU", device_id="0"):
+        for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_runtime"]:
+            monkeypatch.delitem(sys.modules, name)  # each version folder imports its own copy
+        folder = repository.build_version(tmp_path / "repo", DeployConfig(), version=1, model_dir=model_dir)
+        spec = importlib.util.spec_from_file_location("lmforge_triton_model_under_test", folder / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        params = {"max_prompt_chars": 200, "max_prompt_tokens": 32, "max_new_tokens": 4, "max_new_tokens_limit": 8,
+                  "threads": torch.get_num_threads(), "instances": 1, "request_log": ""}
+        served = module.TritonPythonModel()
+        served.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": str(v)} for k, v in
+                                                                      params.items()}}),
+                           "model_name": "m", "model_version": "1", "model_instance_kind": kind,
+                           "model_instance_device_id": device_id})
+        return served
+
+    yield start, logged
+    torch.set_num_threads(threads)
+    for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_runtime"]:
+        del sys.modules[name]
+
+
+def test_a_gpu_instance_serves_int8_on_the_cpu_and_says_why(fake_cuda, triton_model, variants):
+    start, logged = triton_model
+    served = start(variants["int8"])
+    assert not any(d.startswith("cuda") for d in fake_cuda)
+    assert next(served.model.parameters()).device.type == "cpu"
+    assert any("on cpu" in m and INT8_REASON in m for m in logged), logged
+
+
+def test_a_gpu_instance_moves_a_float_model_to_its_gpu(fake_cuda, triton_model, variants):
+    start, _ = triton_model
+    with pytest.raises(HandedCuda, match="cuda:0"):
+        start(variants["parent"])
