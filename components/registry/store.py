@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -38,6 +39,7 @@ from typing import Any
 from lmforge.components.errors import UserError
 from lmforge.components.registry.loading import check_model_dir, pickle_files, write_runtime
 from lmforge.components.registry.retry import with_retries
+from lmforge.components.sections._base import NAME_PATTERN, NAME_RULE
 from lmforge.components.sections.registry import RegistryConfig
 from lmforge.components.tracking import ensure_experiment, external_uri, use_workspace
 from lmforge.components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_tree
@@ -193,13 +195,23 @@ def version_metrics(ws: Workspace, model_name: str, version: str) -> dict[str, f
     return {k[len(METRIC_PREFIX):]: float(v) for k, v in tags.items() if k.startswith(METRIC_PREFIX)}
 
 
+def name_filter(model_name: str) -> str:
+    """MLflow's search filter for one model name. The name is spliced into a quoted string, so it must be a name
+    as `registry.model_name` allows (checked at config load); a name given another way (`--model`) that is not one
+    is refused here rather than let its quote end the string."""
+    if not re.fullmatch(NAME_PATTERN, model_name):
+        raise UserError("model", repr(model_name), f"is not a model name ({NAME_RULE})",
+                        "Use the registered model's name, as [registry] model_name holds it")
+    return f"name='{model_name}'"
+
+
 def list_versions(ws: Workspace, model_name: str) -> list[dict[str, Any]]:
     """Every version, newest first, with its aliases, lineage tags and metrics."""
     from mlflow import MlflowClient
 
     use_workspace(ws)
     client = MlflowClient()
-    versions = client.search_model_versions(f"name='{model_name}'")
+    versions = client.search_model_versions(name_filter(model_name))
     # search_model_versions leaves aliases empty on the SQL store; the registered model has them all
     by_version: dict[str, list[str]] = {}
     for alias, v in (client.get_registered_model(model_name).aliases or {}).items() if versions else ():

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ._base import Section
+from ._base import Name, Section
 
 DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -103,7 +103,7 @@ class CompressionConfig(Section):
 
     enabled: bool = True
     seed: int = 0
-    source_alias: str = Field("champion", description="registry alias of the parent model")
+    source_alias: Name = Field("champion", description="registry alias (or version number) of the parent model")
     max_bpc_increase: float = Field(0.05, ge=0, description="policy: largest relative BPC increase vs the parent (0.05 = +5%)")
     max_rouge_l_drop: float = Field(0.05, ge=0, le=1, description="policy: largest absolute ROUGE-L drop vs the parent")
     eval_max_examples: int | None = Field(None, ge=1, description="generation examples per variant; unset = [evaluation] max_examples")

@@ -9,14 +9,14 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ._base import Section
+from ._base import Name, Section
 
 
 class DeployConfig(Section):
     """Triton Inference Server on loopback, python backend, gated rollout."""
 
     enabled: bool = True
-    model_name: str = Field("lmforge", pattern=r"^[A-Za-z0-9_.-]+$", description="the Triton model's name")
+    model_name: Name = Field("lmforge", description="the Triton model's name (its folder in the model repository)")
     alias: Literal["champion", "compressed", "challenger"] = Field(
         "champion", description="the registry alias whose model version is deployed")
     host: str = Field("127.0.0.1", description="address the server binds; loopback by default")

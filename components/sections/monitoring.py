@@ -12,11 +12,13 @@ below `false_alarm_target`.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from ._base import Section
+from ._base import NAME_PATTERN, NAME_RULE, Section
 
 DriftTest = Literal["ks", "chi-square", "hellinger"]
 
@@ -60,7 +62,7 @@ class MonitoringConfig(Section):
 
     # Acting on a decision.
     retrain: bool = Field(True, description="start retraining on drift (false: decide and record only)")
-    training_deployment: str = Field("retrain/on-demand", pattern=r"^[^/]+/[^/]+$",
+    training_deployment: str = Field("retrain/on-demand",
                                      description="the Prefect deployment started on drift when a server is configured "
                                                  "(retrain: data, train, evaluate and gate, compress, deploy)")
     retrain_source: str | None = Field(
@@ -92,6 +94,15 @@ class MonitoringConfig(Section):
                 raise ValueError(f"{column} is not a watched request column; "
                                  f"choose from {', '.join(NUMERIC_COLUMNS + CATEGORICAL_COLUMNS)}")
         return columns
+
+    @field_validator("training_deployment")
+    @classmethod
+    def _deployment(cls, value: str) -> str:
+        # <flow>/<deployment> becomes a path of Prefect's API (/deployments/name/<flow>/<deployment>)
+        flow, sep, name = value.partition("/")
+        if not (sep and re.fullmatch(NAME_PATTERN, flow) and re.fullmatch(NAME_PATTERN, name)):
+            raise PydanticCustomError("deployment", "not <flow>/<deployment>, each a name ({rule})", {"rule": NAME_RULE})
+        return value
 
     def test_for(self, column: str) -> DriftTest:
         return self.columns[column]

