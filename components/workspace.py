@@ -13,7 +13,7 @@ Layout (all under one root, so that a workspace can be copied, archived or wiped
     datasets/LATEST       the newest complete dataset version
     features/             Feast registry and online store (SQLite)
     qdrant/               Qdrant local-mode storage
-    runs/<run>/           training runs: checkpoints/, export/ (a Hugging Face folder)
+    runs/<run>/           training runs: run.json, checkpoints/, export/ (a Hugging Face folder)
     mlflow.db, mlartifacts/   MLflow tracking store and artifacts (.mlflow-init.lock guards its creation)
     registry/<model>/<v>/ local copies of registered model versions (download cache)
     triton/               the Triton model repository and server logs
@@ -41,6 +41,11 @@ from typing import Any
 
 ENV_HOME = "LMFORGE_HOME"
 DEFAULT_HOME = ".lmforge"
+# runs/<run>/run.json: written by the train stage when a run starts (its name, dataset, config
+# hash, created_at, MLflow run id) and kept across resumes. export/lmforge.json is the last
+# file an export writes, so its presence means the run's model is complete.
+RUN_FILE = "run.json"
+EXPORT_MARKER = "export/lmforge.json"
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,37 @@ class Workspace:
     def run_dir(self, name: str) -> Path:
         return self.runs / name
 
-    def latest_run(self) -> str | None:
-        """The newest training run that exported a model, or None."""
-        marker = self.runs / "LATEST"
-        return marker.read_text().strip() if marker.exists() else None
+    def latest_run(self, *, exported: bool = True) -> str | None:
+        """The newest training run, by when it started (`created_at` in its run.json); None if none.
+
+        exported=True (what evaluation reads): only runs whose model export finished.
+        exported=False (what --resume and the pipeline's interrupted-run check continue): also a
+        run that stopped before exporting; only folders with a run.json, which a resume needs.
+
+        The runs themselves are the answer, not a pointer file: a pointer goes stale when a run
+        folder is removed or a run name is reused and that run fails. A folder with an export but
+        no run.json (copied in by hand, or written by older lmforge) counts, for exported=True,
+        from the time its export was written.
+        """
+        found: list[tuple[float, str]] = []
+        if not self.runs.is_dir():
+            return None
+        for run_dir in self.runs.iterdir():
+            if not run_dir.is_dir() or run_dir.name.startswith("."):
+                continue  # runs/LATEST, or a folder still being written under a temporary name
+            has_export = (run_dir / EXPORT_MARKER).is_file()
+            if exported and not has_export:
+                continue
+            run_file = run_dir / RUN_FILE
+            if run_file.is_file():
+                found.append((_created_at(run_file), run_dir.name))
+            elif exported:
+                found.append(((run_dir / EXPORT_MARKER).stat().st_mtime, run_dir.name))
+        return max(found)[1] if found else None
 
     def set_latest_run(self, name: str) -> None:
+        """Write runs/LATEST. Nothing in lmforge reads it any more (latest_run reads the runs
+        themselves) and the train stage no longer writes it; kept for callers that still do."""
         atomic_write_text(self.runs / "LATEST", name + "\n")
 
     def training_shards(self, version: str) -> Path:
@@ -127,6 +157,20 @@ class Workspace:
     @property
     def prefect(self) -> Path:
         return self.root / "prefect"
+
+
+def _created_at(run_file: Path) -> float:
+    import datetime as dt
+
+    from lmforge.components.errors import UserError
+
+    try:
+        stamp = json.loads(run_file.read_text())["created_at"]
+        when = dt.datetime.fromisoformat(stamp)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError("training run", run_file, f"has no readable created_at ({type(e).__name__}: {e})",
+                        "Fix the file or remove the run's folder") from e
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
 
 
 # --- hashing ---------------------------------------------------------------

@@ -79,14 +79,15 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
 def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
     """The newest training run if it stopped before exporting, on this config and dataset, with a complete checkpoint."""
     from lmforge.components.training.checkpoint import complete_checkpoints
-    from lmforge.flows.train import RUN_FILE
+    from lmforge.components.workspace import EXPORT_MARKER, RUN_FILE
 
-    started = sorted(ws.runs.glob(f"*/{RUN_FILE}"), key=lambda p: json.loads(p.read_text())["created_at"])
-    if not started:
+    newest = ws.latest_run(exported=False)
+    if newest is None:
         return None
-    run_dir, info = started[-1].parent, json.loads(started[-1].read_text())
-    if (run_dir / "export" / "lmforge.json").exists():
+    run_dir = ws.run_dir(newest)
+    if (run_dir / EXPORT_MARKER).exists():
         return None
+    info = json.loads((run_dir / RUN_FILE).read_text())
     if info.get("config_hash") != config_hash(cfg.training) or info.get("dataset_version") != ws.latest_dataset():
         return None
     return run_dir.name if complete_checkpoints(run_dir / "checkpoints") else None

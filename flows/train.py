@@ -31,12 +31,11 @@ from lmforge.components.training.job import Job, prepare_job
 from lmforge.components.training.launcher import launch
 from lmforge.components.training.report import loss_curve_png, read_steps
 from lmforge.components.training.strategies import applied
-from lmforge.components.workspace import Workspace, atomic_write_json, sha256_file
+from lmforge.components.workspace import RUN_FILE, Workspace, atomic_write_json, sha256_file
 from lmforge.flows import quiet
 from lmforge.flows.workspace_flow import workspace_flow
 
 console = Console(stderr=True)
-RUN_FILE = "run.json"
 
 
 def _pick_run(ws: Workspace, cfg: PipelineConfig, resume: bool) -> str:
@@ -44,10 +43,10 @@ def _pick_run(ws: Workspace, cfg: PipelineConfig, resume: bool) -> str:
         return cfg.training.run_name
     if not resume:
         return f"{cfg.name}-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}"
-    started = sorted(ws.runs.glob(f"*/{RUN_FILE}"), key=lambda p: json.loads(p.read_text())["created_at"])
-    if not started:
+    newest = ws.latest_run(exported=False)  # the newest started run, finished or not
+    if newest is None:
         raise UserError("--resume", ws.runs, "holds no training run to resume", "Train without --resume to start fresh")
-    return started[-1].parent.name
+    return newest
 
 
 def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +146,6 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
             mlflow.log_artifacts(str(export), "model")
         first, last = steps[0], steps[-1]
         mlflow.log_metrics({"final_loss": last["loss"], "train_seconds": launched["seconds"]})
-    ws.set_latest_run(name)
     summary = {"run": name, "strategy": tc.parallel.strategy, "applied": applied(job.ds_config), "dataset": version,
                "steps": last["step"], "resumed_from": job.start_step if resume else None,
                "first_loss": round(first["loss"], 4), "final_loss": round(last["loss"], 4),
