@@ -135,10 +135,10 @@ def init_worker() -> None:
     """Create a fresh workspace's Prefect database (start and stop its temporary server) and MLflow store."""
     from lmforge.components.tracking import ensure_experiment
     from lmforge.components.workspace import Workspace
-    from lmforge.flows import PREFECT, prefect_home
+    from lmforge.flows import prefect_env
 
     ws = Workspace.from_env().ensure()
-    prefect_home.prepare(PREFECT)
+    prefect_env.prepare(prefect_env.activate())
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()
@@ -152,11 +152,11 @@ def flow_worker(source: Path, workers: int | None) -> None:
     """In a fresh workspace: the data flow on `source`; prints its counts as JSON."""
     from lmforge.components.config import load_config
     from lmforge.components.workspace import Workspace
-    from lmforge.flows import PREFECT, prefect_home
+    from lmforge.flows import prefect_env
     from lmforge.flows.data import data_flow
 
     Workspace.from_env().ensure()
-    prefect_home.prepare(PREFECT)  # the workspace's embedded Prefect home, as `lmforge run` prepares it
+    prefect_env.prepare(prefect_env.activate())  # the workspace's embedded Prefect home, as `lmforge run` prepares it
 
     sets = [f"data.source={json.dumps(str(source))}", "data.tokenizer.vocab_size=4096"]
     if workers:

@@ -93,11 +93,11 @@ def load(config: Path | None, overrides: list[str] | None) -> Any:
 
 def start_work(ws: Workspace) -> None:
     """Create the workspace and say which Prefect (the flow call creates the embedded Prefect home: workspace_flow)."""
-    from lmforge.flows import PREFECT
+    from lmforge.flows import prefect_env
 
     ws.ensure()
     quiet.quiet_prefect_console()
-    err_console.print(f"[dim]{PREFECT.describe()}[/dim]", highlight=False)
+    err_console.print(f"[dim]{prefect_env.activate().describe()}[/dim]", highlight=False)
 
 
 @app.command()

@@ -1,23 +1,21 @@
-"""Prefect flows around the components, the pipeline that chains them, and the CLI.
+"""Prefect flows around the components, and the pipeline that chains them.
 
-Importing this package decides which Prefect the flows report to (flows/prefect_home.py):
-the user's own (PREFECT_API_URL, PREFECT_HOME or an active profile), else the server
-`lmforge prefect up` started, else an embedded home in <workspace>/prefect. It only sets
-environment variables; nothing is written until work runs (`prefect_home.prepare`).
+Before any flow module imports Prefect, this package activates lmforge's Prefect environment
+(flows/prefect_env.py): the user's own Prefect (PREFECT_API_URL, PREFECT_HOME or an active
+profile), else the server `lmforge prefect up` started, else an embedded home in
+<workspace>/prefect. It only sets environment variables; nothing is written until work runs.
 
-    from lmforge.flows import PREFECT
-    print(PREFECT.describe())        # prefect: embedded home /x/.lmforge/prefect (no PREFECT_API_URL, ...)
+    from lmforge.flows import prefect_env
+    print(prefect_env.activate().describe())   # prefect: embedded home /x/.lmforge/prefect (no PREFECT_API_URL, ...)
 """
 
 import logging
 import os
 
 from lmforge.components.errors import UserError
-from lmforge.components.workspace import Workspace
-from lmforge.flows import prefect_home, quiet
+from lmforge.flows import prefect_env, quiet
 
-PREFECT = prefect_home.choose(Workspace.from_env())
-prefect_home.apply(PREFECT)
+prefect_env.activate()   # must precede `import prefect`, which freezes Prefect's settings
 if os.environ.get(quiet.ENV_VERBOSE) == "0":  # a child of a quiet `lmforge` (a Prefect worker's run, a Dask worker)
     quiet.configure(verbose=False)
 

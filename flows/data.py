@@ -10,8 +10,9 @@ The source is cut into input shards (components/data/readers.py). Two per-shard 
 components/data/shardwork.py) run under a prefect-dask task runner; between them the
 corpus-wide tasks (select, near-dedup, split, tokenizer; then assemble:
 components/data/corpuswork.py) read only small per-shard columns, and the tokenizer a
-bounded amount of train text. Tasks hand each other references: a folder and the SHA-256
-of each file in it.
+bounded amount of train text. Tasks hand each other references (components/data/stepref.py):
+a folder, the SHA-256 of each file in it and the step's counts, as frozen pydantic models
+that Prefect's JSON result serializer writes and reads back as the same class.
 
 Dask starts its worker processes with `spawn`: a script that calls data_flow must guard
 its entry point with `if __name__ == "__main__":` (the `lmforge` command and pytest do).
@@ -39,23 +40,25 @@ from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
 from lmforge.components.data.ingest import check_source
 from lmforge.components.data.readers import plan_shards
+from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json
-from lmforge.flows.prefect_home import api_for_children
+from lmforge.flows.prefect_env import api_for_children
 from lmforge.flows.workspace_flow import workspace_flow
 
 console = Console(stderr=True)
 
 _D = "lmforge.components.data."
 CODE = {
-    "ingest": [_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "records", "minhash", "shardwork")],
-    "select": [_D + m for m in ("corpuswork", "shardwork", "quarantine")],
-    "near": [_D + m for m in ("minhash", "corpuswork", "shardwork")],
-    "split": [_D + m for m in ("split", "corpuswork", "shardwork")],
-    "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork")],
-    "finish": [_D + m for m in ("featurize", "shardwork", "records", "tokenizer", "shards")],
+    "ingest": [_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "records", "minhash", "shardwork",
+                                "stepref")],
+    "select": [_D + m for m in ("corpuswork", "shardwork", "quarantine", "stepref")],
+    "near": [_D + m for m in ("minhash", "corpuswork", "shardwork", "stepref")],
+    "split": [_D + m for m in ("split", "corpuswork", "shardwork", "stepref")],
+    "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork", "stepref")],
+    "finish": [_D + m for m in ("featurize", "shardwork", "records", "tokenizer", "shards", "stepref")],
 }
 
 
@@ -72,59 +75,57 @@ def _out(build: str, step: str, *inputs: Any) -> Path:
     return Path(build) / f"{step}-{sha256_json([step, *inputs])[:16]}"
 
 
-def verified(ref: dict[str, Any]) -> bool:
-    """True when every file a step's reference names still has the recorded SHA-256."""
-    files = ref.get("files", {})
-    return all((Path(ref["dir"]) / f).is_file() and sha256_file(Path(ref["dir"]) / f) == h for f, h in files.items())
+def _json(refs: StepRef | list[StepRef]) -> Any:
+    """References in their JSON form, for the build folder's hash (the same keys the dicts they replaced had)."""
+    return [r.model_dump(mode="json") for r in refs] if isinstance(refs, list) else refs.model_dump(mode="json")
 
 
 @task(name="data-ingest-shard", **_io, **_cached)
-def ingest_task(spec: dict[str, Any], cfg: DataConfig, build: str, code: str) -> dict[str, Any]:
+def ingest_task(spec: dict[str, Any], cfg: DataConfig, build: str, code: str) -> IngestRef:
     return shardwork.ingest_shard(spec, cfg, _out(build, "ingest", spec, cfg.model_dump(mode="json"), code))
 
 
 @task(name="data-select", **_cached)
-def select_task(ings: list[dict[str, Any]], cfg: DataConfig, build: str, code: str) -> dict[str, Any]:
-    return corpuswork.select(ings, cfg, _out(build, "select", ings, cfg.model_dump(mode="json"), code))
+def select_task(ings: list[IngestRef], cfg: DataConfig, build: str, code: str) -> SelectRef:
+    return corpuswork.select(ings, cfg, _out(build, "select", _json(ings), cfg.model_dump(mode="json"), code))
 
 
 @task(name="data-near-dedup", **_cached)
-def near_task(ings: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "near", [i["files"] for i in ings], sel["files"], cfg.model_dump(mode="json"), code)
+def near_task(ings: list[IngestRef], sel: SelectRef, cfg: DedupConfig, build: str, code: str) -> NearRef:
+    out = _out(build, "near", [i.files for i in ings], sel.files, cfg.model_dump(mode="json"), code)
     return corpuswork.near_dedup(ings, sel, cfg, out)
 
 
 @task(name="data-split", **_cached)
-def split_task(ings: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any], cfg: SplitConfig, seed: int,
-               build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "split", [i["files"] for i in ings], sel["files"], near["files"], cfg.model_dump(mode="json"), seed, code)
+def split_task(ings: list[IngestRef], sel: SelectRef, near: NearRef, cfg: SplitConfig, seed: int,
+               build: str, code: str) -> SplitRef:
+    out = _out(build, "split", [i.files for i in ings], sel.files, near.files, cfg.model_dump(mode="json"), seed, code)
     return corpuswork.assign_split(ings, sel, near, cfg, out, seed=seed)
 
 
 @task(name="data-tokenizer", **_cached)
-def tokenizer_task(ings: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any], spl: dict[str, Any],
-                   cfg: TokenizerConfig, build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "tokenizer", [i["files"] for i in ings], sel["files"], near["files"], spl["files"],
+def tokenizer_task(ings: list[IngestRef], sel: SelectRef, near: NearRef, spl: SplitRef,
+                   cfg: TokenizerConfig, build: str, code: str) -> TokenizerRef:
+    out = _out(build, "tokenizer", [i.files for i in ings], sel.files, near.files, spl.files,
                cfg.model_dump(mode="json"), code)
     return corpuswork.train_tokenizer_from(ings, sel, near, spl, cfg, out)
 
 
 @task(name="data-finish-shard", **_cached)
-def finish_task(ing: dict[str, Any], sel: dict[str, Any], near: dict[str, Any], spl: dict[str, Any],
-                tok: dict[str, Any], build: str, code: str) -> dict[str, Any]:
-    out = _out(build, "finish", ing["files"], sel["files"], near["files"], spl["files"], tok["sha256"], code)
-    return shardwork.finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], ing["index"], out,
-                                  vocab_size=tok["vocab_size"])
+def finish_task(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, tok: TokenizerRef, build: str,
+                code: str) -> FinishRef:
+    out = _out(build, "finish", ing.files, sel.files, near.files, spl.files, tok.sha256, code)
+    return shardwork.finish_shard(ing, sel, near, spl, tok, out)
 
 
 @task(name="data-assemble", **_io)
-def assemble_task(root: str, parts: dict[str, Any], counts: dict[str, Any], cfg_hash: str, source: dict[str, Any],
-                  report: dict[str, Any]) -> dict[str, Any]:
+def assemble_task(root: str, sel: SelectRef, fins: list[FinishRef], tok: TokenizerRef, counts: dict[str, Any],
+                  cfg_hash: str, source: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     """Not cached: it (re)creates the dataset folder, and does nothing when that version exists."""
+    parts = {"select": _json(sel), "finish": _json(fins), "tokenizer": _json(tok)}
     scratch = _out(str(Path(root) / ".build"), "assemble", parts, counts, cfg_hash, os.getpid())
-    return corpuswork.assemble(Path(root), sel=parts["select"], finish_refs=parts["finish"], tokenizer=parts["tokenizer"],
-                               counts=counts, config_hash=cfg_hash, source=source,
-                               report=report, scratch=scratch)
+    return corpuswork.assemble(Path(root), sel=sel, finish_refs=fins, tokenizer=tok, counts=counts, config_hash=cfg_hash,
+                               source=source, report=report, scratch=scratch)
 
 
 @task(name="data-track", **_io)
@@ -145,13 +146,13 @@ def track_task(ws: Workspace, manifest: dict[str, Any], summary: dict[str, Any])
         return run.info.run_id
 
 
-def _resolve(futures: list[Any], t: Any, args: list[tuple], states: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """Results of mapped task runs; one whose cached files are gone or changed runs again for real."""
+def _resolve(futures: list[Any], t: Any, args: list[tuple], states: dict[str, list[str]]) -> list[Any]:
+    """Results of mapped task runs (StepRefs); one whose cached files are gone or changed runs again for real."""
     out = []
     for fut, a in zip(futures, args):
         state = fut.wait() or fut.state
         result = fut.result()
-        if state.name == "Cached" and not verified(result):
+        if state.name == "Cached" and not result.verified():
             state = t.with_options(refresh_cache=True)(*a, return_state=True)
             result = state.result()
         states.setdefault(t.name, []).append(state.name)
@@ -159,11 +160,11 @@ def _resolve(futures: list[Any], t: Any, args: list[tuple], states: dict[str, li
     return out
 
 
-def _one(t: Any, *args: Any, states: dict[str, list[str]]) -> dict[str, Any]:
+def _one(t: Any, *args: Any, states: dict[str, list[str]]) -> Any:
     return _resolve([t.submit(*args)], t, [args], states)[0]
 
 
-def _map(t: Any, args: list[tuple], states: dict[str, list[str]]) -> list[dict[str, Any]]:
+def _map(t: Any, args: list[tuple], states: dict[str, list[str]]) -> list[Any]:
     return _resolve([t.submit(*a) for a in args], t, args, states)
 
 
@@ -214,24 +215,23 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
     tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
 
-    counts = {"records_read": sel["records_read"], "sampled_out": sel["sampled_out"], "docs_in": sel["docs_in"],
-              "clean": sel["clean"], "quarantined": sel["quarantined"],
-              "quarantined_by_reason": sel["quarantined_by_reason"], "exact_duplicates": sel["exact_duplicates"],
-              "near_duplicates": near["near_duplicates"], "kept": near["kept"], **spl["counts"]}
+    counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
+              "clean": sel.clean, "quarantined": sel.quarantined,
+              "quarantined_by_reason": sel.quarantined_by_reason, "exact_duplicates": sel.exact_duplicates,
+              "near_duplicates": near.near_duplicates, "kept": near.kept, **spl.counts}
     assert counts["docs_in"] == counts["clean"] + counts["quarantined"]
     assert counts["clean"] == counts["kept"] + counts["exact_duplicates"] + counts["near_duplicates"]
-    assert counts["kept"] == sum(spl["counts"].values()) == sum(sum(f["counts"].values()) for f in fins)
-    tokens = {s: sum(f["tokens"][s] for f in fins) for s in ("train", "validation", "test")}
+    assert counts["kept"] == sum(spl.counts.values()) == sum(sum(f.counts.values()) for f in fins)
+    tokens = {s: sum(f.tokens[s] for f in fins) for s in ("train", "validation", "test")}
     source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
               "replay": [str(Path(p).resolve()) for p in replay or []]}
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
-              "dedup": {"lsh": near["lsh"], "examples": near["examples"]}, "split_groups": spl["groups"], "tokens": tokens,
-              "tokenizer_trained_on": tok["trained_on"],
-              "build_dirs": sorted(Path(r["dir"]).name for r in [*ings, sel, near, spl, tok, *fins]),
+              "dedup": {"lsh": near.lsh, "examples": near.examples}, "split_groups": spl.groups, "tokens": tokens,
+              "tokenizer_trained_on": tok.trained_on,
+              "build_dirs": sorted(Path(r.dir).name for r in [*ings, sel, near, spl, tok, *fins]),
               "features": {"rows": counts["kept"],
-                           "quality_mean": round(sum(f["quality_sum"] for f in fins) / max(counts["kept"], 1), 4)}}
-    parts = {"select": sel, "finish": fins, "tokenizer": tok}
-    manifest = assemble_task(str(ws.datasets), parts, counts, config_hash(data), source, report)
+                           "quality_mean": round(sum(f.quality_sum for f in fins) / max(counts["kept"], 1), 4)}}
+    manifest = assemble_task(str(ws.datasets), sel, fins, tok, counts, config_hash(data), source, report)
     version = manifest["version"]
     summary = {"dataset_version": version, "source": report["source"], **counts, "vocab_size": manifest["vocab_size"],
                "tokens": tokens, "dataset_dir": str(ws.dataset_dir(version)), "shards": len(specs)}

@@ -1,9 +1,14 @@
-"""Which Prefect lmforge talks to: the one the user already set up, or an embedded home in the workspace.
+"""The one place that sets lmforge's Prefect environment: which Prefect it talks to, and how.
 
-    mode = choose(Workspace.from_env())   # reads the environment and Prefect's profiles file; writes nothing
-    apply(mode)                           # sets environment variables only (before `import prefect`)
+    mode = activate()                     # once per process: choose + apply; later calls return the same mode
     prepare(mode)                         # creates the embedded home's folders; call it right before work runs
     print(mode.describe())                # "prefect: server http://host:4200/api (PREFECT_API_URL)"
+    mode = choose(Workspace.from_env())   # the decision alone: reads the environment and profiles, writes nothing
+
+Importing this module does nothing. Prefect reads its settings from the environment once, when
+`prefect` is first imported (`prefect.settings.get_current_settings()` keeps that object), so
+`activate()` has to run before that import: `lmforge.flows` calls it first thing, which is the one
+thing importing that package does, and the CLI calls it again (it is idempotent) for the mode to print.
 
 The user's Prefect wins, in Prefect's own order:
   1. PREFECT_API_URL in the environment: that server (or Prefect Cloud);
@@ -75,6 +80,11 @@ def active_profile(environ: Mapping[str, str]) -> tuple[str, dict[str, str], Pat
     return str(name), {str(k): str(v) for k, v in settings.items()}, path
 
 
+def embedded_env(ws: Workspace) -> dict[str, str]:
+    """The variables that put Prefect's home, database and result storage in the workspace."""
+    return {"PREFECT_HOME": str(ws.prefect), "PREFECT_LOCAL_STORAGE_PATH": str(ws.prefect / "storage")}
+
+
 def choose(ws: Workspace, environ: Mapping[str, str] | None = None) -> PrefectMode:
     """Decide, without writing anything, which Prefect this process should use."""
     env = os.environ if environ is None else environ
@@ -88,7 +98,7 @@ def choose(ws: Workspace, environ: Mapping[str, str] | None = None) -> PrefectMo
         if env.get("PREFECT_PROFILE") or {"PREFECT_API_URL", "PREFECT_API_KEY"} & settings.keys():
             target = settings.get("PREFECT_API_URL", "Prefect Cloud" if "PREFECT_API_KEY" in settings else "")
             return PrefectMode("profile", f"{name!r} {target}".strip(), f"active profile in {path}")
-    embedded = {"PREFECT_HOME": str(ws.prefect), "PREFECT_LOCAL_STORAGE_PATH": str(ws.prefect / "storage")}
+    embedded = embedded_env(ws)
     from lmforge.flows.prefect_local import active_api_url  # reads <ws>/prefect/server.json, if any
 
     url = active_api_url(ws)
@@ -108,6 +118,23 @@ def apply(mode: PrefectMode, environ: MutableMapping[str, str] | None = None) ->
         # `import prefect` tries to make PREFECT_HOME without its parents and warns when the workspace
         # is not there yet; `prepare` makes it before any run (flows.workspace_flow).
         warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
+
+
+_ACTIVE: PrefectMode | None = None
+
+
+def activate() -> PrefectMode:
+    """Choose the mode for this process's workspace and apply it, once; the same mode afterwards."""
+    global _ACTIVE
+    if _ACTIVE is None:
+        _ACTIVE = choose(Workspace.from_env())
+        apply(_ACTIVE)
+    return _ACTIVE
+
+
+def quiet_children() -> None:
+    """Processes started from now on (Dask workers, flow-run processes) print Prefect's warnings only."""
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
 
 
 def prepare(mode: PrefectMode) -> None:

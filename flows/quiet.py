@@ -139,7 +139,9 @@ def quiet_prefect_console() -> None:
     for handler in [*logging.getLogger().handlers, *logging.getLogger("prefect").handlers]:
         if type(handler).__name__ == "PrefectConsoleHandler":
             handler.addFilter(_PrefectConsoleQuiet())
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+    from lmforge.flows import prefect_env
+
+    prefect_env.quiet_children()
 
 
 class DropTracebacks(logging.Filter):

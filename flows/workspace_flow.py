@@ -5,7 +5,7 @@
 
     data_flow(cfg)     # from Python, in a folder with no .lmforge yet: works
 
-Importing lmforge.flows writes nothing (flows/prefect_home.py): it only points PREFECT_HOME
+Importing lmforge.flows writes nothing (flows/prefect_env.py): it only points PREFECT_HOME
 at <workspace>/prefect when no Prefect of the user's is set up. The `lmforge` CLI creates
 that folder before work runs; a flow called straight from Python did not, so Prefect started
 its temporary server on a database in a folder that did not exist and gave up after two
@@ -20,12 +20,12 @@ from typing import Any
 
 from prefect import Flow
 
-from lmforge.flows import PREFECT, prefect_home
+from lmforge.flows import prefect_env
 
 
 class WorkspaceFlow(Flow):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        prefect_home.prepare(PREFECT)
+        prefect_env.prepare(prefect_env.activate())
         return super().__call__(*args, **kwargs)
 
 

@@ -19,7 +19,7 @@ import pytest
 from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
 
 # Before anything imports `lmforge.flows` (which chooses the Prefect to report to, see
-# flows/prefect_home.py): a session workspace of its own, and none of the user's Prefect
+# flows/prefect_env.py): a session workspace of its own, and none of the user's Prefect
 # settings or profiles, so tests use the embedded home there and never a real .lmforge/ or
 # the user's Prefect server or Cloud workspace.
 os.environ["LMFORGE_HOME"] = tempfile.mkdtemp(prefix="lmforge-tests-")

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from lmforge.components.workspace import Workspace
-from lmforge.flows import prefect_home, prefect_local
+from lmforge.flows import prefect_env, prefect_local
 from lmforge.cli.output import emit_json, json_mode
 from lmforge.cli.commands import JsonOpt
 
@@ -70,7 +70,7 @@ def status(as_json: JsonOpt = False) -> None:
     """Whether the workspace's server is up, its URLs, and which Prefect lmforge runs report to."""
     ws = Workspace.from_env()
     info = prefect_local.active_server(ws)
-    mode = prefect_home.choose(ws)
+    mode = prefect_env.choose(ws)
     if as_json:
         emit_json({"server": {"up": info is not None, **({"api_url": info.api_url, "ui_url": info.ui_url,
                                                          "pid": info.pid} if info else {})},

@@ -46,7 +46,7 @@ def test_run_data_reports_to_the_users_server(prefect_server, tmp_path):
 
 def test_an_active_profile_or_home_is_respected_and_only_then_embedded(tmp_path):
     from lmforge.components.workspace import Workspace
-    from lmforge.flows.prefect_home import choose
+    from lmforge.flows.prefect_env import choose
 
     ws = Workspace(tmp_path / "ws")
     home = tmp_path / "home" / ".prefect"
