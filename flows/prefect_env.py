@@ -36,6 +36,9 @@ from lmforge.components.workspace import Workspace
 # Behaviour lmforge relies on, whichever Prefect it uses; a user's own value wins.
 DEFAULTS = {
     "PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true",      # cached data tasks survive the process
+    # Persisted results are JSON, never pickles: a result file is read back on a cache hit, and
+    # unpickling a file from a shared storage folder would run whatever code it names.
+    "PREFECT_RESULTS_DEFAULT_SERIALIZER": "json",
     # The temporary local API server takes longer than Prefect's 20 s default to start on 2 cores.
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_LOGGING_LOG_PRINTS": "true",

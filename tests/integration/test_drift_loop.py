@@ -181,6 +181,19 @@ def test_a_failed_final_reload_leaves_the_old_version_serving_and_the_alias(loop
     assert loop.production() == "3" and loop.triton_serves() == [3]
 
 
+
+def test_no_result_of_the_loop_was_pickled(loop):
+    """Every result Prefect persisted while the loop ran (data, train, evaluate, deploy, monitor, retrain)
+    is a JSON record whose serializer is JSON: a pickled one would run code when a cache hit reads it."""
+    from prefect.settings import get_current_settings
+
+    storage = Path(get_current_settings().results.local_storage_path)
+    records = {p.name: json.loads(p.read_bytes()) for p in storage.rglob("*") if p.is_file()}
+    assert len(records) >= 10, f"only {len(records)} persisted results in {storage}"
+    pickled = {name: r["metadata"]["serializer"]["type"] for name, r in records.items()
+               if r["metadata"]["serializer"]["type"] != "json"}
+    assert pickled == {}, f"{len(pickled)} of {len(records)} results were not JSON: {pickled}"
+
 HOLD = """
 import sys, time
 from pathlib import Path
