@@ -8,7 +8,7 @@
 Conventions, for every command:
 - errors go to stderr as one line, `error: ...`; `--debug`, anywhere on the line, adds the traceback;
 - exit codes: 0 ok, 1 the work failed, 2 a usage or configuration error (a bad option,
-  config value or input: anything a UserError names before the work starts);
+  config value or input: any UserError, wherever it is raised, before or during the work);
 - `--json` prints one JSON document and nothing else on stdout (cli/output.py);
 - quiet by default (flows/quiet.py); `-v`/`--verbose`, anywhere on the line, lets
   third-party progress bars, warnings and the training ranks' output through.
@@ -20,6 +20,7 @@ module there whose name does not start with "_" is mounted.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import pkgutil
@@ -28,6 +29,7 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -59,6 +61,18 @@ VERBOSE_FLAGS = ("-v", "--verbose")
 
 class WorkFailed(Exception):
     """The work itself failed (exit 1), as opposed to a usage or configuration error (exit 2)."""
+
+
+@contextlib.contextmanager
+def the_work() -> Iterator[None]:
+    """Around a flow call: a UserError stays one (exit 2, wherever it was raised: before launch, in a
+    task, in the launcher); any other exception is the work failing (exit 1)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        raise WorkFailed(one_line(e)) from e
 
 
 def package_version() -> str:
@@ -123,13 +137,11 @@ def run(
     if stage != "all" and stage not in available_stages():
         raise UserError("stage", stage, "is not installed here", f"Choose one of: {', '.join(available_stages())}, all")
     with json_mode(as_json):
-        try:
+        with the_work():
             if stage == "all":
                 result = pipeline_flow(cfg, resume=resume)
             else:
                 result = stage_flow(stage)(cfg, **({"resume": resume} if stage == "train" else {}))
-        except Exception as e:  # a failure inside the work, UserError included: the work failed
-            raise WorkFailed(one_line(e)) from e
         if not as_json:
             if stage == "all":
                 print_run_summary(result, console, ws=ws, model_name=cfg.registry.model_name)

@@ -24,3 +24,8 @@ class UserError(Exception):
         if fix:
             msg += " " + fix.rstrip(".") + "."
         super().__init__(msg)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # Pickled by its parts, not its message: it crosses into and out of Dask workers and ranks, and
+        # Exception's default (cls(*args)) would make the whole message the `what` of a new one.
+        return type(self), (self.what, self.value, self.problem, self.fix)

@@ -59,17 +59,15 @@ def replay(
         raise UserError("quarantine file", path, "holds no entries", "Nothing to replay")
     cfg = load_config(config, set_ or [])
     check_source(cfg.data.source)
-    from lmforge.cli.cli import WorkFailed, one_line, start_work
+    from lmforge.cli.cli import WorkFailed, start_work, the_work
 
     ws = Workspace.from_env()
     start_work(ws)
     from lmforge.flows.data import data_flow
 
     with json_mode(as_json):
-        try:
+        with the_work():
             result = data_flow(cfg, replay=[str(path.resolve())])
-        except Exception as e:
-            raise WorkFailed(one_line(e)) from e
     counts = replayed_counts(path, ws.dataset_dir(result["dataset_version"]) / "quarantine.jsonl")
     out = {"dataset_version": result["dataset_version"], "replay": counts, "summary": result["summary"]}
     if as_json:
