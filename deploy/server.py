@@ -2,6 +2,7 @@
 
     info = start_server(ws.triton / "repo", cfg, log_path=ws.triton / "server.log")   # ports 0 = free ones
     wait_ready(info, timeout=cfg.readiness_timeout_s)      # /v2/health/ready == 200, or UserError with the log tail
+    info = start_server(repo, cfg, log_path=log, wait=cfg.readiness_timeout_s)   # both; stopped again if never ready
     write_state(ws, info, model="lmforge", version=3)      # <ws>/triton/state.json, read by `lmforge status`
     stop_server(info)                                      # SIGTERM, then SIGKILL of its process group
 
@@ -11,7 +12,8 @@ on PATH, VIRTUAL_ENV set to it (the python stub takes its site-packages from the
 and LD_LIBRARY_PATH at its base interpreter's libpython. The server uses explicit model
 control (models load only when asked), strict readiness (ready = every loaded model
 ready), and keeps running when a model fails to load. The process is started, recognised
-(pid + start time, never its name) and stopped by components/supervisor.py.
+(pid + start time, never its name) and stopped by the shared lifecycle in
+components/service.py; only the command line, the environment and the readiness URL are Triton's.
 """
 
 from __future__ import annotations
@@ -21,14 +23,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.components import supervisor
+from lmforge.components import service, supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.requestlog import now_iso
@@ -38,6 +37,7 @@ from lmforge.deploy import control
 
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
 SERVE_VENV_NAME = ".venv-serve"
+NAME = "tritonserver"
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,13 @@ def server_env(venv: Path | None = None) -> dict[str, str]:
     return env
 
 
-def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[str, ...] = ()) -> ServerInfo:
-    """Launch tritonserver in its own session (it outlives this process unless stopped); do not wait."""
+def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[str, ...] = (),
+                 wait: float | None = None) -> ServerInfo:
+    """Launch tritonserver in its own session (it outlives this process unless stopped).
+
+    With `wait`, block until it is ready, at most that many seconds; one that is not is stopped
+    again and ServiceNotReady (a UserError, with the log's tail) propagates.
+    """
     binary, backends = triton_paths()
     ports = [cfg.http_port or free_port(cfg.host), cfg.grpc_port or free_port(cfg.host),
              cfg.metrics_port or free_port(cfg.host)]
@@ -119,59 +124,45 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[s
     key = control.server_key(repo.parent)  # model load/unload need it (deploy/control.py)
     cmd += control.restricted_flags(key)
     log_path = Path(log_path)
-    # Its own session: Ctrl-C in a terminal that ran `lmforge serve --detach` does not reach it.
-    rec = supervisor.start(cmd, log=log_path, env=server_env(), cwd=log_path.parent)
+    svc = _service(f"{cfg.host}:{ports[0]}", log_path, cmd=cmd, env=server_env(), cwd=log_path.parent)
+    rec = service.launch(svc) if wait is None else service.start(svc, timeout=wait)
     control.remember(f"{cfg.host}:{ports[0]}", key)
     return ServerInfo(pid=rec.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
                       repository=str(repo), log=str(log_path), started_at=now_iso(), create_time=rec.create_time)
 
 
+def _service(url: str, log: Path, *, cmd: list[str] | None = None, env: dict[str, str] | None = None,
+             cwd: Path | None = None) -> service.Service:
+    """Triton as the shared lifecycle sees it: its command line, environment and readiness URL."""
+    return service.Service(NAME, cmd or [], log=Path(log), ready=service.http_ok(f"http://{url}/v2/health/ready"),
+                           env=env, cwd=cwd, address=url, group=False,
+                           timeout_fix="raise deploy.readiness_timeout_s")
+
+
 def is_ready(info: ServerInfo, *, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{info.url}/v2/health/ready", timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return service.http_ok(f"http://{info.url}/v2/health/ready", timeout=timeout)()
 
 
 def is_live(info: ServerInfo, *, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{info.url}/v2/health/live", timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+    return service.http_ok(f"http://{info.url}/v2/health/live", timeout=timeout)()
 
 
 def wait_ready(info: ServerInfo, *, timeout: float) -> None:
     """Block until the server answers ready; raise UserError (with the log's tail) if it dies or times out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not is_running(info):
-            raise UserError("tritonserver", info.pid, f"exited while starting: {log_tail(info.log)}",
-                            f"See {info.log}")
-        if is_ready(info):
-            return
-        time.sleep(0.25)
-    raise UserError("tritonserver", info.url, f"was not ready within {timeout:.0f} s: {log_tail(info.log)}",
-                    f"See {info.log}, or raise deploy.readiness_timeout_s")
+    service.wait_ready(_service(info.url, Path(info.log)), info.process, timeout=timeout)
 
 
 def is_running(info: ServerInfo) -> bool:
     """True while the very process `info` names runs (a recycled pid or a zombie is not it)."""
-    return supervisor.alive(info.process)
+    return service.alive(info.process)
 
 
 def stop_server(info: ServerInfo, *, timeout: float = 30.0) -> bool:
     """Stop a server: SIGTERM to it (it drains in-flight requests), then SIGKILL of its group. True if it ran."""
-    return supervisor.stop(info.process, grace=timeout, group=False)
+    return service.stop(info.process, grace=timeout, group=False)
 
 
-def log_tail(path: str | Path, *, lines: int = 6) -> str:
-    try:
-        text = Path(path).read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return "(no server log)"
-    return " | ".join(line.strip() for line in text[-lines:]) or "(empty server log)"
+log_tail = service.log_tail
 
 
 # --- the state file ------------------------------------------------------------

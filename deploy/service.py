@@ -26,7 +26,7 @@ from lmforge.deploy import client
 from lmforge.deploy.repository import build_version, served_versions
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import (ServerInfo, info_from_state, read_state, running_server, start_server, stop_server,
-                                   wait_ready, write_state)
+                                   write_state)
 
 PRODUCTION = "production"
 
@@ -44,12 +44,7 @@ def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
     info = running_server(ws)  # running and live; it may be not-ready while a model loads
     if info is not None:
         return info
-    info = start_server(repo_dir(ws), cfg, log_path=ws.triton / "server.log")
-    try:
-        wait_ready(info, timeout=cfg.readiness_timeout_s)
-    except BaseException:
-        stop_server(info)
-        raise
+    info = start_server(repo_dir(ws), cfg, log_path=ws.triton / "server.log", wait=cfg.readiness_timeout_s)
     write_state(ws, info, model=cfg.model_name, version=None)
     return info
 

@@ -8,24 +8,22 @@
 The server keeps its database in the workspace (<ws>/prefect), the same one the
 embedded mode uses, so flow runs made before `up` show in its UI. While it is up,
 `lmforge` commands send their runs to it (see `active_api_url`); the plain `prefect`
-CLI needs `PREFECT_API_URL`, which `up` prints. Processes are started, recognised and
-stopped by components/supervisor.py: a recorded pid that now belongs to another process
-is treated as gone, never signalled.
+CLI needs `PREFECT_API_URL`, which `up` prints. Processes are started, waited for,
+recognised and stopped by the shared lifecycle in components/service.py (the same one
+tritonserver uses): a recorded pid that now belongs to another process is treated as
+gone, never signalled. Only the command lines, the environment and the health URL are
+Prefect's.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmforge.components import supervisor
+from lmforge.components import service
 from lmforge.components.errors import UserError
 from lmforge.components.resources import prefect_yaml
 from lmforge.components.workspace import Workspace
@@ -56,38 +54,23 @@ def server_env(ws: Workspace, api_url: str | None = None) -> dict[str, str]:
     return env
 
 
-def wait_healthy(api_url: str, *, timeout: float, rec: supervisor.ProcessRecord | None = None,
-                 log: Path | None = None) -> None:
-    """Poll `<api>/health` until it answers 200; fail with the log's tail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if rec is not None and not supervisor.alive(rec):
-            raise RuntimeError(f"prefect server exited:\n{_tail(log)}")
-        try:
-            with urllib.request.urlopen(f"{api_url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"prefect server at {api_url} not healthy after {timeout:.0f}s:\n{_tail(log)}")
+def _service(ws: Workspace, port: int) -> service.Service:
+    """The Prefect server as the shared lifecycle (components/service.py) sees it: command, environment, health URL."""
+    api_url = f"http://127.0.0.1:{port}/api"
+    return service.Service("prefect server", [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                           log=ws.prefect / "server.log", env=server_env(ws), ready=service.http_ok(f"{api_url}/health"),
+                           address=api_url)
 
 
 def start_server(ws: Workspace, *, port: int = 4200, timeout: float = 120) -> ServerInfo:
+    """The workspace's running server, or a new one, healthy within `timeout` s (else stopped again, UserError)."""
     existing = active_server(ws)
     if existing is not None:
         return existing
-    log = ws.prefect / "server.log"
-    api_url = f"http://127.0.0.1:{port}/api"
-    rec = supervisor.start([prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                           log=log, env=server_env(ws))
-    try:
-        wait_healthy(api_url, timeout=timeout, rec=rec, log=log)
-    except BaseException:
-        supervisor.stop(rec)
-        raise
-    info = ServerInfo(api_url=api_url, ui_url=f"http://127.0.0.1:{port}", pid=rec.pid, create_time=rec.create_time)
-    supervisor.save(rec, ws.prefect / STATE_FILE, api_url=info.api_url, ui_url=info.ui_url)
+    svc = _service(ws, port)
+    rec = service.start(svc, timeout=timeout)
+    info = ServerInfo(api_url=svc.address, ui_url=f"http://127.0.0.1:{port}", pid=rec.pid, create_time=rec.create_time)
+    service.save_state(ws.prefect / STATE_FILE, rec, api_url=info.api_url, ui_url=info.ui_url)
     return info
 
 
@@ -115,14 +98,15 @@ def ensure_work_pool(ws: Workspace, api_url: str) -> None:
 def start_worker(ws: Workspace, api_url: str) -> int:
     """A process worker for the lmforge pool; flow runs start in the workspace with this Python."""
     ensure_work_pool(ws, api_url)
-    running = supervisor.load(ws.prefect / WORKER_FILE)
-    if running is not None and supervisor.alive(running):
+    running, _ = service.running(ws.prefect / WORKER_FILE)
+    if running is not None:
         return running.pid
     env = server_env(ws, api_url)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    rec = supervisor.start([prefect_bin(), "worker", "start", "--pool", WORK_POOL, "--name", "lmforge-local"],
-                           log=ws.prefect / "worker.log", env=env, cwd=ws.root)
-    supervisor.save(rec, ws.prefect / WORKER_FILE)
+    rec = service.launch(service.Service("prefect worker", [prefect_bin(), "worker", "start", "--pool", WORK_POOL,
+                                                            "--name", "lmforge-local"],
+                                         log=ws.prefect / "worker.log", env=env, cwd=ws.root))
+    service.save_state(ws.prefect / WORKER_FILE, rec)
     return rec.pid
 
 
@@ -135,11 +119,9 @@ def deploy_all(ws: Workspace, api_url: str) -> str:
 
 def active_server(ws: Workspace) -> ServerInfo | None:
     """The server `up` started for this workspace, if that very process is still running."""
-    state = ws.prefect / STATE_FILE
-    rec = supervisor.load(state)
-    if rec is None or not supervisor.alive(rec):
+    rec, data = service.running(ws.prefect / STATE_FILE)
+    if rec is None:
         return None
-    data = json.loads(state.read_text())
     return ServerInfo(api_url=data["api_url"], ui_url=data["ui_url"], pid=rec.pid, create_time=rec.create_time)
 
 
@@ -149,21 +131,11 @@ def active_api_url(ws: Workspace) -> str | None:
 
 
 def stop_worker(ws: Workspace) -> bool:
-    return _stop(ws.prefect / WORKER_FILE)
+    return service.stop_recorded(ws.prefect / WORKER_FILE)
 
 
 def stop_server(ws: Workspace) -> bool:
-    return _stop(ws.prefect / STATE_FILE)
-
-
-def _stop(state: Path) -> bool:
-    """Stop the process a state file records (only if it is that very process), then drop the file."""
-    rec = supervisor.load(state)
-    if rec is None:
-        return False
-    stopped = supervisor.stop(rec)
-    state.unlink(missing_ok=True)
-    return stopped
+    return service.stop_recorded(ws.prefect / STATE_FILE)
 
 
 def stop_all(ws: Workspace) -> list[str]:
@@ -177,8 +149,3 @@ def require_server(ws: Workspace) -> ServerInfo:
         raise UserError("prefect server", None, "is not running for this workspace", "Start it with: lmforge prefect up")
     return info
 
-
-def _tail(log: Path | None, n: int = 30) -> str:
-    if log is None or not log.exists():
-        return ""
-    return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
