@@ -6,6 +6,9 @@
     tok = train_tokenizer_from(ingest_refs, sel, near, spl, cfg.tokenizer, out / "tokenizer")
     manifest = assemble(dataset_root, ...)                       # datasets/<version>, streamed together
 
+Each step takes the typed references of the steps before it and returns its own
+(components/data/stepref.py: SelectRef, NearRef, SplitRef, TokenizerRef).
+
 Each reads only small columns of every shard (signatures, hashes, group names), never the
 documents' text, except the tokenizer, which streams kept train text up to
 `tokenizer.train_chars` characters. Decisions go back to the shards as per-shard
@@ -26,8 +29,9 @@ import pyarrow.parquet as pq
 from lmforge.components.data.manifest import build_manifest
 from lmforge.components.data.minhash import band_keys, greedy_near_dups, lsh_params
 from lmforge.components.data.quarantine import iter_quarantine, write_quarantine
-from lmforge.components.data.shardwork import QUARANTINE, ROWS, SIG, kept_rows, load_mask, quarantined_row, ref, sample_key
+from lmforge.components.data.shardwork import QUARANTINE, ROWS, SIG, kept_rows, load_mask, quarantined_row, sample_key
 from lmforge.components.data.split import SPLITS, place_groups
+from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, TokenizerRef
 from lmforge.components.data.tokenizer import save_tokenizer, train_tokenizer
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
@@ -37,13 +41,13 @@ DATASET_PARTS = ["records/train.jsonl", "records/validation.jsonl", "records/tes
                  "features.parquet", "tokenizer", "shards"]
 
 
-def _sample_threshold(ingest_refs: list[dict[str, Any]], cfg: DataConfig) -> int | None:
+def _sample_threshold(ingest_refs: list[IngestRef], cfg: DataConfig) -> int | None:
     """The largest sample key kept when max_docs samples the records (None: keep all)."""
-    total = sum(r["records_read"] for r in ingest_refs)
+    total = sum(r.records_read for r in ingest_refs)
     if cfg.max_docs is None or total <= cfg.max_docs:
         return None
-    keys = [pq.read_table(Path(r["dir"]) / ROWS, columns=["sample_key"]).column("sample_key").to_numpy() for r in ingest_refs]
-    keys += [np.array([sample_key(cfg.seed, q.origin) for q in iter_quarantine(Path(r["dir"]) / QUARANTINE)], dtype=np.uint64)
+    keys = [pq.read_table(r.path(ROWS), columns=["sample_key"]).column("sample_key").to_numpy() for r in ingest_refs]
+    keys += [np.array([sample_key(cfg.seed, q.origin) for q in iter_quarantine(r.path(QUARANTINE))], dtype=np.uint64)
              for r in ingest_refs]
     allk = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
     return int(np.partition(allk, cfg.max_docs - 1)[cfg.max_docs - 1])
@@ -74,7 +78,7 @@ def first_occurrences(keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return first
 
 
-def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dict[str, Any]:
+def select(ingest_refs: list[IngestRef], cfg: DataConfig, out: Path) -> SelectRef:
     """Per shard, which rows go on (`unique-<i>.npy`), and the quarantine entries that stay (after sampling).
 
     In corpus order: a record whose id an earlier sampled record already used is quarantined
@@ -85,7 +89,7 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
     cut = _sample_threshold(ingest_refs, cfg)
     id_keys, text_keys, samples, shard_starts = [], [], [], [0]
     for r in ingest_refs:
-        t = pq.read_table(Path(r["dir"]) / ROWS, columns=["id", "sample_key", "text_hash"])
+        t = pq.read_table(r.path(ROWS), columns=["id", "sample_key", "text_hash"])
         id_keys.append(_hash128(t.column("id").to_pylist()))
         text_keys.append(np.frombuffer(b"".join(t.column("text_hash").to_pylist()), dtype=np.uint64).reshape(-1, 2))
         samples.append(np.ones(t.num_rows, bool) if cut is None else t.column("sample_key").to_numpy() <= cut)
@@ -107,7 +111,7 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
     with atomic_dir(out) as tmp:
         kept_q, dup_entries = [], []
         for k, r in enumerate(ingest_refs):
-            i, lo, hi = r["index"], starts[k], starts[k + 1]
+            i, lo, hi = r.index, starts[k], starts[k + 1]
             mask = np.zeros(hi - lo, bool)
             mask[unique[(unique >= lo) & (unique < hi)] - lo] = True
             np.save(tmp / f"unique-{i:05d}.npy", mask)
@@ -116,10 +120,10 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
             here = (dup_id >= lo) & (dup_id < hi)
             if here.any():
                 rows = (dup_id[here] - lo).tolist()
-                full = pq.read_table(Path(r["dir"]) / ROWS).take(rows).to_pylist()
+                full = pq.read_table(r.path(ROWS)).take(rows).to_pylist()
                 dup_entries += [quarantined_row(row, "duplicate_id", f"id {row['id']!r} already used by {origin_of[int(g)]}")
                                 for row, g in zip(full, used_by[here])]
-            for q in iter_quarantine(Path(r["dir"]) / QUARANTINE):
+            for q in iter_quarantine(r.path(QUARANTINE)):
                 if cut is None or sample_key(cfg.seed, q.origin) <= cut:
                     kept_q.append(q)
                     reasons[q.reason] += 1
@@ -128,7 +132,7 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
         for q in dup_entries:
             reasons[q.reason] += 1
         n["quarantined"] = write_quarantine(tmp / QUARANTINE, [*kept_q, *dup_entries])
-    records_read = sum(r["records_read"] for r in ingest_refs)
+    records_read = sum(r.records_read for r in ingest_refs)
     docs_in = records_read - n["sampled_out"]
     if docs_in != n["clean"] + n["quarantined"]:
         raise AssertionError(f"records do not reconcile: {records_read} read - {n['sampled_out']} sampled out = {docs_in}, "
@@ -136,35 +140,35 @@ def select(ingest_refs: list[dict[str, Any]], cfg: DataConfig, out: Path) -> dic
     if n["clean"] == 0:
         raise UserError("data.source", cfg.source or "builtin", "left no records after validation",
                         "Look at quarantine.jsonl in the build folder for the reasons, and fix the input")
-    files = [QUARANTINE, *(f"{k}-{r['index']:05d}.npy" for r in ingest_refs for k in ("unique", "exact"))]
-    return ref(out, files, records_read=records_read, docs_in=docs_in, **n,
-               quarantined_by_reason=dict(sorted(reasons.items())))
+    files = [QUARANTINE, *(f"{k}-{r.index:05d}.npy" for r in ingest_refs for k in ("unique", "exact"))]
+    return SelectRef.of(out, files, records_read=records_read, docs_in=docs_in, **n,
+                        quarantined_by_reason=dict(sorted(reasons.items())))
 
 
-def _origins(ingest_refs: list[dict[str, Any]], starts: np.ndarray, rows: np.ndarray) -> dict[int, str]:
+def _origins(ingest_refs: list[IngestRef], starts: np.ndarray, rows: np.ndarray) -> dict[int, str]:
     """{global row: its origin} for a few rows (those a duplicate id points back to)."""
     out: dict[int, str] = {}
     wanted = np.unique(rows)
     for k, r in enumerate(ingest_refs):
         here = wanted[(wanted >= starts[k]) & (wanted < starts[k + 1])]
         if len(here):
-            origins = pq.read_table(Path(r["dir"]) / ROWS, columns=["origin"]).column("origin").take(here - starts[k])
+            origins = pq.read_table(r.path(ROWS), columns=["origin"]).column("origin").take(here - starts[k])
             out.update(zip(here.tolist(), origins.to_pylist()))
     return out
 
 
-def near_dedup(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: DedupConfig, out: Path) -> dict[str, Any]:
+def near_dedup(ingest_refs: list[IngestRef], sel: SelectRef, cfg: DedupConfig, out: Path) -> NearRef:
     """Per shard, which unique rows are kept (`keep-<i>.npy`) and each kept row's cluster size (`cluster-<i>.npy`).
 
     Documents are the rows select marked unique, in corpus order; their signatures stay memory-mapped and only
     those whose band key collides are read.
     """
-    rows = [np.flatnonzero(load_mask(sel["dir"], "unique", r["index"])) for r in ingest_refs]
+    rows = [np.flatnonzero(load_mask(sel, "unique", r.index)) for r in ingest_refs]
     starts = np.concatenate([[0], np.cumsum([len(u) for u in rows])]).astype(np.int64)
     bands, band_rows = lsh_params(cfg.threshold, cfg.num_perm)
     dup_of: dict[int, int] = {}
     if cfg.enabled and starts[-1]:
-        sigs = [np.load(Path(r["dir"]) / SIG, mmap_mode="r") for r in ingest_refs]
+        sigs = [np.load(r.path(SIG), mmap_mode="r") for r in ingest_refs]
         if any(s.shape[1] != cfg.num_perm for s in sigs):
             raise AssertionError(f"ingest signatures have {sigs[0].shape[1]} slots, dedup.num_perm is {cfg.num_perm}")
         keys = np.concatenate([band_keys(np.asarray(s[u]), bands=bands, rows=band_rows) for s, u in zip(sigs, rows)])
@@ -174,7 +178,7 @@ def near_dedup(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: Dedu
             return np.stack([sigs[s][rows[s][i - starts[s]]] for s, i in zip(shard.tolist(), idx.tolist())])
 
         dup_of = greedy_near_dups(keys, load_sig, threshold=cfg.threshold, num_perm=cfg.num_perm)
-    exact = np.concatenate([load_mask(sel["dir"], "exact", r["index"]) for r in ingest_refs]) if ingest_refs \
+    exact = np.concatenate([load_mask(sel, "exact", r.index) for r in ingest_refs]) if ingest_refs \
         else np.zeros(0, np.int64)
     cluster = exact + 1
     for j, target in dup_of.items():
@@ -184,20 +188,20 @@ def near_dedup(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], cfg: Dedu
     examples = [{"removed": int(j), "kept": int(i)} for j, i in list(dup_of.items())[:20]]
     with atomic_dir(out) as tmp:
         for r, lo, hi in zip(ingest_refs, starts[:-1], starts[1:]):
-            np.save(tmp / f"keep-{r['index']:05d}.npy", keep[lo:hi])
-            np.save(tmp / f"cluster-{r['index']:05d}.npy", cluster[lo:hi])
-    files = [f"{k}-{r['index']:05d}.npy" for r in ingest_refs for k in ("keep", "cluster")]
-    return ref(out, files, near_duplicates=len(dup_of), kept=int(keep.sum()), lsh={"bands": bands, "rows": band_rows},
-               examples=examples)
+            np.save(tmp / f"keep-{r.index:05d}.npy", keep[lo:hi])
+            np.save(tmp / f"cluster-{r.index:05d}.npy", cluster[lo:hi])
+    files = [f"{k}-{r.index:05d}.npy" for r in ingest_refs for k in ("keep", "cluster")]
+    return NearRef.of(out, files, near_duplicates=len(dup_of), kept=int(keep.sum()), lsh={"bands": bands, "rows": band_rows},
+                      examples=examples)
 
 
-def assign_split(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any], cfg: SplitConfig,
-                 out: Path, *, seed: int) -> dict[str, Any]:
+def assign_split(ingest_refs: list[IngestRef], sel: SelectRef, near: NearRef, cfg: SplitConfig,
+                 out: Path, *, seed: int) -> SplitRef:
     """split.json: the groups placed outside train (train is the default) and the corpus's newest time."""
     sizes: Counter[str] = Counter()
     newest = 0.0
     for r in ingest_refs:
-        t = kept_rows(r["dir"], sel["dir"], near["dir"], r["index"], ["module", "mtime"])
+        t = kept_rows(r, sel, near, ["module", "mtime"])
         sizes.update(t.column("module").to_pylist())
         if t.num_rows:
             newest = max(newest, float(np.max(t.column("mtime").to_numpy())))
@@ -209,18 +213,19 @@ def assign_split(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], near: d
         atomic_write_json(tmp / "split.json", {"places": {g: s for g, s in sorted(place.items()) if s != "train"},
                                                "created": newest})
     groups = Counter(place.values())
-    return ref(out, ["split.json"], counts={s: counts.get(s, 0) for s in SPLITS}, groups={s: groups.get(s, 0) for s in SPLITS})
+    return SplitRef.of(out, ["split.json"], counts={s: counts.get(s, 0) for s in SPLITS},
+                       groups={s: groups.get(s, 0) for s in SPLITS})
 
 
-def train_tokenizer_from(ingest_refs: list[dict[str, Any]], sel: dict[str, Any], near: dict[str, Any],
-                         spl: dict[str, Any], cfg: TokenizerConfig, out: Path) -> dict[str, Any]:
+def train_tokenizer_from(ingest_refs: list[IngestRef], sel: SelectRef, near: NearRef, spl: SplitRef,
+                         cfg: TokenizerConfig, out: Path) -> TokenizerRef:
     """A BPE tokenizer trained on kept train-split text, streamed shard by shard, up to cfg.train_chars characters."""
-    places = json.loads((Path(spl["dir"]) / "split.json").read_text())["places"]
+    places = json.loads(spl.path("split.json").read_text())["places"]
     used = {"docs": 0, "chars": 0}
 
     def texts():
         for r in ingest_refs:
-            t = kept_rows(r["dir"], sel["dir"], near["dir"], r["index"], ["text", "module"])
+            t = kept_rows(r, sel, near, ["text", "module"])
             for text, module in zip(t.column("text").to_pylist(), t.column("module").to_pylist()):
                 if places.get(module, "train") != "train":
                     continue
@@ -233,11 +238,11 @@ def train_tokenizer_from(ingest_refs: list[dict[str, Any]], sel: dict[str, Any],
     tok = train_tokenizer(texts(), cfg)
     with atomic_dir(out) as tmp:
         save_tokenizer(tok, tmp)
-    return {"dir": str(out), "files": {"tokenizer.json": sha256_file(out / "tokenizer.json")},
-            "sha256": sha256_tree(out / "tokenizer.json"), "vocab_size": tok.get_vocab_size(), "trained_on": used}
+    return TokenizerRef.of(out, ["tokenizer.json"], sha256=sha256_tree(out / "tokenizer.json"), vocab_size=tok.get_vocab_size(),
+                           trained_on=used)
 
 
-def _write_shards(dst: Path, finish_refs: list[dict[str, Any]], vocab_size: int) -> dict[str, Any]:
+def _write_shards(dst: Path, finish_refs: list[FinishRef], vocab_size: int) -> dict[str, Any]:
     """shards/: <split>.bin (every shard's tokens, in order), <split>.offsets.npy and index.json."""
     from lmforge.components.data.shards import INDEX, dtype_for
 
@@ -248,8 +253,8 @@ def _write_shards(dst: Path, finish_refs: list[dict[str, Any]], vocab_size: int)
         offsets, n = [], 0
         with open(dst / f"{s}.bin", "wb") as f:
             for r in finish_refs:
-                tokens = np.load(Path(r["dir"]) / f"tokens-{s}.npy")
-                lengths = np.load(Path(r["dir"]) / f"lengths-{s}.npy")
+                tokens = np.load(r.path(f"tokens-{s}.npy"))
+                lengths = np.load(r.path(f"lengths-{s}.npy"))
                 assert tokens.dtype == dtype
                 offsets.append(n + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(lengths) else
                                np.zeros(0, np.int64))
@@ -268,7 +273,7 @@ def _concat(dst: Path, parts: list[Path]) -> None:
                 shutil.copyfileobj(g, f, 1 << 20)
 
 
-def assemble(dataset_root: Path, *, sel: dict[str, Any], finish_refs: list[dict[str, Any]], tokenizer: dict[str, Any],
+def assemble(dataset_root: Path, *, sel: SelectRef, finish_refs: list[FinishRef], tokenizer: TokenizerRef,
              counts: dict[str, Any], config_hash: str, source: dict[str, Any],
              report: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """Build the dataset's parts in `scratch`, hash them, then rename datasets/<version> into place.
@@ -280,11 +285,11 @@ def assemble(dataset_root: Path, *, sel: dict[str, Any], finish_refs: list[dict[
     with atomic_dir(Path(scratch)) as tmp:
         (tmp / "records").mkdir()
         for s in SPLITS:
-            _concat(tmp / "records" / f"{s}.jsonl", [Path(r["dir"]) / f"records-{s}.jsonl" for r in finish_refs])
-        shutil.copyfile(Path(sel["dir"]) / QUARANTINE, tmp / "quarantine.jsonl")
+            _concat(tmp / "records" / f"{s}.jsonl", [r.path(f"records-{s}.jsonl") for r in finish_refs])
+        shutil.copyfile(sel.path(QUARANTINE), tmp / "quarantine.jsonl")
         writer = None
         for r in finish_refs:
-            t = pq.read_table(Path(r["dir"]) / "features.parquet")
+            t = pq.read_table(r.path("features.parquet"))
             writer = writer or pq.ParquetWriter(tmp / "features.parquet", t.schema)
             writer.write_table(t)
         if writer is None:
@@ -293,12 +298,12 @@ def assemble(dataset_root: Path, *, sel: dict[str, Any], finish_refs: list[dict[
             pq.write_table(pa.table({f.name: [] for f in SCHEMA}, schema=SCHEMA), tmp / "features.parquet")
         else:
             writer.close()
-        shutil.copytree(tokenizer["dir"], tmp / "tokenizer")
-        _write_shards(tmp / "shards", finish_refs, tokenizer["vocab_size"])
+        shutil.copytree(tokenizer.dir, tmp / "tokenizer")
+        _write_shards(tmp / "shards", finish_refs, tokenizer.vocab_size)
     scratch = Path(scratch)
     hashes = {p: sha256_tree(scratch / p) for p in DATASET_PARTS}
-    manifest = build_manifest(counts=counts, hashes=hashes, config_hash=config_hash, tokenizer_hash=tokenizer["sha256"],
-                              vocab_size=tokenizer["vocab_size"], source=source)
+    manifest = build_manifest(counts=counts, hashes=hashes, config_hash=config_hash, tokenizer_hash=tokenizer.sha256,
+                              vocab_size=tokenizer.vocab_size, source=source)
     final = Path(dataset_root) / manifest["version"]
     if (final / "manifest.json").is_file():
         shutil.rmtree(scratch, ignore_errors=True)

@@ -1,10 +1,10 @@
 """The per-shard steps of the data stage: each reads one shard's files and writes its own folder.
 
     ing = ingest_shard(spec, cfg, out / "ingest-0003")                 # spec: from readers.plan_shards
-    fin = finish_shard(ing["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], 3, out / "finish-0003",
-                       vocab_size=4096)
+    fin = finish_shard(ing, sel, near, spl, tok, out / "finish-0003")  # refs from corpuswork.py
 
-Every function returns a small reference: {"dir", "files": {name: sha256}, ...counts}. A shard
+Every function returns a small reference (components/data/stepref.py): the folder, the
+SHA-256 of each file in it, and the step's counts (IngestRef, FinishRef). A shard
 holds its documents as Parquet (Arrow record batches); memory grows with the shard, not the
 corpus. Two passes over the text, one per side of the corpus-wide decisions: ingest (read,
 validate, clean, MinHash signatures) and finish (features, records, token ids). The global
@@ -32,10 +32,12 @@ from lmforge.components.data.readers import read_shard
 from lmforge.components.data.records import FIELDS
 from lmforge.components.data.split import SPLITS
 from lmforge.components.data.shards import dtype_for
+from lmforge.components.data.stepref import (FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef,
+                                             TokenizerRef)
 from lmforge.components.data.tokenizer import encode_flat, load_tokenizer
 from lmforge.components.data.validate import judge
 from lmforge.components.sections.data import DataConfig
-from lmforge.components.workspace import atomic_dir, sha256_file
+from lmforge.components.workspace import atomic_dir
 
 ROWS = "rows.parquet"
 QUARANTINE = "quarantine.jsonl"
@@ -56,11 +58,7 @@ def record_line(r: dict[str, Any]) -> str:
     return json.dumps(r, ensure_ascii=False, sort_keys=True).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-def ref(out: Path, files: list[str], **extra: Any) -> dict[str, Any]:
-    return {"dir": str(out), "files": {f: sha256_file(Path(out) / f) for f in files}, **extra}
-
-
-def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> dict[str, Any]:
+def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> IngestRef:
     """Read, validate and clean one input shard: rows.parquet (clean records + their raw), quarantine.jsonl and
     sig.npy (each row's MinHash signature, with cfg.dedup's num_perm and shingle)."""
     tally: dict[str, Any] = {}
@@ -95,8 +93,9 @@ def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> dict[str, 
     reasons: dict[str, int] = {}
     for q in bad:
         reasons[q.reason] = reasons.get(q.reason, 0) + 1
-    return ref(out, [ROWS, QUARANTINE, SIG], index=spec["index"], records_read=tally["records_read"], rows=table.num_rows,
-               quarantined=n_bad, quarantined_by_reason=dict(sorted(reasons.items())), files_read=tally.get("files", 0))
+    return IngestRef.of(out, [ROWS, QUARANTINE, SIG], index=spec["index"], records_read=tally["records_read"],
+                        rows=table.num_rows, quarantined=n_bad, quarantined_by_reason=dict(sorted(reasons.items())),
+                        files_read=tally.get("files", 0))
 
 
 def quarantined_row(row: dict[str, Any], reason: str, detail: str) -> Quarantined:
@@ -107,28 +106,29 @@ def quarantined_row(row: dict[str, Any], reason: str, detail: str) -> Quarantine
                        format=row["qformat"], meta=json.loads(row["qmeta"]) if row["qmeta"] else {}, **encode_raw(row["raw"]))
 
 
-def load_mask(select_dir: str, name: str, index: int) -> np.ndarray:
-    return np.load(Path(select_dir) / f"{name}-{index:05d}.npy")
+def load_mask(step: StepRef, name: str, index: int) -> np.ndarray:
+    """A per-shard decision a corpus-wide step wrote: `<name>-<index>.npy` in its folder."""
+    return np.load(step.path(f"{name}-{index:05d}.npy"))
 
 
-def kept_rows(ingest_dir: str, select_dir: str, near_dir: str, index: int, columns: list[str]) -> pa.Table:
+def kept_rows(ing: IngestRef, sel: SelectRef, near: NearRef, columns: list[str]) -> pa.Table:
     """The shard's rows that survived select (sampled, unique id and text) and near-dedup, in row order."""
-    t = pq.read_table(Path(ingest_dir) / ROWS, columns=columns)
+    t = pq.read_table(ing.path(ROWS), columns=columns)
     if not t.num_rows:
         return t
-    t = t.filter(pa.array(load_mask(select_dir, "unique", index)))
-    return t.filter(pa.array(load_mask(near_dir, "keep", index)))
+    t = t.filter(pa.array(load_mask(sel, "unique", ing.index)))
+    return t.filter(pa.array(load_mask(near, "keep", ing.index)))
 
 
-def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str, tok_dir: str, index: int, out: Path,
-                 *, vocab_size: int) -> dict[str, Any]:
+def finish_shard(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, tok: TokenizerRef, out: Path) -> FinishRef:
     """The shard's kept documents with their split: records-<split>.jsonl, features.parquet, and token ids per
     split with <eos> after each document: tokens-<split>.npy (flat) and lengths-<split>.npy."""
-    records = kept_rows(ingest_dir, select_dir, near_dir, index, list(FIELDS)).to_pylist()
-    keep = load_mask(near_dir, "keep", index)
-    sizes = load_mask(near_dir, "cluster", index)
+    index, vocab_size = ing.index, tok.vocab_size
+    records = kept_rows(ing, sel, near, list(FIELDS)).to_pylist()
+    keep = load_mask(near, "keep", index)
+    sizes = load_mask(near, "cluster", index)
     sizes = sizes[keep] if len(keep) else sizes
-    split_info = json.loads((Path(split_dir) / "split.json").read_text())
+    split_info = json.loads(spl.path("split.json").read_text())
     places = split_info["places"]  # only the groups that are not in train
     modules = [r["module"] for r in records]
     split = [places.get(m, "train") for m in modules]
@@ -136,19 +136,19 @@ def finish_shard(ingest_dir: str, select_dir: str, near_dir: str, split_dir: str
     feats = document_features([r["id"] for r in records], text_list, splits=split, modules=modules,
                               mtimes=[split_info["created"]] * len(records), cluster_sizes=sizes,
                               created=split_info["created"])
-    tok, dtype = load_tokenizer(Path(tok_dir)), dtype_for(vocab_size)
+    tokenizer, dtype = load_tokenizer(Path(tok.dir)), dtype_for(vocab_size)
     tokens: dict[str, int] = {}
     with atomic_dir(out) as tmp:
         pq.write_table(feats, tmp / "features.parquet")
         for s in SPLITS:
             with open(tmp / f"records-{s}.jsonl", "wb") as f:
                 f.writelines((record_line(r) + "\n").encode("utf-8") for r, a in zip(records, split) if a == s)
-            flat, lengths = encode_flat(tok, [t for t, a in zip(text_list, split) if a == s], dtype)
+            flat, lengths = encode_flat(tokenizer, [t for t, a in zip(text_list, split) if a == s], dtype)
             np.save(tmp / f"tokens-{s}.npy", flat)
             np.save(tmp / f"lengths-{s}.npy", lengths)
             tokens[s] = int(len(flat))
     counts = {s: split.count(s) for s in SPLITS}
     files = ["features.parquet", *(f"{k}-{s}.{ext}" for s in SPLITS for k, ext in (("records", "jsonl"), ("tokens", "npy"),
                                                                                     ("lengths", "npy")))]
-    return ref(out, files, index=index, counts=counts, tokens=tokens,
-               quality_sum=float(np.sum(feats.column("quality_score").to_numpy())))
+    return FinishRef.of(out, files, index=index, counts=counts, tokens=tokens,
+                        quality_sum=float(np.sum(feats.column("quality_score").to_numpy())))

@@ -78,9 +78,9 @@ def test_jsonl_splits_only_at_newlines_and_reconciles(tmp_path, shard_mb):
 
     refs = [ingest_shard(s, cfg, tmp_path / f"ingest-{s['index']}") for s in specs]
     sel = select(refs, cfg, tmp_path / "select")
-    assert sel["records_read"] == sel["docs_in"] == n_records == sel["clean"] + sel["quarantined"]
-    assert (sel["clean"], sel["quarantined"]) == (len(good), len(bad))
-    rows = [row for r in refs for row in pq.read_table(f"{r['dir']}/{ROWS}", columns=["id", "text"]).to_pylist()]
+    assert sel.records_read == sel.docs_in == n_records == sel.clean + sel.quarantined
+    assert (sel.clean, sel.quarantined) == (len(good), len(bad))
+    rows = [row for r in refs for row in pq.read_table(f"{r.dir}/{ROWS}", columns=["id", "text"]).to_pylist()]
     assert {row["id"]: row["text"] for row in rows} == {i: clean_text(t) for i, t in good.items()}
     entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
     assert {q.line: (raw_bytes(q), q.reason) for q in entries} == bad
@@ -130,8 +130,8 @@ def test_csv_quoted_cr_and_separators_stay_in_their_cell_and_reconcile(tmp_path,
 
     refs = [ingest_shard(s, cfg, tmp_path / f"ingest-{s['index']}") for s in specs]
     sel = select(refs, cfg, tmp_path / "select")
-    assert sel["records_read"] == sel["docs_in"] == n_records == sel["clean"] + sel["quarantined"]
-    rows = [row for r in refs for row in pq.read_table(f"{r['dir']}/{ROWS}", columns=["id", "text"]).to_pylist()]
+    assert sel.records_read == sel.docs_in == n_records == sel.clean + sel.quarantined
+    rows = [row for r in refs for row in pq.read_table(f"{r.dir}/{ROWS}", columns=["id", "text"]).to_pylist()]
     assert {row["id"]: row["text"] for row in rows} == {i: clean_text(t) for i, t in good.items()}
     entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
     assert {q.line: q.reason for q in entries} == bad
@@ -179,8 +179,7 @@ def test_dataset_records_escape_line_separators(tmp_path):
     spl = assign_split(refs, sel, near, cfg.split, tmp_path / "split", seed=0)
     tok = train_tokenizer_from(refs, sel, near, spl, cfg.tokenizer.model_copy(update={"vocab_size": 300}), tmp_path / "tok")
     (r,) = refs
-    finish_shard(r["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], r["index"], tmp_path / "fin",
-                 vocab_size=tok["vocab_size"])
+    finish_shard(r, sel, near, spl, tok, tmp_path / "fin")
     text = (tmp_path / "fin" / "records-train.jsonl").read_text(encoding="utf-8")
     lines = text.splitlines()
     assert len(lines) == len(ODD)

@@ -27,11 +27,11 @@ def test_jsonl_shards_count_every_line_and_keep_bad_ones_whole(tmp_path):
     cfg = DataConfig(source=str(path))
     refs = ingest_all(cfg, tmp_path, shard_mb=0.001)
     assert len(refs) > 3  # cut at newlines into several shards
-    assert sum(r["records_read"] for r in refs) == n_lines
-    assert sum(r["rows"] + r["quarantined"] for r in refs) == n_lines
+    assert sum(r.records_read for r in refs) == n_lines
+    assert sum(r.rows + r.quarantined for r in refs) == n_lines
     sel = select(refs, cfg, tmp_path / "select")
-    assert sel["records_read"] == sel["docs_in"] == n_lines == sel["clean"] + sel["quarantined"]
-    assert sel["quarantined_by_reason"]["blank_line"] == 3
+    assert sel.records_read == sel.docs_in == n_lines == sel.clean + sel.quarantined
+    assert sel.quarantined_by_reason["blank_line"] == 3
     lines = path.read_bytes().split(b"\n")
     entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
     assert sorted(q.reason for q in entries if q.reason != "blank_line") == sorted(r for _, r in BAD_LINES)
@@ -52,8 +52,8 @@ def test_csv_rows_with_extra_or_missing_cells_are_quarantined_not_dropped(tmp_pa
         w.writerow(["d", "A second line\nthat spans two lines."])
     cfg = DataConfig(source=str(path))
     (ref,) = ingest_all(cfg, tmp_path)
-    assert ref["records_read"] == 4 == ref["rows"] + ref["quarantined"]
-    assert ref["quarantined_by_reason"] == {"column_count": 2}
+    assert ref.records_read == 4 == ref.rows + ref.quarantined
+    assert ref.quarantined_by_reason == {"column_count": 2}
     entries = read_quarantine(tmp_path / "ingest-0" / "quarantine.jsonl")
     assert [(q.line, raw_bytes(q)) for q in entries] == [(3, b"b,Text with one cell too many.,surplus"), (4, b"c")]
     assert entries[0].meta == {"header": ["id", "text"]}
@@ -68,7 +68,7 @@ def test_unparseable_python_file_is_counted_and_kept_whole(tmp_path):
     items = list(read_shard(spec, DataConfig(), tally))
     assert tally["records_read"] == len(items) == 3 and tally["files"] == 2
     ref = ingest_shard(spec, DataConfig(), tmp_path / "out")
-    assert ref["rows"] == 2 and ref["quarantined_by_reason"] == {"unparseable_file": 1}
+    assert ref.rows == 2 and ref.quarantined_by_reason == {"unparseable_file": 1}
     (q,) = read_quarantine(tmp_path / "out" / "quarantine.jsonl")
     assert q.format == "py" and raw_bytes(q) == (tmp_path / "bad.py").read_bytes() and q.source == "stdlib:bad.py"
 
@@ -88,9 +88,9 @@ def test_replayed_entries_are_read_back_through_their_format(tmp_path):
             f.write(json.dumps(d) + "\n")
     spec = plan_shards(cfg, replay=[str(fixed)])[-1]
     ref = ingest_shard(spec, cfg, tmp_path / "replay")
-    assert ref["records_read"] == len(entries) == ref["rows"] + ref["quarantined"]
+    assert ref.records_read == len(entries) == ref.rows + ref.quarantined
     assert pq.read_table(tmp_path / "replay" / ROWS).column("id").to_pylist() == ["js", "doc0"]  # doc0: a dup id, caught by select
-    assert ref["quarantined"] == len(entries) - 2
+    assert ref.quarantined == len(entries) - 2
 
 
 @pytest.mark.parametrize("max_docs", [10, 45])
@@ -99,8 +99,8 @@ def test_sampling_keeps_exactly_max_docs_records_and_counts_the_rest(tmp_path, m
     cfg = DataConfig(source=str(path), max_docs=max_docs)
     refs = ingest_all(cfg, tmp_path, shard_mb=0.001)
     sel = select(refs, cfg, tmp_path / "select")
-    assert sel["docs_in"] == max_docs == sel["clean"] + sel["quarantined"]
-    assert sel["records_read"] == max_docs + sel["sampled_out"]
+    assert sel.docs_in == max_docs == sel.clean + sel.quarantined
+    assert sel.records_read == max_docs + sel.sampled_out
 
 
 def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
@@ -121,8 +121,7 @@ def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
     near = near_dedup(refs, sel, cfg.dedup, tmp_path / "b" / "near")
     spl = assign_split(refs, sel, near, cfg.split, tmp_path / "b" / "split", seed=0)
     tok = train_tokenizer_from(refs, sel, near, spl, cfg.tokenizer.model_copy(update={"vocab_size": 300}), tmp_path / "b" / "tok")
-    (ref,) = [finish_shard(r["dir"], sel["dir"], near["dir"], spl["dir"], tok["dir"], r["index"], tmp_path / "b" / "fin",
-                           vocab_size=tok["vocab_size"]) for r in refs]
+    (ref,) = [finish_shard(r, sel, near, spl, tok, tmp_path / "b" / "fin") for r in refs]
     feats = pq.read_table(tmp_path / "b" / "fin" / "features.parquet").to_pylist()
     assert len(feats) == 2
     assert {f["event_timestamp"].timestamp() for f in feats} == {1_663_000_000.0}
@@ -170,11 +169,11 @@ def test_select_decides_ids_then_texts_in_corpus_order_across_shards(tmp_path):
     refs = ingest_all(cfg, tmp_path, shard_mb=0.00005)  # about one record a shard
     assert len(refs) >= 4
     sel = select(refs, cfg, tmp_path / "select")
-    unique = np.concatenate([np.load(tmp_path / "select" / f"unique-{r['index']:05d}.npy") for r in refs])
-    exact = np.concatenate([np.load(tmp_path / "select" / f"exact-{r['index']:05d}.npy") for r in refs])
+    unique = np.concatenate([np.load(tmp_path / "select" / f"unique-{r.index:05d}.npy") for r in refs])
+    exact = np.concatenate([np.load(tmp_path / "select" / f"exact-{r.index:05d}.npy") for r in refs])
     assert unique.tolist() == [True, False, False, True, False]
     assert exact.tolist() == [1, 0]  # the second record collapsed onto the first; none onto the fourth
-    assert (sel["clean"], sel["exact_duplicates"], sel["quarantined"]) == (3, 1, 2)
+    assert (sel.clean, sel.exact_duplicates, sel.quarantined) == (3, 1, 2)
     entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
     assert [(q.line, q.reason) for q in entries] == [(3, "duplicate_id"), (5, "duplicate_id")]
     assert entries[0].detail == "id 'a' already used by d.jsonl:1" and entries[1].detail == "id 'b' already used by d.jsonl:2"
