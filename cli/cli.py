@@ -24,6 +24,7 @@ import contextlib
 import enum
 import importlib
 import pkgutil
+import signal
 import subprocess
 import sys
 import traceback
@@ -39,6 +40,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
 from lmforge.flows import quiet
 from lmforge.cli.output import emit_json, json_mode
+from lmforge.cli import signals
 from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 console = Console()
@@ -218,18 +220,29 @@ def _fail(e: BaseException, code: int, debug: bool) -> int:
 
 
 def run_cli(argv: list[str]) -> int:
-    """Run the app on `argv`; the exit code (0 ok, 1 the work failed, 2 usage or configuration)."""
+    """Run the app on `argv`; the exit code (0 ok, 1 the work failed, 2 usage or configuration, 128 + N signal N)."""
     debug = any(a in DEBUG_FLAGS for a in argv)
+    try:
+        rc = _run(argv, debug=debug)
+    except KeyboardInterrupt:    # one that came before or after click's handling of it
+        rc = 130
+    signum = signals.received()
+    if signum is not None:       # SIGTERM or SIGINT (cli/signals.py); typer turns either into exit 130
+        print(f"error: interrupted by {signal.Signals(signum).name}", file=sys.stderr, flush=True)
+        return 128 + signum
+    return rc
+
+
+def _run(argv: list[str], *, debug: bool) -> int:
     verbose = any(a in VERBOSE_FLAGS for a in argv)
     argv = [a for a in argv if a not in DEBUG_FLAGS + VERBOSE_FLAGS]
     quiet.configure(verbose=verbose or debug)
     if not debug:
         quiet.one_line_failures()
-    _mount_groups()
     try:
+        _mount_groups()
         rc = app(args=argv, prog_name="lmforge", standalone_mode=False)
-    except typer.Abort:                            # Ctrl-C
-        print("error: interrupted", file=sys.stderr)
+    except typer.Abort:                            # Ctrl-C at a prompt
         return 130
     except typer.TyperException as e:              # usage: unknown option, bad choice, missing argument
         if type(e).__name__ == "NoArgsIsHelpError":   # `lmforge plan` alone and the like: the help is the answer
@@ -251,6 +264,7 @@ def run_cli(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    signals.install()
     sys.exit(run_cli(list(sys.argv[1:] if argv is None else argv)))
 
 

@@ -1,0 +1,92 @@
+"""SIGTERM or SIGINT ends an `lmforge` command cleanly at any moment, and leaves none of its processes behind.
+
+    signals.install()        # first thing in main(): both signals raise Interrupted in the main thread
+    ...                      # the work unwinds (the launcher stops its ranks, Dask closes, atexit stops
+                             # Prefect's temporary server); last of all at exit, after an interruption,
+                             # reap() stops whatever of this command's session is still alive
+
+A scheduler or a CI timeout sends SIGTERM, whose default action ends Python at once: no `finally`,
+no `atexit`. So Prefect's temporary API server (a child that Prefect stops from `atexit`), the Dask
+workers of the data stage and anything else this command started lived on as orphans. Both signals
+now raise `Interrupted` (a KeyboardInterrupt, as Ctrl-C always did), so the same unwinding runs.
+
+`reap` is the backstop for a child started in the instant before its owner registered its clean-up.
+It stops only descendants in this command's own session. Services started on purpose to outlive the
+command run in sessions of their own (components/supervisor.py): tritonserver once deploy has started
+it, and the server of `lmforge prefect up`. The training launcher also has its own session; it stops
+its ranks itself when the interruption unwinds through it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+
+import psutil
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The command was sent `signum` (the CLI exits 128 + signum, as a shell reports it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: list[int] = []
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    for sig in SIGNALS:   # one interruption: the unwinding and the reaping are not themselves cut short
+        signal.signal(sig, signal.SIG_IGN)
+    _received.append(signum)
+    raise Interrupted(signum)
+
+
+def _reap_if_interrupted() -> None:
+    if _received:
+        stopped = reap()
+        if stopped:
+            print(f"lmforge: stopped {len(stopped)} process(es) the interrupted command had left: pids "
+                  f"{', '.join(map(str, stopped))}", file=sys.stderr, flush=True)
+
+
+def install() -> None:
+    """Both signals raise Interrupted; at exit, after one, reap() (registered first, so it runs last)."""
+    for sig in SIGNALS:
+        signal.signal(sig, _interrupt)
+    atexit.register(_reap_if_interrupted)
+
+
+def received() -> int | None:
+    """The signal that interrupted this command, if one did."""
+    return _received[0] if _received else None
+
+
+def reap(*, grace: float = 10.0) -> list[int]:
+    """Terminate this process's descendants in its own session, kill those still alive after `grace` s; their pids."""
+    session = os.getsid(0)
+    ours = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if os.getsid(proc.pid) == session:
+                ours.append(proc)
+        except ProcessLookupError:
+            pass
+    for proc in ours:
+        try:
+            proc.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(ours, timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return [p.pid for p in ours]
