@@ -20,7 +20,6 @@ module there whose name does not start with "_" is mounted.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import importlib
 import pkgutil
@@ -30,7 +29,6 @@ import sys
 import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -42,9 +40,9 @@ from lmforge.flows import quiet
 from lmforge.cli.output import emit_json, json_mode
 from lmforge.cli import signals
 from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.work import WorkFailed, one_line, start_work, the_work
 
 console = Console()
-err_console = Console(stderr=True)
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lmforge: raw text to a monitored model behind Triton, as Prefect flows.")
 ui_app = typer.Typer(no_args_is_help=True, help="Open the web UIs on loopback.")
@@ -59,22 +57,6 @@ Stage = enum.Enum("Stage", {name: name for name in (*STAGE_NAMES, "all")}, type=
 # Global flags that may stand anywhere on the command line; main() takes them out before click parses.
 DEBUG_FLAGS = ("--debug",)
 VERBOSE_FLAGS = ("-v", "--verbose")
-
-
-class WorkFailed(Exception):
-    """The work itself failed (exit 1), as opposed to a usage or configuration error (exit 2)."""
-
-
-@contextlib.contextmanager
-def the_work() -> Iterator[None]:
-    """Around a flow call: a UserError stays one (exit 2, wherever it was raised: before launch, in a
-    task, in the launcher); any other exception is the work failing (exit 1)."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as e:
-        raise WorkFailed(one_line(e)) from e
 
 
 def package_version() -> str:
@@ -105,15 +87,6 @@ def load(config: Path | None, overrides: list[str] | None) -> Any:
     from lmforge.components.config import load_config
 
     return load_config(config, overrides or [])
-
-
-def start_work(ws: Workspace) -> None:
-    """Create the workspace and say which Prefect (the flow call creates the embedded Prefect home: workspace_flow)."""
-    from lmforge.flows import prefect_env
-
-    ws.ensure()
-    quiet.quiet_prefect_console()
-    err_console.print(f"[dim]{prefect_env.activate().describe()}[/dim]", highlight=False)
 
 
 @app.command()
@@ -204,12 +177,6 @@ def _mount_groups() -> None:
             module.register(app)
         elif hasattr(module, "app"):
             app.add_typer(module.app, name=name)
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one line: its message's lines joined with " | " (a UserError is one line already)."""
-    text = " | ".join(line.strip() for line in str(e).strip().splitlines() if line.strip())
-    return text if isinstance(e, (UserError, WorkFailed)) else f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _fail(e: BaseException, code: int, debug: bool) -> int:

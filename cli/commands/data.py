@@ -59,7 +59,7 @@ def replay(
         raise UserError("quarantine file", path, "holds no entries", "Nothing to replay")
     cfg = load_config(config, set_ or [])
     check_source(cfg.data.source)
-    from lmforge.cli.cli import WorkFailed, start_work, the_work
+    from lmforge.cli.work import WorkFailed, start_work, the_work
 
     ws = Workspace.from_env()
     start_work(ws)

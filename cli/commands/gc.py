@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         """Remove dataset versions (and their step folders, feature files, collections) nothing refers to."""
         from lmforge.components.config import load_config
         from lmforge.components.data.retention import gc_plan, referenced_versions, remove
-        from lmforge.cli.cli import WorkFailed
+        from lmforge.cli.work import WorkFailed
 
         cfg = load_config(config, set_ or [])
         ws = Workspace.from_env()
