@@ -1,8 +1,7 @@
 """Read the raw corpus: the built-in docstring corpus or a user's files, as `RawItem`s.
 
     check_source(cfg.source)                      # UserError now if the path is missing or unreadable
-    ingested = ingest(cfg)                         # cfg: DataConfig
-    ingested.items[0].payload                      # bytes (a JSONL line) or a dict of fields
+    for path in corpus_files(cfg): ...             # the files the source holds (readers.py cuts them into shards)
     source_fingerprint(cfg)                        # changes exactly when the input changes
 
 The built-in corpus is the docstrings of the installed standard library (optionally
@@ -14,10 +13,8 @@ a line that is not UTF-8 or not JSON is passed on as raw bytes, and `validate` d
 from __future__ import annotations
 
 import ast
-import csv
 import hashlib
 import os
-import random
 import sys
 import sysconfig
 from collections.abc import Callable, Iterator
@@ -58,12 +55,6 @@ class RawItem:
     raw: bytes = b""
     meta: dict[str, Any] = field(default_factory=dict)
     error: tuple[str, str] | None = None
-
-
-@dataclass
-class Ingested:
-    items: list[RawItem]
-    report: dict[str, Any] = field(default_factory=dict)
 
 
 # --- the source ------------------------------------------------------------------
@@ -205,35 +196,3 @@ def iter_corpus(cfg: DataConfig, *, progress: Progress | None = None, report: di
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-
-
-# --- both ------------------------------------------------------------------------
-
-def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
-    """All raw items of the configured source in one list, sampled down to `max_docs` with the seed.
-
-    For tests and tools on small inputs; the data stage reads shard by shard (components/data/readers.py).
-    """
-    from lmforge.components.data.readers import plan_shards, read_shard
-
-    path = check_source(cfg.source)
-    report: dict[str, Any] = {"source": str(path) if path else "builtin",
-                              "corpus": [s for s, _ in corpus_roots(cfg.include_site_packages)] if path is None else None}
-    tally: dict[str, Any] = {}
-    try:
-        items = [it for spec in plan_shards(cfg) for it in read_shard(spec, cfg, tally)]
-    except (OSError, csv.Error, UnicodeError) as e:
-        raise UserError("data.source", cfg.source, f"could not be read ({type(e).__name__}: {e})", f"Check that it is {SUPPORTED}") from e
-    except Exception as e:
-        if type(e).__module__.startswith("pyarrow"):
-            raise UserError("data.source", cfg.source, f"is not a readable Parquet file ({e})", f"Check that it is {SUPPORTED}") from e
-        raise
-    assert tally["records_read"] == len(items), (tally, len(items))
-    report["items_found"] = len(items)
-    if cfg.max_docs is not None and len(items) > cfg.max_docs:
-        keep = sorted(random.Random(cfg.seed).sample(range(len(items)), cfg.max_docs))
-        items = [items[i] for i in keep]
-    report["items_kept"] = len(items)
-    if not items:
-        raise UserError("data.source", cfg.source or "builtin", "holds no records", f"Point it at {SUPPORTED} with at least one record")
-    return Ingested(items, report)

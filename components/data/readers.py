@@ -1,5 +1,6 @@
 """Input shards: cut a source into pieces that can be read independently, and read one piece.
 
+    ingested = ingest(cfg)                         # every item at once, for tests and tools on small inputs
     specs = plan_shards(cfg, shard_mb=8)          # list of small dicts, one per input shard
     tally = {}
     for item in read_shard(specs[0], cfg, tally):  # RawItems, every input unit one item
@@ -30,13 +31,17 @@ from __future__ import annotations
 
 import csv
 import os
+import random
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.ingest import (JSONL_SUFFIXES, RawItem, check_source, corpus_files, extract_file)
+from lmforge.components.data.ingest import (JSONL_SUFFIXES, SUPPORTED, Progress, RawItem, check_source, corpus_files, corpus_roots,
+                                            extract_file)
 from lmforge.components.data.quarantine import (CR_OUTSIDE_QUOTES, csv_row_bytes, fields_bytes, iter_quarantine, raw_bytes,
                                                 replay_fields)
+from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig
 
 
@@ -307,3 +312,39 @@ def _read_replay(spec: dict[str, Any], cfg: DataConfig, tally: dict[str, Any]) -
         kind = "docstring" if q.format == "docstring" else "document"
         yield RawItem(origin, payload, 0.0, kind=kind, raw=raw_bytes(q), error=error, **common)
 
+
+# --- all at once, for tests and tools -------------------------------------------------
+
+@dataclass
+class Ingested:
+    items: list[RawItem]
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
+    """All raw items of the configured source in one list, sampled down to `max_docs` with the seed.
+
+    For tests and tools on small inputs; the data stage reads shard by shard.
+    """
+
+    path = check_source(cfg.source)
+    report: dict[str, Any] = {"source": str(path) if path else "builtin",
+                              "corpus": [s for s, _ in corpus_roots(cfg.include_site_packages)] if path is None else None}
+    tally: dict[str, Any] = {}
+    try:
+        items = [it for spec in plan_shards(cfg) for it in read_shard(spec, cfg, tally)]
+    except (OSError, csv.Error, UnicodeError) as e:
+        raise UserError("data.source", cfg.source, f"could not be read ({type(e).__name__}: {e})", f"Check that it is {SUPPORTED}") from e
+    except Exception as e:
+        if type(e).__module__.startswith("pyarrow"):
+            raise UserError("data.source", cfg.source, f"is not a readable Parquet file ({e})", f"Check that it is {SUPPORTED}") from e
+        raise
+    assert tally["records_read"] == len(items), (tally, len(items))
+    report["items_found"] = len(items)
+    if cfg.max_docs is not None and len(items) > cfg.max_docs:
+        keep = sorted(random.Random(cfg.seed).sample(range(len(items)), cfg.max_docs))
+        items = [items[i] for i in keep]
+    report["items_kept"] = len(items)
+    if not items:
+        raise UserError("data.source", cfg.source or "builtin", "holds no records", f"Point it at {SUPPORTED} with at least one record")
+    return Ingested(items, report)

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from lmforge.components.data.ingest import _extract_file, check_source, corpus_files, extract_docstrings, ingest, module_name
+from lmforge.components.data.ingest import _extract_file, check_source, corpus_files, extract_docstrings, module_name
+from lmforge.components.data.readers import ingest
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig
 

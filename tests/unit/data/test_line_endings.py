@@ -14,7 +14,7 @@ import pytest
 
 from lmforge.components.data.clean import clean_text
 from lmforge.components.data.corpuswork import select
-from lmforge.components.data.ingest import ingest
+from lmforge.components.data.readers import ingest
 from lmforge.components.data.quarantine import raw_bytes, read_quarantine
 from lmforge.components.data.readers import plan_shards, read_shard
 from lmforge.components.data.shardwork import ROWS, ingest_shard
