@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError
 
 from lmforge.components.errors import UserError
 from lmforge.components.resources import resolve_config
-from lmforge.components.sections._base import Section
+from lmforge.components.sections._base import Name, Section
 from lmforge.components.sections.compression import CompressionConfig
 from lmforge.components.sections.data import DataConfig
 from lmforge.components.sections.deploy import DeployConfig
@@ -41,7 +41,7 @@ from lmforge.components.workspace import sha256_json
 class PipelineConfig(Section):
     """The root: one field per stage table."""
 
-    name: str = Field("lmforge", description="a label for runs and reports")
+    name: Name = Field("lmforge", description="a label for runs and reports; it names training run folders")
     data: DataConfig = DataConfig()
     features: FeaturesConfig = FeaturesConfig()
     vectors: VectorsConfig = VectorsConfig()
@@ -120,7 +120,12 @@ def _describe(e: ValidationError, raw: dict[str, Any], source: str) -> tuple[str
         known = _known_keys(err["loc"][:-1])
         return (key, None, f"is not a known option (in {source})",
                 f"Known keys here: {', '.join(known)}" if known else "Remove it")
-    return (key, repr(value), f"is invalid: {err['msg'].lower()} (in {source})", "Change the value in the file or with --set")
+    return (key, repr(value), f"is invalid: {_lower_first(err['msg'])} (in {source})", "Change the value in the file or with --set")
+
+
+def _lower_first(msg: str) -> str:
+    """pydantic's "Input should be ..." reads as "input should be ..." mid-sentence; the rest (a pattern) stays as it is."""
+    return msg[:1].lower() + msg[1:]
 
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:

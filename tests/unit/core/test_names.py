@@ -7,7 +7,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.sections._base import NAME_PATTERN
 
 # every key whose value names a folder, a file, an MLflow/Prefect/Triton/Qdrant object or goes into a query
-NAME_KEYS = ["registry.model_name", "deploy.model_name", "training.run_name", "compression.source_alias",
+NAME_KEYS = ["name", "registry.model_name", "deploy.model_name", "training.run_name", "compression.source_alias",
              "vectors.collection_prefix"]
 BAD = ["../x", "..", ".", "/abs", "a/b", "a\\b", "it's", 'say"hi', "nul\x00byte", "", "a b", "x" * 65, "-flag",
        "ok\n"]
@@ -53,8 +53,9 @@ def test_packaged_configs_and_defaults_pass(config):
 
     cfg = load_config(config)
     for key in NAME_KEYS:
-        section, field = key.split(".")
-        value = getattr(getattr(cfg, section), field)
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
         assert value is None or re.fullmatch(NAME_PATTERN, value), (key, value)
 
 
