@@ -75,6 +75,12 @@ def retrain_busy(ws: Workspace) -> str | None:
         return holder
 
 
+def jsonl_lines(path: Path) -> list[str]:
+    """The non-blank lines of a JSONL file, ended by "\n" only: a record may hold U+2028 or a bare \r,
+    where str.splitlines() would cut it in two (components/data/readers.py reads records the same way)."""
+    return [line.removesuffix("\r") for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
 def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out: Path) -> dict[str, Any]:
     """One JSONL source: the served dataset's records and the retrain_source corpus; {"path", "old", "new"}."""
     v = cfg.data.validation
@@ -82,11 +88,10 @@ def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out
     records = ws.dataset_dir(dataset_version) / "records"
     for split in ("train", "validation", "test"):
         path = records / f"{split}.jsonl"
-        for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-            if line.strip():
-                r = json.loads(line)
-                rows.append(json.dumps({v.id_field: r["id"], v.text_field: r["text"], v.prompt_field: r["signature"],
-                                        v.reference_field: r["summary"], v.group_field: r["module"]}))
+        for line in jsonl_lines(path) if path.is_file() else []:
+            r = json.loads(line)
+            rows.append(json.dumps({v.id_field: r["id"], v.text_field: r["text"], v.prompt_field: r["signature"],
+                                    v.reference_field: r["summary"], v.group_field: r["module"]}))
     old = len(rows)
     if not old:
         raise UserError("retrain", f"dataset {dataset_version}", "has no records to retrain on",
@@ -99,7 +104,7 @@ def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out
             raise UserError("monitoring.retrain_source", source, "is not a JSONL file",
                             "Point it at a JSONL corpus of the new traffic's domain (a `text` field per line), "
                             "or unset it")
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = jsonl_lines(path)
         rows += lines
         new = len(lines)
     out.parent.mkdir(parents=True, exist_ok=True)
