@@ -88,8 +88,10 @@ def variant_eval_config(cfg: PipelineConfig) -> EvaluationConfig:
     return cfg.evaluation.model_copy(update=update)
 
 
-def _finite(metrics: dict[str, float]) -> dict[str, float]:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+def _finite(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers among `metrics` that MLflow can log (a bool, such as device_fallback, is a tag, not a metric)."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
 
 
 @workspace_flow(name="compress", log_prints=True)
@@ -142,7 +144,8 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
             versions[name] = register_task.with_options(name=f"compress-register-{name}")(
                 path, cfg, _finite(metrics), tags, parent_version)
             print(f"{name}: registered {model_name} v{versions[name]} (parent v{parent_version}), "
-                  f"BPC {metrics['bpc']:.4f}, {metrics['tokens_per_s']:.1f} tokens/s")
+                  f"BPC {metrics['bpc']:.4f} on {metrics['device']} ({metrics['device_reason']}), "
+                  f"{metrics['tokens_per_s']:.1f} tokens/s")
 
         rows = tradeoff_rows(parent_metrics, variants, c, techniques=TECHNIQUES)
         for r in rows:
