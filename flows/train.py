@@ -126,7 +126,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     with start_run(ws, "training", **run_kwargs) as run:
         import mlflow
 
-        info["mlflow_run_id"] = meta["mlflow_run_id"] = run.info.run_id
+        info["mlflow_run_id"] = run.info.run_id
+        job = job.with_meta(mlflow_run_id=run.info.run_id)  # the export records which MLflow run made it
         atomic_write_json(run_file, info)
         attempt = job.launch.request.attempt
         if attempt == 0:

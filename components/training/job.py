@@ -14,6 +14,7 @@ before the ranks start (components/accelerator.py, components/training/perf.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -44,6 +45,16 @@ class Job:
     ds_config: dict[str, Any]
     start_step: int
     hardware: "Hardware"
+
+    def with_meta(self, **updates: Any) -> "Job":
+        """The same job with `updates` merged into the meta its export records.
+
+        The request is frozen and holds its own copy of the meta given to prepare_job, so a
+        value known only later (the MLflow run id: the run opens after the job is checked)
+        goes in here, not by changing the caller's dict.
+        """
+        request = self.launch.request.model_copy(update={"meta": {**self.launch.request.meta, **updates}})
+        return dataclasses.replace(self, launch=dataclasses.replace(self.launch, request=request))
 
 
 @dataclass(frozen=True)

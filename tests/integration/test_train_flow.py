@@ -60,15 +60,15 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
         {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert {"loss_curve.png", "config/deepspeed_config-0.json", "model/model.safetensors", "model/tokenizer.json"} <= artifacts
 
-    # A truncated checkpoint shard: the CLI stops with one line and exit code 1 (found inside the work:
-    # cli/cli.py's convention), and trains nothing.
+    # A truncated checkpoint shard: the CLI stops with one line and exit code 2 (a UserError, wherever it
+    # is raised: cli/cli.py's convention), and trains nothing.
     latest = workspace.run_dir(out["run"]) / "checkpoints" / "step-0000006"
     shard = next(p for p in sorted(latest.iterdir()) if p.name.endswith("optim_states.pt"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     cli = subprocess.run([sys.executable, "-m", "lmforge.cli", "run", "train", "-c", str(REPO / "configs" / "tiny.toml"),
                           "--resume", "--set", "training.max_steps=9"], capture_output=True, text=True, timeout=600,
                          cwd=REPO, env={**os.environ, "COLUMNS": "400"})
-    assert cli.returncode == 1, cli.stdout + cli.stderr
+    assert cli.returncode == 2, cli.stdout + cli.stderr
     assert f"{shard.name} is truncated" in cli.stdout + cli.stderr and "Traceback" not in cli.stdout + cli.stderr
 
     # No complete checkpoint at all: refused before any rank starts, never a silent fresh start.

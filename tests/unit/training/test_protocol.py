@@ -68,3 +68,17 @@ def test_the_rank_does_not_import_the_parent_side_launcher():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_value_known_after_the_job_is_checked_reaches_the_export_meta(tmp_path):
+    # The MLflow run opens after prepare_job; its id must still reach the request the ranks read.
+    from lmforge.components.training.job import Job
+    from lmforge.components.training.launcher import LaunchRequest
+
+    req = request(tmp_path)
+    job = Job(launch=LaunchRequest(run_dir=tmp_path, request=req), layout=req.layout, ds_config=req.ds_config,
+              start_step=0, hardware=None)  # type: ignore[arg-type]
+    later = job.with_meta(mlflow_run_id="abc123")
+    assert later.launch.request.meta == {"run_name": "r1", "mlflow_run_id": "abc123"}
+    assert job.launch.request.meta["mlflow_run_id"] is None  # the checked job itself is unchanged
+    assert read_request(write_request(tmp_path / "request-0.json", later.launch.request)).meta["mlflow_run_id"] == "abc123"
