@@ -6,7 +6,7 @@ PY      := .venv/bin/python
 CONFIG  ?= configs/demo.toml
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit bench bootstrap clean-workspace wheel
+.PHONY: demo test test-unit lint bench bootstrap clean-workspace wheel
 
 .venv/.bootstrapped: pyproject.toml constraints.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -19,6 +19,11 @@ demo: .venv/.bootstrapped
 
 test: .venv/.bootstrapped
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff (rules in pyproject.toml [tool.ruff]) and the import contracts of docs/architecture.md ([tool.importlinter])
+lint: .venv/.bootstrapped
+	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 
 test-unit: .venv/.bootstrapped
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -40,7 +40,10 @@ fi
 
 pip_quiet() { "$@" --quiet --disable-pip-version-check; }
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.cli.cli' 2>/dev/null; then
+# Rebuilt when lmforge does not import (a new package folder needs a new editable install) or a dev tool
+# that `make lint` runs is missing.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.cli.cli' 2>/dev/null \
+        || [ ! -x .venv/bin/ruff ] || [ ! -x .venv/bin/lint-imports ]; then
     echo "bootstrap: building .venv (torch $TORCH_VERSION first, then lmforge) ..."
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
     pip_quiet .venv/bin/python -m pip install --upgrade pip
