@@ -1,6 +1,6 @@
 """The train stage: the latest dataset's training shards to an exported Hugging Face model.
 
-    lmforge run train                                   # configs/demo.toml: ZeRO-2 on 2 CPU ranks or every visible GPU, precision auto
+    lmforge run train                                   # configs/demo.toml: ZeRO-2 on 2 CPU ranks or every GPU, precision auto
     lmforge run train --resume                          # continue the newest run from its last complete checkpoint
     lmforge run train --set training.parallel.strategy=zero3 --set training.max_steps=50
     train_flow(cfg) -> {"run": name, "export": path, "summary": {...}}
@@ -134,7 +134,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
             mlflow.log_params({k: str(v)[:500] for k, v in _flat("", tc.model_dump(mode="json"), {}).items()})
             mlflow.log_dict(cfg.model_dump(mode="json"), "config/resolved_config.json")
         mlflow.log_dict(job.ds_config, f"config/deepspeed_config-{attempt}.json")
-        mlflow.set_tags({"dataset_version": version, "dataset_manifest_sha256": sha256_file(manifest) if manifest.exists() else "",
+        manifest_sha = sha256_file(manifest) if manifest.exists() else ""
+        mlflow.set_tags({"dataset_version": version, "dataset_manifest_sha256": manifest_sha,
                          "strategy": tc.parallel.strategy, "applied": ",".join(applied(job.ds_config)),
                          "layout": json.dumps(job.layout.to_dict()), "git_commit": meta["git_commit"] or "",
                          **{f"hardware.{k}": str(v)[:500] for k, v in job.hardware.to_dict().items()}})

@@ -34,7 +34,6 @@ from lmforge.components.training.perf import Peak, device_peak
 from lmforge.components.training.protocol import REQUEST_GLOB, RankHardware, RankRequest
 from lmforge.components.training.strategies import deepspeed_config
 
-
 CPU_DEFAULT_RANKS = 2
 
 
@@ -132,7 +131,8 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
     gpus = visible_gpus()
     cfg = cfg.model_copy(update={"num_ranks": num_ranks_for(cfg, gpus)})
     hardware = training_hardware(cfg)
-    layout = check_layout(cfg, vocab_size=len(tok), world_size=world_size_of(cfg), bf16_supported=hardware.precision.name == "bf16")
+    layout = check_layout(cfg, vocab_size=len(tok), world_size=world_size_of(cfg),
+                          bf16_supported=hardware.precision.name == "bf16")
     start = 0
     if resume:
         start, folder = ckpt.latest_complete(Path(run_dir) / "checkpoints")

@@ -6,12 +6,13 @@
     result.events          # the step events rank 0 emitted, in order
 
 The backend is DeepSpeed's accelerator's (gloo on CPU, NCCL on CUDA), so the same command
-runs on both; on CUDA the ranks go to the GPUs named in `gpus` (`--include localhost:<ids>`). Threads per rank = cores / local ranks, so that ranks x threads = cores. A
-hostfile is passed through for multi-node. Each rank writes its own log
-(`--enable_each_rank_log`); they are tailed and streamed with a rank prefix. When a rank
-fails, LaunchFailed carries that rank's last lines; a UserError raised inside a rank
-(say, a truncated checkpoint) comes back as the same UserError. What the ranks read and print
-back is fixed in components/training/protocol.py, which both sides import.
+runs on both; on CUDA the ranks go to the GPUs named in `gpus` (`--include localhost:<ids>`).
+Threads per rank = cores / local ranks, so that ranks x threads = cores. A hostfile is passed
+through for multi-node. Each rank writes its own log (`--enable_each_rank_log`); they are
+tailed and streamed with a rank prefix. When a rank fails, LaunchFailed carries that rank's
+last lines; a UserError raised inside a rank (say, a truncated checkpoint) comes back as the
+same UserError. What the ranks read and print back is fixed in components/training/protocol.py,
+which both sides import.
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ from lmforge.components import supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.training.ops import load_ops
-from lmforge.components.training.protocol import (EVENT_PREFIX, SUPERVISOR_ENV, USER_ERROR_PREFIX, RankRequest, request_file,
-                                                  write_request)
+from lmforge.components.training.protocol import (
+    EVENT_PREFIX,
+    SUPERVISOR_ENV,
+    USER_ERROR_PREFIX,
+    RankRequest,
+    request_file,
+    write_request,
+)
 
 _RANK_LOG = re.compile(r"_rank(\d+)\.log$")
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"

@@ -55,7 +55,8 @@ def world_size_of(cfg: TrainingConfig) -> int:
             continue
         slots = [p.split("=", 1)[1] for p in line.split()[1:] if p.startswith("slots=")]
         if not slots or not slots[0].isdigit():
-            raise UserError("training.hostfile", path, f"has a line without slots=N: {line!r}", "Write lines like `worker-1 slots=8`")
+            raise UserError("training.hostfile", path, f"has a line without slots=N: {line!r}",
+                            "Write lines like `worker-1 slots=8`")
         total += int(slots[0])
     return total
 

@@ -1,7 +1,8 @@
 """The peak FLOP/s a run's MFU is measured against, and the MFU itself (never above 1).
 
     peak = device_peak("bf16", torch.device("cuda"))   # Peak(flops=9.89e14, source="datasheet: NVIDIA H100 SXM, dense bf16")
-    peak = device_peak("fp32", torch.device("cpu"))    # Peak(flops=2.0e11, source="measured: best fp32 GEMM up to 512^2, one core x 2 physical cores, ...")
+    peak = device_peak("fp32", torch.device("cpu"))    # Peak(flops=2.0e11, source="measured: best fp32 GEMM up to 512^2,
+                                                       #      one core x 2 physical cores, ...")
     mfu(tokens_per_s=9000, flops_per_token=3.2e7, peak_flops=peak.flops)   # raises MfuAboveOne above 1
 
 For a GPU in the datasheet table the peak is NVIDIA's dense (non-sparse) figure for the

@@ -145,7 +145,8 @@ def parse_size(text: str) -> float:
     """'7b', '125M', '1.3e9', '7000000000' -> parameters."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*", text.lower())
     if not m:
-        raise UserError("--model", text, "is not a model size or preset", "Write e.g. 7b, 125m, 1.3e9, or a preset: tiny, demo, 125m, 1b")
+        raise UserError("--model", text, "is not a model size or preset",
+                        "Write e.g. 7b, 125m, 1.3e9, or a preset: tiny, demo, 125m, 1b")
     scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2)]
     return float(m.group(1)) * scale
 

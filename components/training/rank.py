@@ -29,8 +29,14 @@ import torch
 
 from lmforge.components.errors import UserError
 from lmforge.components.training.layout import Layout
-from lmforge.components.training.protocol import (EVENT_PREFIX, METRICS_FILE, USER_ERROR_PREFIX, RankRequest, read_request,
-                                                  watch_supervisor)
+from lmforge.components.training.protocol import (
+    EVENT_PREFIX,
+    METRICS_FILE,
+    USER_ERROR_PREFIX,
+    RankRequest,
+    read_request,
+    watch_supervisor,
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

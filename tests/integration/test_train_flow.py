@@ -33,7 +33,8 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
     assert workspace.latest_run() == out["run"]
     export = Path(out["export"])
     meta = json.loads((export / "lmforge.json").read_text())
-    assert {"dataset_version", "config_hash", "strategy", "steps", "final_loss", "mlflow_run_id", "git_commit", "run_name"} <= set(meta)
+    assert {"dataset_version", "config_hash", "strategy", "steps", "final_loss", "mlflow_run_id", "git_commit",
+            "run_name"} <= set(meta)
     assert (meta["dataset_version"], meta["strategy"], meta["steps"], meta["run_name"]) == (version, "zero2", 6, out["run"])
     assert AutoModelForCausalLM.from_pretrained(export).config.num_hidden_layers == 2
 

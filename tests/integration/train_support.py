@@ -59,7 +59,8 @@ if __name__ == "__main__":
     import sys
 
     print(make_dataset(Workspace(Path(sys.argv[1])).ensure()))
-    print(json.dumps(json.loads((Workspace(Path(sys.argv[1])).dataset_dir("testdata0001") / "shards" / "index.json").read_text())))
+    index = Workspace(Path(sys.argv[1])).dataset_dir("testdata0001") / "shards" / "index.json"
+    print(json.dumps(json.loads(index.read_text())))
 
 
 def tiny_training(**overrides: object):
@@ -91,6 +92,6 @@ def run_training(ws: Workspace, name: str, cfg, *, resume: bool = False, version
     run_dir = ws.run_dir(name)
     job = prepare_job(cfg, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
                       run_dir=run_dir, resume=resume, meta={"run_name": name, "dataset_version": version}, timeout_s=timeout_s)
-    result = launch(dataclasses.replace(job.launch, master_port=master_port or job.launch.master_port), on_line=lambda rank, line: None,
-                    on_event=on_event)
+    result = launch(dataclasses.replace(job.launch, master_port=master_port or job.launch.master_port),
+                    on_line=lambda rank, line: None, on_event=on_event)
     return result.events, run_dir

@@ -17,8 +17,10 @@ def cfg(**kw) -> TrainingConfig:
 
 
 @pytest.mark.parametrize("training, world, rule", [
-    ({"parallel": {"strategy": "ddp", "pipeline": {"stages": 2}}}, 3, "world size must be divisible by pipeline stages x autotp_size = 2 x 1"),
-    ({"parallel": {"strategy": "zero1", "tensor": {"autotp_size": 3}}}, 3, "attention heads (4) and key/value heads (4) must be divisible by the TP degree"),
+    ({"parallel": {"strategy": "ddp", "pipeline": {"stages": 2}}}, 3,
+     "world size must be divisible by pipeline stages x autotp_size = 2 x 1"),
+    ({"parallel": {"strategy": "zero1", "tensor": {"autotp_size": 3}}}, 3,
+     "attention heads (4) and key/value heads (4) must be divisible by the TP degree"),
     ({"parallel": {"strategy": "ddp", "pipeline": {"stages": 4}}}, 4, "more pipeline stages than decoder layers (2)"),
     ({"global_batch_size": 16}, 2, "global batch = micro_batch_size x accumulation x data-parallel ranks = 4 x 1 x 2 = 8"),
     ({"model": {"preset": "tiny", "num_heads": 3}}, 2, "hidden_size 64 must be divisible by the heads"),
@@ -50,7 +52,8 @@ def test_layout_arithmetic_and_lr_scaling():
                               parallel={"strategy": "zero1", "tensor": {"autotp_size": 2}}), vocab_size=512, world_size=4)
     assert (layout.dp, layout.tp, layout.pp, layout.accum, layout.global_batch) == (2, 2, 1, 2, 16)
     assert layout.lr == pytest.approx(2e-3)
-    pipe = check_layout(cfg(parallel={"strategy": "ddp", "pipeline": {"stages": 2, "micro_batches": 4}}), vocab_size=512, world_size=2)
+    pipe = check_layout(cfg(parallel={"strategy": "ddp", "pipeline": {"stages": 2, "micro_batches": 4}}),
+                        vocab_size=512, world_size=2)
     assert (pipe.dp, pipe.accum, pipe.global_batch) == (1, 4, 16)
 
 
@@ -61,7 +64,8 @@ def test_precision_auto_follows_the_hardware():
 
 
 def test_gates_fire_in_order_and_only_when_on():
-    ddp = deepspeed_config(cfg(parallel={"strategy": "ddp"}), check_layout(cfg(parallel={"strategy": "ddp"}), vocab_size=512, world_size=2))
+    plain = cfg(parallel={"strategy": "ddp"})
+    ddp = deepspeed_config(plain, check_layout(plain, vocab_size=512, world_size=2))
     assert applied(ddp) == ["base"] and ddp["zero_optimization"] == {"stage": 0}
     c = cfg(activation_checkpointing=True, parallel={"strategy": "zero3", "offload_optimizer": True, "offload_param": True})
     ds = deepspeed_config(c, check_layout(c, vocab_size=512, world_size=2))
