@@ -3,13 +3,16 @@
     gens = generate("127.0.0.1:8000", ["def foo(x):"])                            # HTTP
     gens = generate("127.0.0.1:8001", ["def foo(x):"], protocol="grpc", version=3)
     gens[0].summary, gens[0].latency_ms
-    load_model("127.0.0.1:8000", "lmforge", timeout=180)                            # explicit model control
     ready_versions("127.0.0.1:8000", "lmforge")                                     # {3: True}
+    wait_versions("127.0.0.1:8000", "lmforge", [2, 3], revision=rev, timeout=180)   # after write_config
 
 A refused request raises RequestFailed with the server's message (for example
-"PROMPT[0] is empty; ..."); the CLI prints it on one line. Model-control calls (load,
-unload, the repository index) carry the server's admin key (deploy/control.py); Triton
-refuses them without it.
+"PROMPT[0] is empty; ..."); the CLI prints it on one line. Nothing here asks the server
+to load or unload a model: it runs with `--model-control-mode=poll` (deploy/server.py),
+which refuses those requests from anyone, and picks up what lmforge writes into the
+model repository by itself. `wait_versions` waits, within a bound, until the server
+serves the config.pbtxt lmforge wrote (its `lmforge_revision` parameter) with exactly
+the versions it names ready, or says why a version failed to load.
 """
 
 from __future__ import annotations
@@ -20,9 +23,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lmforge.deploy import control
-
 Protocol = Literal["http", "grpc"]
+REVISION_PARAMETER = "lmforge_revision"  # config.pbtxt parameter deploy/repository.py writes
 OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
 
 
@@ -123,59 +125,80 @@ def generate(url: str, prompts: list[str | bytes], *, protocol: Protocol = "http
         client.close()
 
 
-# --- model control (HTTP) --------------------------------------------------------
-
-def load_model(url: str, model: str, *, timeout: float) -> None:
-    """Ask the server to (re)load `model` from its repository, as config.pbtxt now says; RequestFailed if it fails."""
-    from tritonclient.utils import InferenceServerException
-
-    client = make_client(url, "http", timeout=timeout)
-    try:
-        client.load_model(model, headers=control.headers(url))
-    except InferenceServerException as e:
-        raise RequestFailed(e.message() or str(e)) from None
-    finally:
-        client.close()
-
-
-def unload_model(url: str, model: str, *, timeout: float = 60.0) -> None:
-    """Ask the server to unload every version of `model`; RequestFailed if it refuses."""
-    from tritonclient.utils import InferenceServerException
-
-    client = make_client(url, "http", timeout=timeout)
-    try:
-        client.unload_model(model, headers=control.headers(url))
-    except InferenceServerException as e:
-        raise RequestFailed(e.message() or str(e)) from None
-    finally:
-        client.close()
-
+# --- what the server serves (HTTP) --------------------------------------------------
 
 def ready_versions(url: str, model: str) -> dict[int, bool]:
     """{version: ready} for every version of `model` the server knows of."""
+    return {v: state == "READY" for v, (state, _) in _index(url, model).items() if v}
+
+
+def served_revision(url: str, model: str) -> str | None:
+    """The `lmforge_revision` of the config the server serves `model` with; None when it serves none."""
+    from tritonclient.utils import InferenceServerException
+
     client = make_client(url, "http", timeout=10.0)
     try:
-        index = client.get_model_repository_index(headers=control.headers(url))
+        config = client.get_model_config(model)
+    except InferenceServerException:  # not loaded (yet), or unknown
+        return None
     finally:
         client.close()
-    return {int(m["version"]): m.get("state") == "READY" for m in index
-            if m.get("name") == model and m.get("version")}
+    return (config.get("parameters", {}).get(REVISION_PARAMETER) or {}).get("string_value")
+
+
+def wait_versions(url: str, model: str, versions: list[int], *, revision: str | None,
+                  timeout: float) -> dict[int, str]:
+    """Wait until the server has picked up config.pbtxt `revision`, exactly `versions` are ready and nothing else is
+    still loading or unloading; {version: state}.
+
+    Triton polls the repository and loads the new config in the background; the versions
+    serving until then keep serving (a failed load leaves them as they were). RequestFailed
+    when a version fails to load (with Triton's reason), or when `timeout` s pass first.
+    """
+    want = set(versions)
+    before = _index(url, model)
+    seen_loading: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        index = _index(url, model)
+        states = {v: state for v, (state, _) in index.items() if v}
+        seen_loading |= {v for v, (state, _) in index.items() if state == "LOADING"}
+        applied = revision is None or served_revision(url, model) == revision
+        ready = {v for v, state in states.items() if state == "READY"}
+        # UNLOADING too: until a dropped version's stub has exited, strict readiness says the server is not ready.
+        if applied and ready == want and not any(s in ("LOADING", "UNLOADING") for s in states.values()):
+            return states
+        for v, (state, reason) in index.items():
+            # A failure counts only once it is this load's: seen loading since the call, or not what it was before.
+            if ((v in want or (v == 0 and want)) and state == "UNAVAILABLE" and reason and reason != "unloaded"
+                    and (v in seen_loading or before.get(v) != (state, reason))):
+                which = f"version {v}" if v else "the model"
+                raise RequestFailed(f"failed to load {model!r} {which}: {reason.splitlines()[0][:300]}")
+        if time.monotonic() > deadline:
+            raise RequestFailed(f"{model!r} did not serve versions {sorted(want)} within {timeout:.0f} s "
+                                f"(config {'picked up' if applied else 'not picked up yet'}; states {states})")
+        time.sleep(0.25)
 
 
 def wait_settled(url: str, model: str, *, timeout: float) -> dict[int, str]:
     """Wait until no version of `model` is LOADING or UNLOADING (Triton unloads in the background); {version: state}."""
     deadline = time.monotonic() + timeout
     while True:
-        client = make_client(url, "http", timeout=10.0)
-        try:
-            states = {int(m["version"]): m.get("state", "") for m in client.get_model_repository_index(
-                headers=control.headers(url))
-                      if m.get("name") == model and m.get("version")}
-        finally:
-            client.close()
+        states = {v: state for v, (state, _) in _index(url, model).items() if v}
         if not any(s in ("LOADING", "UNLOADING") for s in states.values()) or time.monotonic() > deadline:
             return states
         time.sleep(0.25)
+
+
+def _index(url: str, model: str) -> dict[int, tuple[str, str]]:
+    """{version: (state, reason)} from the repository index; version 0 stands for the model as a whole."""
+    client = make_client(url, "http", timeout=10.0)
+    try:
+        index = client.get_model_repository_index()
+    finally:
+        client.close()
+    return {int(m.get("version") or 0): (m.get("state", ""), m.get("reason", "")) for m in index
+            if m.get("name") == model}
 
 
 def batch_sizes(url: str, model: str, version: int | None = None) -> dict[int, int]:

@@ -3,7 +3,7 @@
     repo = ws.triton / "repo"
     build_version(repo, cfg, version=3, model_dir=Path(".lmforge/runs/r1/export"),
                   shard_dir=ws.training_shards(dataset))   # shards: for the rare-token list
-    write_config(repo, cfg, versions=[2, 3], request_log=ws.requests)   # what Triton may load
+    rev = write_config(repo, cfg, versions=[2, 3], request_log=ws.requests)   # what Triton loads; its revision
     served_versions(repo, cfg.model_name)                                 # [2, 3]
 
 Layout (the standard one, so the same folder runs in the NGC tritonserver container):
@@ -18,13 +18,26 @@ Layout (the standard one, so the same folder runs in the NGC tritonserver contai
 A Triton version number is the registry's model version number. The version policy is
 `specific`: the rollout names exactly the versions that may be loaded, so adding a
 folder never changes what serves until the gate says so.
+
+Triton polls this folder (`--model-control-mode=poll`, deploy/server.py) and loads what
+it finds, so every change is atomic: a version folder is built in `<repo>.staging/`
+beside the repository and renamed into place, config.pbtxt is written beside and
+renamed, and a removed folder is renamed out before it is deleted. Triton never sees
+half a version. Each config.pbtxt carries a fresh `lmforge_revision` parameter, so a
+caller can tell when the server has picked up the one it wrote (deploy/client.py,
+`wait_versions`). The repository is mode 0700: whoever can write into it runs code in
+the server (the python backend runs each version's model.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import secrets
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +46,7 @@ from lmforge.components import requestlog as requestlog_module
 from lmforge.components.errors import UserError
 from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.workspace import atomic_dir, atomic_write_json, atomic_write_text, sha256_tree
+from lmforge.components.workspace import atomic_write_json, sha256_tree
 from lmforge.deploy import processing as processing_module
 from lmforge.deploy.processing import RARE_TOKENS_FILE
 
@@ -41,6 +54,24 @@ MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python
 BYTES_OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS")
 INT_OUTPUTS = ("OUTPUT_TOKENS",)
 FLOAT_OUTPUTS = ("MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
+REVISION_PARAMETER = "lmforge_revision"  # deploy/client.py reads it back from the server
+PRIVATE = 0o700
+
+
+def private_repository(repo: Path) -> Path:
+    """Create the repository (and its staging folder) readable and writable by its owner only; tighten an old one."""
+    repo = Path(repo)
+    for folder in (repo, staging_dir(repo)):
+        folder.mkdir(parents=True, exist_ok=True, mode=PRIVATE)
+        os.chmod(folder, PRIVATE)  # mkdir's mode is masked by the umask, and an existing folder keeps its own
+    return repo
+
+
+def staging_dir(repo: Path) -> Path:
+    """Where versions are built and removed folders wait to be deleted: outside the folder Triton polls,
+    on the same file system, so that a rename moves them in or out at once."""
+    repo = Path(repo)
+    return repo.with_name(f"{repo.name}.staging")
 
 
 def model_root(repo: Path, model_name: str) -> Path:
@@ -57,7 +88,7 @@ def instance_kind(cfg: DeployConfig) -> str:
 
 
 def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
-                 dynamic_batching: bool | None = None) -> str:
+                 dynamic_batching: bool | None = None, revision: str | None = None) -> str:
     """The model configuration in Triton's protobuf text format."""
     assert versions, "a model config must name at least one version"
     batching = cfg.dynamic_batching if dynamic_batching is None else dynamic_batching
@@ -75,6 +106,8 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         "threads": cfg.threads_per_instance, "instances": cfg.instance_count,
         "request_log": str(request_log) if request_log else "",
     }
+    if revision:
+        params[REVISION_PARAMETER] = revision
     lines = [
         f'name: "{cfg.model_name}"',
         'backend: "python"',
@@ -96,11 +129,34 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
 
 
 def write_config(repo: Path, cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
-                 dynamic_batching: bool | None = None) -> Path:
-    path = model_root(repo, cfg.model_name) / "config.pbtxt"
-    atomic_write_text(path, config_pbtxt(cfg, versions=versions, request_log=request_log,
-                                         dynamic_batching=dynamic_batching))
-    return path
+                 dynamic_batching: bool | None = None) -> str:
+    """Write config.pbtxt atomically, with a fresh revision; return the revision (the server's once it has loaded it)."""
+    private_repository(repo)
+    revision = f"{time.time_ns():x}-{secrets.token_hex(3)}"  # unique per write, even for the same versions
+    text = config_pbtxt(cfg, versions=versions, request_log=request_log, dynamic_batching=dynamic_batching,
+                        revision=revision)
+    # Written in the staging folder, then renamed into place: not even a temporary file appears where Triton polls.
+    fd, tmp = tempfile.mkstemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.config.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        model_root(repo, cfg.model_name).mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, model_root(repo, cfg.model_name) / "config.pbtxt")
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return revision
+
+
+def config_revision(repo: Path, model_name: str) -> str | None:
+    """The revision config.pbtxt carries; None when there is no config (or one written before revisions)."""
+    path = model_root(repo, model_name) / "config.pbtxt"
+    if not path.is_file():
+        return None
+    m = re.search(rf'key: "{REVISION_PARAMETER}" value: {{ string_value: "([^"]*)" }}', path.read_text())
+    return m.group(1) if m else None
 
 
 def served_versions(repo: Path, model_name: str) -> list[int]:
@@ -125,14 +181,19 @@ def built_versions(repo: Path, model_name: str) -> list[int]:
 
 
 def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Path,
-                  shard_dir: Path | None = None) -> Path:
-    """Write `<repo>/<model>/<version>/` from an exported model folder (atomically); return it."""
+                  shard_dir: Path | None = None, stage: bool = False) -> Path:
+    """Write `<repo>/<model>/<version>/` from an exported model folder (atomically); return it.
+
+    With `stage`, leave the built folder in the staging area and return it there, for a
+    check before `place_version` moves it in (Triton reloads a model whose folder changes).
+    """
     if version < 1:
         raise UserError("model version", version, "is not a positive integer",
                         "Triton versions are registry versions, 1 and up")
     model_dir = check_model_dir(Path(model_dir))
-    target = version_dir(repo, cfg.model_name, version)
-    with atomic_dir(target) as tmp:
+    private_repository(repo)
+    tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.{version}."))
+    try:
         shutil.copy2(MODEL_PY, tmp / "model.py")
         write_runtime(tmp / "lmforge_runtime", extra=(processing_module, requestlog_module))
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
@@ -145,11 +206,62 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
         if lm.is_file():
             meta["lmforge"] = json.loads(lm.read_text())
         atomic_write_json(tmp / "meta.json", meta)
+        _block_bytecode(tmp)
+        if stage:
+            return tmp
+        return place_version(repo, cfg.model_name, version, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def place_version(repo: Path, model_name: str, version: int, staged: Path) -> Path:
+    """Rename a staged version folder into the repository (replacing the version's old folder whole)."""
+    target = version_dir(repo, model_name, version)
+    if Path(staged) == target:
+        return target
+    remove_version(repo, model_name, version)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(staged, target)
     return target
 
 
+def discard_staged(repo: Path, staged: Path) -> None:
+    """Delete a staged folder that will not be placed (a version refused before it reached the server)."""
+    if Path(staged).resolve().parent == staging_dir(repo).resolve():
+        shutil.rmtree(staged, ignore_errors=True)
+
+
+def _block_bytecode(folder: Path) -> None:
+    """Put a plain file named __pycache__ beside every .py file, so that Python cannot write bytecode there.
+
+    The python backend's stub imports model.py and lmforge_runtime from the version folder
+    and would write __pycache__/ into it; Triton polls that folder, takes the write for a
+    change and reloads the model, racing lmforge's next change. The stub's interpreter
+    ignores PYTHONDONTWRITEBYTECODE (it runs with -E semantics), and Python silently skips
+    a bytecode write it cannot make.
+    """
+    for d in {p.parent for p in folder.rglob("*.py")}:
+        (d / "__pycache__").write_bytes(b"")
+
+
 def remove_version(repo: Path, model_name: str, version: int) -> None:
-    shutil.rmtree(version_dir(repo, model_name, version), ignore_errors=True)
+    """Take a version folder out of the repository at once (a rename), then delete it."""
+    _remove(repo, version_dir(repo, model_name, version))
+
+
+def remove_model(repo: Path, model_name: str) -> None:
+    """Take the model's whole folder out of the repository at once: Triton unloads every version of it."""
+    _remove(repo, model_root(repo, model_name))
+
+
+def _remove(repo: Path, folder: Path) -> None:
+    if not folder.exists():
+        return
+    private_repository(repo)
+    trash = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix="removed."))
+    os.replace(folder, trash / folder.name)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def rare_token_ids(shard_dir: Path, min_count: int) -> list[int]:

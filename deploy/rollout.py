@@ -1,19 +1,24 @@
 """Gated rollout: a new version serves only after it loads and answers the fixed prompts well.
 
-    result = rollout(server_url, repo, cfg, version=4, build=lambda: build_version(...),
+    result = rollout(server_url, repo, cfg, version=4, build=lambda: build_version(..., stage=True),
                      promote=lambda v: set_production(v), request_log=ws.requests, journal=ws.triton / "rollouts.jsonl")
     result.serving          # [4]: the old version was unloaded only after the gate passed
 
-The gate, in order: build the version folder; pre-flight it in this process (safetensors
-only, a short generation) so a broken export never reaches the server; ask Triton to
-load it beside the serving version (config.pbtxt names both); query it with the fixed
-prompts, one request each plus one batched request, checking that outputs are well
-formed and within the latency bound; reload with only the new version (which unloads
-the old one) and check it is ready; only then `promote` (move the registry's
-`production` alias). On any failure, the final reload and the alias move included,
-the config goes back to the old version and Triton reloads it, the candidate's folder
-is removed, the reason is appended to the journal, and RolloutRefused is raised: the
-alias stays where it was, and the old version serves.
+The gate, in order: build the version folder in the staging area, outside the folder
+Triton polls; pre-flight it in this process (safetensors only, a short generation) so a
+broken export never reaches the server; rename it into the repository and write a
+config.pbtxt naming it beside the serving version, then wait (bounded) until Triton,
+which polls the repository, has loaded both; query it with the fixed prompts, one
+request each plus one batched request, checking that outputs are well formed and within
+the latency bound; write a config naming only the new version and wait until it alone
+is ready (Triton unloads the old one once the new config has loaded); only then
+`promote` (move the registry's `production` alias). On any failure, the final reload
+and the alias move included, the config goes back to the old version and Triton is
+waited for, the candidate's folder is taken out, the reason is appended to the journal,
+and RolloutRefused is raised: the alias stays where it was, and the old version serves.
+
+Nothing here asks Triton to load anything: the server refuses load and unload requests
+from every client (deploy/server.py); lmforge only writes the repository.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from lmforge.components.errors import UserError
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import client, processing
-from lmforge.deploy.repository import model_root, remove_version, served_versions, version_dir, write_config
+from lmforge.deploy.repository import (discard_staged, place_version, remove_model, remove_version, served_versions,
+                                       version_dir, write_config)
 
 
 class RolloutRefused(UserError):
@@ -103,9 +109,13 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
         result = RolloutResult(version, current, current, True, f"version {version} already serving")
         return _record(journal, result, start)
 
+    staged: Path | None = None  # a built folder not yet in the repository
+
     def refuse(reason: str, checks: list[dict[str, Any]] | None = None, *, loaded: bool) -> RolloutRefused:
         if loaded:
             _restore(url, repo, cfg, current, request_log)
+        if staged is not None:
+            discard_staged(repo, staged)
         if version not in current:
             remove_version(repo, cfg.model_name, version)
         result = RolloutResult(version, current, current, False, reason, checks or [])
@@ -114,18 +124,24 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
         return RolloutRefused("deploy", f"version {version}", f"was refused: {reason}",
                               f"{keeps}; details in {journal}")
 
-    if build is not None and version not in current:
-        build()
     folder = version_dir(repo, cfg.model_name, version)
+    if build is not None and version not in current:
+        folder = build()
+        staged = folder if folder != version_dir(repo, cfg.model_name, version) else None
     if not (folder / "model.py").is_file():
         raise refuse(f"{folder} is not a built model version", loaded=False)
+    # Checked before it enters the repository: Triton reloads the model whenever its folder changes.
     problem = preflight(folder, prompt=processing.VALIDATION_PROMPTS[0])
     if problem:
         raise refuse(problem, loaded=False)
+    if staged is not None:
+        place_version(repo, cfg.model_name, version, staged)
+        staged = None
 
-    write_config(repo, cfg, versions=sorted(set(current) | {version}), request_log=request_log)
+    both = sorted(set(current) | {version})
+    revision = write_config(repo, cfg, versions=both, request_log=request_log)
     try:
-        client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
+        client.wait_versions(url, cfg.model_name, both, revision=revision, timeout=cfg.readiness_timeout_s)
     except (client.RequestFailed, OSError) as e:
         raise refuse(f"Triton could not load it: {str(e).splitlines()[0][:300]}", loaded=True) from None
 
@@ -134,14 +150,13 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
         raise refuse("; ".join(problems[:3]), checks, loaded=True)
 
     # The final reload serves the new version alone; only once it is ready does `production` move.
-    write_config(repo, cfg, versions=[version], request_log=request_log)
-    try:
-        client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)  # unloads the old version
-        states = client.wait_settled(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
-        if not client.ready_versions(url, cfg.model_name).get(version):
-            raise client.RequestFailed(f"version {version} is not ready after the final reload ({states})")
-    except (client.RequestFailed, OSError) as e:
-        raise refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}", checks, loaded=True) from None
+    # (With nothing served before, the config already names it alone: reloading it would only cost time.)
+    if both != [version]:
+        revision = write_config(repo, cfg, versions=[version], request_log=request_log)
+        try:  # Triton unloads the old version once the new config has loaded
+            client.wait_versions(url, cfg.model_name, [version], revision=revision, timeout=cfg.readiness_timeout_s)
+        except (client.RequestFailed, OSError) as e:
+            raise refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}", checks, loaded=True) from None
     try:
         promote(version)
     except Exception as e:
@@ -151,14 +166,14 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
 
 
 def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], request_log: Path | None) -> None:
-    """Back to what served before: the candidate is unloaded, the old version never stopped."""
+    """Back to what served before: the old version never stopped serving; the candidate is unloaded."""
     if current:
-        write_config(repo, cfg, versions=current, request_log=request_log)
-        client.load_model(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
-        client.wait_settled(url, cfg.model_name, timeout=cfg.readiness_timeout_s)
-    else:
-        client.unload_model(url, cfg.model_name)
-        (model_root(repo, cfg.model_name) / "config.pbtxt").unlink(missing_ok=True)
+        revision = write_config(repo, cfg, versions=current, request_log=request_log)
+        # The candidate's folder goes only after this (refuse): a load that reads it must not see it vanish.
+        client.wait_versions(url, cfg.model_name, current, revision=revision, timeout=cfg.readiness_timeout_s)
+    else:  # nothing served before: the model's folder goes, and Triton unloads whatever it had loaded of it
+        remove_model(repo, cfg.model_name)
+        client.wait_versions(url, cfg.model_name, [], revision=None, timeout=cfg.readiness_timeout_s)
 
 
 def _record(journal: Path, result: RolloutResult, start: float) -> RolloutResult:

@@ -9,9 +9,13 @@
 The binary and its python backend come from nvidia-pytriton in the serving environment
 (.venv-serve, or $LMFORGE_SERVE_VENV), run as docs/architecture.md (Serving) says: that venv's bin first
 on PATH, VIRTUAL_ENV set to it (the python stub takes its site-packages from there),
-and LD_LIBRARY_PATH at its base interpreter's libpython. The server uses explicit model
-control (models load only when asked), strict readiness (ready = every loaded model
-ready), and keeps running when a model fails to load. The process is started, recognised
+and LD_LIBRARY_PATH at its base interpreter's libpython. The server runs in poll model
+control: it loads what the repository holds and picks up lmforge's atomic changes to it
+(deploy/repository.py) every POLL_SECS, and it refuses load and unload requests from
+every client, so no key is needed and none appears on its command line or in its
+environment (either is readable through /proc). The repository is mode 0700: writing into
+it is the only way to change what serves. Strict readiness (ready = every loaded model
+ready); it keeps running when a model fails to load. The process is started, recognised
 (pid + start time, never its name) and stopped by the shared lifecycle in
 components/service.py; only the command line, the environment and the readiness URL are Triton's.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -33,11 +38,13 @@ from lmforge.components.ports import free_port
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
-from lmforge.deploy import control
 
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
 SERVE_VENV_NAME = ".venv-serve"
 NAME = "tritonserver"
+POLL_SECS = 1  # how often Triton looks at the repository: a rollout step waits up to this long to start
+# Names of variables that look like credentials: the model code (python backend) inherits the server's environment.
+SECRET_NAME = re.compile(r"(^|_)(KEY|SECRET|TOKEN|CREDENTIALS?|AUTH)(_|$)|PASSW(OR)?D", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -91,16 +98,15 @@ def server_env(venv: Path | None = None) -> dict[str, str]:
     python = venv / "bin" / "python"
     libdir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
                             check=True, capture_output=True, text=True).stdout.strip()
-    # The admin key reaches the server on its command line only, never the model code's environment.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", control.ENV_ADMIN_KEY)}
+    # /proc/<pid>/environ of the server and of every model stub shows these: no credentials.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME") and not SECRET_NAME.search(k)}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv)
     env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return env
 
 
-def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[str, ...] = (),
-                 wait: float | None = None) -> ServerInfo:
+def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, wait: float | None = None) -> ServerInfo:
     """Launch tritonserver in its own session (it outlives this process unless stopped).
 
     With `wait`, block until it is ready, at most that many seconds; one that is not is stopped
@@ -113,20 +119,19 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, load: tuple[s
         if _port_taken(cfg.host, port):
             raise UserError(f"deploy.{key}", port, f"is already in use on {cfg.host}",
                             f"Stop what listens there (lmforge deploy stop) or choose another with --set deploy.{key}=0")
-    repo = Path(repo).resolve()
-    repo.mkdir(parents=True, exist_ok=True)
+    from lmforge.deploy.repository import private_repository
+
+    repo = private_repository(Path(repo).resolve())
+    # Poll mode has no load/unload API (Triton answers 503 to anyone): nothing to lock, so no key to hand out.
     cmd = [str(binary), f"--model-repository={repo}", f"--backend-directory={backends}",
-           "--model-control-mode=explicit", "--strict-readiness=true", "--exit-on-error=false",
+           "--model-control-mode=poll", f"--repository-poll-secs={POLL_SECS}", "--strict-readiness=true",
+           "--exit-on-error=false",
            f"--http-address={cfg.host}", f"--http-port={ports[0]}", f"--grpc-address={cfg.host}",
            f"--grpc-port={ports[1]}", "--allow-metrics=true", f"--metrics-address={cfg.host}",
            f"--metrics-port={ports[2]}", "--allow-gpu-metrics=false", "--exit-timeout-secs=10"]
-    cmd += [f"--load-model={name}" for name in load]
-    key = control.server_key(repo.parent)  # model load/unload need it (deploy/control.py)
-    cmd += control.restricted_flags(key)
     log_path = Path(log_path)
     svc = _service(f"{cfg.host}:{ports[0]}", log_path, cmd=cmd, env=server_env(), cwd=log_path.parent)
     rec = service.launch(svc) if wait is None else service.start(svc, timeout=wait)
-    control.remember(f"{cfg.host}:{ports[0]}", key)
     return ServerInfo(pid=rec.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
                       repository=str(repo), log=str(log_path), started_at=now_iso(), create_time=rec.create_time)
 

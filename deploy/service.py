@@ -23,7 +23,7 @@ from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.deploy import client
-from lmforge.deploy.repository import build_version, served_versions
+from lmforge.deploy.repository import build_version, config_revision, served_versions
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import (ServerInfo, info_from_state, read_state, running_server, start_server, stop_server,
                                    write_state)
@@ -40,7 +40,7 @@ def journal_path(ws: Workspace) -> Path:
 
 
 def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
-    """The workspace's running server, or a new one on loopback, ready to take explicit model loads."""
+    """The workspace's running server, or a new one on loopback, ready (it loads the repository as it starts)."""
     info = running_server(ws)  # running and live; it may be not-ready while a model loads
     if info is not None:
         return info
@@ -83,7 +83,8 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
             folder = resolve_model(ws, registry_model, str(version))[1]
         else:
             folder = model_dir
-        return build_version(repo, cfg, version=version, model_dir=folder, shard_dir=shards_for(ws, folder))
+        return build_version(repo, cfg, version=version, model_dir=folder, shard_dir=shards_for(ws, folder),
+                             stage=True)
 
     def promote(v: int) -> None:
         set_alias(ws, registry_model, PRODUCTION, str(v), reason=f"{reason} (Triton model {cfg.model_name})",
@@ -119,11 +120,12 @@ def rollback_production(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, r
 
 
 def serve_current(ws: Workspace, cfg: DeployConfig, info: ServerInfo) -> list[int]:
-    """Load what config.pbtxt names (the last rollout's result) on a freshly started server."""
-    versions = served_versions(repo_dir(ws), cfg.model_name)
-    if versions and not all(client.ready_versions(info.url, cfg.model_name).get(v) for v in versions):
-        client.load_model(info.url, cfg.model_name, timeout=cfg.readiness_timeout_s)
-    if versions:
+    """Wait until a freshly started server serves what config.pbtxt names (the last rollout's result)."""
+    repo = repo_dir(ws)
+    versions = served_versions(repo, cfg.model_name)
+    if versions:  # Triton loads the repository by itself when it starts (poll mode)
+        client.wait_versions(info.url, cfg.model_name, versions, revision=config_revision(repo, cfg.model_name),
+                             timeout=cfg.readiness_timeout_s)
         write_state(ws, info, model=cfg.model_name, version=versions[-1])
     return versions
 

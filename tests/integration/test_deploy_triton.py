@@ -1,5 +1,5 @@
-"""The real tritonserver on loopback: serving, one generation path, the locked control plane, the bad-input
-list (HTTP 400), the rollout gate and rollback.
+"""The real tritonserver on loopback: serving, one generation path, no model control from clients (and no
+secret in its command line or environment), the bad-input list (HTTP 400), the rollout gate and rollback.
 
 One server for the module (started once, always stopped); the tests run in order and
 each leaves version 1 or its successor serving. The last test breaks readiness on
@@ -9,6 +9,7 @@ purpose (a version that fails to load in Triton), so it stays last.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 import urllib.error
@@ -25,6 +26,7 @@ from lmforge.deploy.rollout import RolloutRefused, rollout
 from tests.conftest import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+PLANTED_SECRET = ("LMFORGE_TEST_API_TOKEN", "planted-secret-3f9a")
 
 
 class Deployment:
@@ -35,7 +37,7 @@ class Deployment:
 
     def rollout(self, version: int, model_dir: Path | None, cfg: DeployConfig | None = None):
         cfg = cfg or self.cfg
-        build = (lambda: repository.build_version(self.repo, cfg, version=version, model_dir=model_dir)) \
+        build = (lambda: repository.build_version(self.repo, cfg, version=version, model_dir=model_dir, stage=True)) \
             if model_dir is not None else None
         return rollout(self.info.url, self.repo, cfg, version=version, build=build, promote=self.promoted.append,
                        request_log=self.requests, journal=self.journal)
@@ -56,7 +58,11 @@ def dep(tmp_path_factory, tiny_model_dir):
     cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_new_tokens=6, max_batch_size=8,
                        preferred_batch_sizes=[8], max_queue_delay_us=200_000, validation_prompts=2,
                        readiness_timeout_s=240, max_prompt_chars=1000, max_prompt_tokens=64)
-    info = server.start_server(root / "repo", cfg, log_path=root / "server.log")
+    os.environ[PLANTED_SECRET[0]] = PLANTED_SECRET[1]  # a credential in the caller's environment must not reach it
+    try:
+        info = server.start_server(root / "repo", cfg, log_path=root / "server.log")
+    finally:
+        del os.environ[PLANTED_SECRET[0]]
     try:
         server.wait_ready(info, timeout=60)
         d = Deployment(root, cfg, info)
@@ -112,29 +118,40 @@ def test_triton_pyfunc_and_evaluation_give_the_same_tokens(dep, tiny_model_dir, 
         assert served[i].output_tokens == evaluated[i].tokens >= 1
 
 
-def test_model_control_needs_the_key(dep):
+def test_no_client_can_load_a_model_and_no_secret_is_visible_in_proc(dep):
+    import psutil
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    from lmforge.deploy import control
-
-    key_file = dep.root / control.KEY_FILE
-    assert key_file.stat().st_mode & 0o777 == 0o600
     for mod, url in ((httpclient, dep.info.url), (grpcclient, dep.info.grpc_url)):
         c = mod.InferenceServerClient(url)
-        for headers in (None, {control.HEADER: "not-the-key"}):
-            with pytest.raises(InferenceServerException, match="restricted"):
-                c.unload_model(dep.cfg.model_name, headers=headers)
-            with pytest.raises(InferenceServerException, match="restricted"):
-                c.load_model(dep.cfg.model_name, headers=headers)
+        for call in (c.load_model, c.unload_model):
+            with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
+                call(dep.cfg.model_name)
         c.close()
-    req = urllib.request.Request(f"http://{dep.info.url}/v2/repository/models/{dep.cfg.model_name}/unload",
+    req = urllib.request.Request(f"http://{dep.info.url}/v2/repository/models/{dep.cfg.model_name}/load",
                                  data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
-    assert e.value.code == 403
-    assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)  # our client holds the key
+    assert e.value.code == 503
+
+    # What any local user reads in /proc: the server's and its model stubs' command lines and environments.
+    procs = [dep.info.pid] + [p.pid for p in psutil.Process(dep.info.pid).children(recursive=True)]
+    assert len(procs) >= 2, "the python backend's stub should be running"
+    for pid in procs:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        text = "\n".join(cmdline + environ)
+        for needle in ("restricted", "admin-key", "admin_key", PLANTED_SECRET[0], PLANTED_SECRET[1]):
+            assert needle.lower() not in text.lower(), (pid, needle)
+        assert not [v for v in environ if server.SECRET_NAME.search(v.split("=", 1)[0])], pid
+    assert "--model-control-mode=poll" in Path(f"/proc/{dep.info.pid}/cmdline").read_bytes().decode().split("\0")
+    assert (dep.repo.stat().st_mode & 0o777) == 0o700
+    # No bytecode written where Triton polls: a write there would read as a change and reload the model.
+    assert not [p for p in dep.repo.rglob("__pycache__") if p.is_dir()]
+
+    assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)  # reading the index stays open
     assert server.is_ready(dep.info)
     assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1  # inference stays open
 
@@ -227,6 +244,7 @@ def test_gate_refuses_a_broken_export_and_the_old_version_keeps_serving(dep, tin
         dep.rollout(2, bad)
     assert dep.serving() == [1] and dep.promoted == [1]
     assert not (dep.repo / dep.cfg.model_name / "2").exists()
+    assert not list(repository.staging_dir(dep.repo).iterdir())  # refused before it entered the repository
     assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
     last = json.loads(dep.journal.read_text().splitlines()[-1])
     assert last["version"] == 2 and not last["ok"] and "SafetensorError" in last["reason"]
@@ -259,8 +277,9 @@ def test_a_version_that_fails_to_load_leaves_the_server_live_and_the_others_serv
     folder = repository.version_dir(dep.repo, dep.cfg.model_name, 5)
     shutil.copytree(repository.version_dir(dep.repo, dep.cfg.model_name, 1), folder)
     (folder / "model" / "model.safetensors").write_bytes(b"\x00" * 64)
-    repository.write_config(dep.repo, dep.cfg, versions=[1, 5], request_log=dep.requests)
-    message = _refused(lambda: client.load_model(dep.info.url, dep.cfg.model_name, timeout=240))
+    revision = repository.write_config(dep.repo, dep.cfg, versions=[1, 5], request_log=dep.requests)
+    message = _refused(lambda: client.wait_versions(dep.info.url, dep.cfg.model_name, [1, 5], revision=revision,
+                                                    timeout=240))
     assert "version 5" in message
     assert server.is_live(dep.info)
     ready = client.ready_versions(dep.info.url, dep.cfg.model_name)

@@ -105,3 +105,58 @@ def test_auto_instance_kind_follows_the_hosts_cuda(monkeypatch):
         monkeypatch.setattr(torch.cuda, "is_available", lambda has_cuda=has_cuda: has_cuda)
         mc = parse(repository.config_pbtxt(DeployConfig(), versions=[1], request_log=None))
         assert mc.instance_group[0].kind == kind
+
+
+def test_each_config_write_has_a_fresh_revision_the_config_carries(tmp_path):
+    cfg = DeployConfig()
+    first = repository.write_config(tmp_path / "repo", cfg, versions=[1], request_log=None)
+    second = repository.write_config(tmp_path / "repo", cfg, versions=[1], request_log=None)
+    assert first != second  # the same versions again still count as a new config to wait for
+    assert repository.config_revision(tmp_path / "repo", cfg.model_name) == second
+    text = (tmp_path / "repo" / cfg.model_name / "config.pbtxt").read_text()
+    assert parse(text).parameters[repository.REVISION_PARAMETER].string_value == second
+    assert repository.config_revision(tmp_path / "none", cfg.model_name) is None
+    # Written in the staging folder and renamed: no temporary file is ever left where Triton polls.
+    assert sorted(p.name for p in (tmp_path / "repo" / cfg.model_name).iterdir()) == ["config.pbtxt"]
+    assert not list(repository.staging_dir(tmp_path / "repo").iterdir())
+
+
+def test_the_repository_is_private_even_when_it_existed_before(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir(mode=0o755)
+    repo.chmod(0o755)
+    repository.write_config(repo, DeployConfig(), versions=[1], request_log=None)
+    assert repo.stat().st_mode & 0o777 == 0o700
+    assert repository.staging_dir(repo).stat().st_mode & 0o777 == 0o700
+    assert repository.staging_dir(repo).parent == repo.parent  # same file system: a rename moves a folder at once
+
+
+def test_a_staged_version_enters_the_repository_only_when_placed(tmp_path, tiny_model_dir):
+    cfg, repo = DeployConfig(), tmp_path / "repo"
+    staged = repository.build_version(repo, cfg, version=2, model_dir=tiny_model_dir, stage=True)
+    assert staged.parent == repository.staging_dir(repo) and (staged / "model.py").is_file()
+    assert repository.built_versions(repo, cfg.model_name) == []
+    placed = repository.place_version(repo, cfg.model_name, 2, staged)
+    assert placed == repository.version_dir(repo, cfg.model_name, 2) and (placed / "model.py").is_file()
+    assert not staged.exists()
+    rebuilt = repository.build_version(repo, cfg, version=2, model_dir=tiny_model_dir)  # replaced whole
+    assert rebuilt == placed and repository.built_versions(repo, cfg.model_name) == [2]
+    repository.remove_version(repo, cfg.model_name, 2)
+    assert repository.built_versions(repo, cfg.model_name) == []
+    assert not list(repository.staging_dir(repo).iterdir())
+    other = repository.build_version(repo, cfg, version=3, model_dir=tiny_model_dir, stage=True)
+    repository.discard_staged(repo, other)
+    assert not other.exists()
+
+
+def test_python_cannot_write_bytecode_into_a_version(tmp_path, tiny_model_dir):
+    """The stub imports from the version folder; a __pycache__ written there would make Triton reload the model."""
+    import subprocess
+    import sys
+
+    folder = repository.build_version(tmp_path / "repo", DeployConfig(), version=1, model_dir=tiny_model_dir)
+    runtime = folder / "lmforge_runtime"
+    subprocess.run([sys.executable, "-c", "import lmforge_runtime.records"], cwd=folder, check=True,
+                   env={"PATH": "/usr/bin:/bin"})
+    assert (runtime / "__pycache__").is_file() and (folder / "__pycache__").is_file()
+    assert not [p for p in folder.rglob("__pycache__") if p.is_dir()]

@@ -68,3 +68,27 @@ def test_a_recorded_server_whose_pid_was_reused_is_not_running_and_not_stopped(t
                              create_time=psutil.Process().create_time() - 100)
     assert not server.is_running(info)
     assert server.stop_server(info, timeout=1) is False   # and this process is still here to assert it
+
+
+def test_the_server_runs_with_no_model_control_api_no_key_and_a_private_repository(tmp_path, monkeypatch):
+    """Poll mode: Triton refuses load/unload from anyone, so nothing secret goes on its command line or environment."""
+    if not (server.serve_venv() / "bin" / "python").exists():
+        pytest.skip("no .venv-serve here (scripts/bootstrap.sh builds it)")
+    from lmforge.components import service
+    from lmforge.components.supervisor import ProcessRecord
+
+    launched = []
+    monkeypatch.setattr(service, "launch", lambda svc: launched.append(svc) or ProcessRecord(1, 0.0, 1))
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3")
+    monkeypatch.setenv("HF_TOKEN", "hf")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    repo = tmp_path / "repo"
+    repo.mkdir(mode=0o755)
+    repo.chmod(0o755)
+    server.start_server(repo, DeployConfig(http_port=0, grpc_port=0, metrics_port=0), log_path=tmp_path / "s.log")
+    (svc,) = launched
+    assert "--model-control-mode=poll" in svc.cmd and f"--repository-poll-secs={server.POLL_SECS}" in svc.cmd
+    assert not [a for a in svc.cmd if "restricted" in a or "key" in a.lower() or a.startswith("--load-model")]
+    assert "AWS_SECRET_ACCESS_KEY" not in svc.env and "HF_TOKEN" not in svc.env
+    assert svc.env["TOKENIZERS_PARALLELISM"] == "false"  # a setting, not a credential
+    assert repo.stat().st_mode & 0o777 == 0o700
