@@ -89,7 +89,7 @@ def parse_result(result: Any, latency_ms: float) -> list[Generation]:
     cols = {name: result.as_numpy(name) for name in OUTPUTS}
     gens = []
     for i in range(cols["SUMMARY"].shape[0]):
-        def text(name: str) -> str:
+        def text(name: str, i: int = i) -> str:  # bound now: the helper is called within this iteration only
             v = cols[name][i][0]
             return v.decode("utf-8") if isinstance(v, bytes) else str(v)
         gens.append(Generation(summary=text("SUMMARY"), completion=text("COMPLETION"),

@@ -34,8 +34,15 @@ from lmforge.components.errors import UserError
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import client, processing
-from lmforge.deploy.repository import (discard_staged, place_version, remove_model, remove_version, served_versions,
-                                       version_dir, write_config)
+from lmforge.deploy.repository import (
+    discard_staged,
+    place_version,
+    remove_model,
+    remove_version,
+    served_versions,
+    version_dir,
+    write_config,
+)
 
 
 class RolloutRefused(UserError):

@@ -25,8 +25,7 @@ from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.deploy import client
 from lmforge.deploy.repository import build_version, config_revision, served_versions
 from lmforge.deploy.rollout import RolloutResult, rollout
-from lmforge.deploy.server import (ServerInfo, info_from_state, read_state, running_server, start_server, stop_server,
-                                   write_state)
+from lmforge.deploy.server import ServerInfo, info_from_state, read_state, running_server, start_server, stop_server, write_state
 
 PRODUCTION = "production"
 
