@@ -88,13 +88,18 @@ def physical_cores() -> tuple[int, str]:
     rate: a peak of one thread's rate x logical CPUs is up to twice too high, and the MFU half
     of the truth. psutil cannot always tell (some containers and VMs hide the topology and it
     returns None); then the logical count is the best figure there is, and the source says so.
+    A process confined to fewer CPUs than the machine has (taskset, a container's cpuset) gets
+    its share of the cores: physical x allowed logical CPUs / all logical CPUs.
     """
     import psutil
 
+    logical = os.cpu_count() or 1
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
     physical = psutil.cpu_count(logical=False)
-    if physical:
-        return physical, "physical cores"
-    return os.cpu_count() or 1, "logical CPUs (physical cores unknown)"
+    cores, what = (physical, "physical cores") if physical else (logical, "logical CPUs (physical cores unknown)")
+    if allowed < logical:
+        return max(1, cores * allowed // logical), f"{what}, the {allowed} of {logical} CPUs this process may use"
+    return cores, what
 
 
 def measured_peak(precision: str, device: torch.device, *, seconds_per_size: float = 0.25, max_matmul_s: float = 0.1) -> Peak:

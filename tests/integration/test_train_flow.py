@@ -46,14 +46,14 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
     for key in ("loss", "lr", "tokens_per_s", "mfu", "model_state_mb_rank0", "model_state_mb_rank1"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 6, key
     assert 0 < run.data.metrics["mfu"] < 1
-    # The logged MFU is tokens/s x FLOPs/token / the logged peak, and the peak says where it came from.
+    # The peak says where it came from. (FLOPs/token is checked against torch's FlopCounterMode in
+    # tests/unit/training/test_mfu_honesty.py, and MFU against it on a GPU in tests/gpu/test_on_cuda.py.)
     tags = run.data.tags
     assert tags["hardware.precision"] in ("bf16", "fp32") and tags["hardware.precision_reason"]
     assert tags["hardware.peak_source"].startswith(("measured:", "datasheet:"))
     events = [json.loads(line) for line in (workspace.run_dir(out["run"]) / "metrics.jsonl").read_text().splitlines()]
     for ev in events:
         assert ev["peak_flops"] == pytest.approx(float(tags["hardware.peak_flops_per_device"]))  # 2 CPU ranks, one machine
-        assert ev["mfu"] == pytest.approx(ev["tokens_per_s"] * ev["flops_per_token"] / ev["peak_flops"], rel=1e-9)
         assert 0 < ev["mfu"] <= 1
     assert s["precision"] == tags["hardware.precision"]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)} | \

@@ -76,12 +76,24 @@ def test_the_cpu_peak_counts_physical_cores_not_smt_siblings(monkeypatch, own_ca
     assert peak.flops == 10e9 * 8 and "x 8 physical cores" in peak.source
 
 
+def test_the_cpu_peak_counts_only_the_cpus_this_process_may_use(monkeypatch, own_cache):
+    import psutil
+
+    monkeypatch.setattr(perf, "matmul_flops", lambda dtype, *, n, device, seconds: (10e9, 0.001))
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16 if logical else 8)
+    monkeypatch.setattr(perf.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(perf.os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)   # taskset -c 0-3
+    peak = perf.measured_peak("fp32", torch.device("cpu"))
+    assert peak.flops == 10e9 * 2 and "the 4 of 16 CPUs this process may use" in peak.source
+
+
 def test_the_cpu_peak_falls_back_to_logical_cpus_and_says_so(monkeypatch, own_cache):
     import psutil
 
     monkeypatch.setattr(perf, "matmul_flops", lambda dtype, *, n, device, seconds: (10e9, 0.001))
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 6 if logical else None)
     monkeypatch.setattr(perf.os, "cpu_count", lambda: 6)
+    monkeypatch.setattr(perf.os, "sched_getaffinity", lambda pid: set(range(6)), raising=False)
     peak = perf.measured_peak("fp32", torch.device("cpu"))
     assert peak.flops == 10e9 * 6 and "logical CPUs (physical cores unknown)" in peak.source
 
