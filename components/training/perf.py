@@ -111,9 +111,10 @@ def measured_peak(precision: str, device: torch.device, *, seconds_per_size: flo
     ranks (one thread each) reach, and the MFU then exceeds 1.
     """
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    entry = f"{_CACHE_VERSION}:{device.type}:{name}:{precision}"
-    cached = cache_get(entry)
     cores, what = physical_cores()
+    # The CPU figure is per core times cores: a process allowed fewer CPUs must not read a whole machine's figure.
+    entry = f"{_CACHE_VERSION}:{device.type}:{name}:{precision}" + (f":{cores}cores" if device.type == "cpu" else "")
+    cached = cache_get(entry)
     logical = os.cpu_count() or 1
     if cached is not None and cached["quiet"]:
         return Peak(cached["flops"], cached["source"] + " (cached)")
