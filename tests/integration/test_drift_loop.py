@@ -166,20 +166,19 @@ def test_a_failed_final_reload_leaves_the_old_version_serving_and_the_alias(loop
 
     cfg = loop.cfg()
     info = running_server(loop.ws)
-    real, calls = client.load_model, []
+    real, calls = client.wait_versions, []
 
-    def load_model(url, model, **kw):   # the 1st load (old + candidate) works; the final reload fails
-        calls.append(model)
+    def wait_versions(url, model, versions, **kw):   # the 1st (old + candidate) works; the final reload fails
+        calls.append(list(versions))
         if len(calls) == 2:
             raise client.RequestFailed("injected: the final reload failed")
-        return real(url, model, **kw)
+        return real(url, model, versions, **kw)
 
-    monkeypatch.setattr(client, "load_model", load_model)
+    monkeypatch.setattr(client, "wait_versions", wait_versions)
     with pytest.raises(RolloutRefused, match="the final reload failed"):
         service.deploy_version(loop.ws, cfg.deploy, info, registry_model="lmforge-tiny", version=2, model_dir=None)
-    assert len(calls) >= 3, calls   # the restore reloaded the old version
+    assert len(calls) >= 3, calls   # the restore waited for the old version again
     assert loop.production() == "3" and loop.triton_serves() == [3]
-
 
 
 def test_no_result_of_the_loop_was_pickled(loop):
