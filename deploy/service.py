@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
+from lmforge.components.registry.gate import PRODUCTION
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
@@ -26,8 +27,6 @@ from lmforge.deploy import client
 from lmforge.deploy.repository import build_version, config_revision, served_versions
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import ServerInfo, info_from_state, read_state, running_server, start_server, stop_server, write_state
-
-PRODUCTION = "production"
 
 
 def repo_dir(ws: Workspace) -> Path:

@@ -25,6 +25,7 @@ from typing import Any
 from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.registry.gate import PRODUCTION
 from lmforge.components.workspace import Workspace
 from lmforge.flows.lateness import too_late
 from lmforge.flows.workspace_flow import workspace_flow
@@ -95,7 +96,7 @@ def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
 
 def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
     """Why a stage that starts from a registry alias has nothing to start from (the gate promoted no model yet)."""
-    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias, "monitor": "production"}.get(stage)
+    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias, "monitor": PRODUCTION}.get(stage)
     if alias is None:
         return None
     from lmforge.components.registry.aliases import current

@@ -83,6 +83,17 @@ def active_profile(environ: Mapping[str, str]) -> tuple[str, dict[str, str], Pat
     return str(name), {str(k): str(v) for k, v in settings.items()}, path
 
 
+SERVER_STATE = "server.json"   # <ws>/prefect/<this>: the server `lmforge prefect up` started (flows/prefect_local.py)
+
+
+def workspace_server_url(ws: Workspace) -> str | None:
+    """The API URL of the server `lmforge prefect up` started for this workspace, if that very process still runs."""
+    from lmforge.components import service
+
+    rec, data = service.running(ws.prefect / SERVER_STATE)
+    return data["api_url"] if rec is not None else None
+
+
 def embedded_env(ws: Workspace) -> dict[str, str]:
     """The variables that put Prefect's home, database and result storage in the workspace."""
     return {"PREFECT_HOME": str(ws.prefect), "PREFECT_LOCAL_STORAGE_PATH": str(ws.prefect / "storage")}
@@ -102,9 +113,7 @@ def choose(ws: Workspace, environ: Mapping[str, str] | None = None) -> PrefectMo
             target = settings.get("PREFECT_API_URL", "Prefect Cloud" if "PREFECT_API_KEY" in settings else "")
             return PrefectMode("profile", f"{name!r} {target}".strip(), f"active profile in {path}")
     embedded = embedded_env(ws)
-    from lmforge.flows.prefect_local import active_api_url  # reads <ws>/prefect/server.json, if any
-
-    url = active_api_url(ws)
+    url = workspace_server_url(ws)
     if url:
         return PrefectMode("workspace_server", url, "started by `lmforge prefect up`",
                            env={**embedded, "PREFECT_API_URL": url}, home=ws.prefect)

@@ -27,9 +27,10 @@ from lmforge.components import service
 from lmforge.components.errors import UserError
 from lmforge.components.resources import prefect_yaml
 from lmforge.components.workspace import Workspace
+from lmforge.flows import prefect_env
 
 WORK_POOL = "lmforge-process"
-STATE_FILE = "server.json"
+STATE_FILE = prefect_env.SERVER_STATE
 WORKER_FILE = "worker.json"
 
 
@@ -46,8 +47,8 @@ def prefect_bin() -> str:
 
 
 def server_env(ws: Workspace, api_url: str | None = None) -> dict[str, str]:
-    env = dict(os.environ, PREFECT_HOME=str(ws.prefect), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_LOCAL_STORAGE_PATH=str(ws.prefect / "storage"), LMFORGE_HOME=str(ws.root))
+    env = dict(os.environ, **prefect_env.embedded_env(ws), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               LMFORGE_HOME=str(ws.root))
     env.pop("PREFECT_API_URL", None)
     if api_url:
         env["PREFECT_API_URL"] = api_url
@@ -126,8 +127,7 @@ def active_server(ws: Workspace) -> ServerInfo | None:
 
 
 def active_api_url(ws: Workspace) -> str | None:
-    info = active_server(ws)
-    return info.api_url if info else None
+    return prefect_env.workspace_server_url(ws)
 
 
 def stop_worker(ws: Workspace) -> bool:
