@@ -34,13 +34,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from lmforge.cli import signals
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
+from lmforge.cli.work import WorkFailed, one_line, start_work, the_work
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
 from lmforge.flows import quiet
-from lmforge.cli.output import emit_json, json_mode
-from lmforge.cli import signals
-from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
-from lmforge.cli.work import WorkFailed, one_line, start_work, the_work
 
 console = Console()
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -106,8 +106,8 @@ def run(
         check_source(cfg.data.source)  # fail in one line before Prefect starts, not in a flow run's log
     ws = Workspace.from_env()
     start_work(ws)
-    from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
     from lmforge.cli.summary import headline, print_run_summary
+    from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
 
     if stage != "all" and stage not in available_stages():
         raise UserError("stage", stage, "is not installed here", f"Choose one of: {', '.join(available_stages())}, all")

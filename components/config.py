@@ -37,7 +37,6 @@ from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.workspace import sha256_json
 
 
-
 class PipelineConfig(Section):
     """The root: one field per stage table."""
 
@@ -120,7 +119,8 @@ def _describe(e: ValidationError, raw: dict[str, Any], source: str) -> tuple[str
         known = _known_keys(err["loc"][:-1])
         return (key, None, f"is not a known option (in {source})",
                 f"Known keys here: {', '.join(known)}" if known else "Remove it")
-    return (key, repr(value), f"is invalid: {_lower_first(err['msg'])} (in {source})", "Change the value in the file or with --set")
+    return (key, repr(value), f"is invalid: {_lower_first(err['msg'])} (in {source})",
+            "Change the value in the file or with --set")
 
 
 def _lower_first(msg: str) -> str:

@@ -46,7 +46,8 @@ def retrieve(prompt: str, k: int, *, ws: Workspace, vectors: VectorsConfig, feat
         return []
     version = dataset_version or ws.latest_dataset()
     if version is None:
-        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data and features stages: lmforge run data && lmforge run features")
+        raise UserError("dataset", ws.datasets, "has no dataset yet",
+                        "Run the data and features stages: lmforge run data && lmforge run features")
     embedder = _embedder(vectors)
     client = qdrant_client(ws, vectors)
     name = collection_name(vectors, version, embedder)

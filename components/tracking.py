@@ -17,7 +17,6 @@ from typing import Any
 
 from lmforge.components.workspace import Workspace
 
-
 # mlflow.set_tracking_uri() also exports MLFLOW_TRACKING_URI (for child processes), so the
 # variable alone cannot tell a user's server URI from a workspace URI this process set.
 _SET_HERE: set[str] = set()

@@ -11,7 +11,8 @@ container's on GPUs):
 
 The model loads with modelload.load_model (an int8 or low-rank variant as what it is), goes
 to the instance's GPU unless its kernels are CPU-only (processing.serving_device: an int8
-variant stays on the CPU, and the server log says why), and generates with generation.generate: the prompt template, eos prefix, greedy decoding and
+variant stays on the CPU, and the server log says why), and generates with generation.generate:
+the prompt template, eos prefix, greedy decoding and
 stopping rule that evaluation scores and the MLflow pyfunc runs. TOKEN_IDS holds the
 generated ids, space-separated. Triton hands `execute` every request of a dynamic batch;
 their valid rows are generated together, and each request gets exactly one response:
@@ -102,7 +103,7 @@ class TritonPythonModel:
             try:
                 results = self._generate(rows)
             except Exception as e:  # a failure of the batch itself (e.g. out of memory): every request says so
-                for i, _, n in owners:
+                for i, _, _n in owners:
                     responses[i] = pb_utils.InferenceResponse(
                         error=pb_utils.TritonError(f"generation failed: {type(e).__name__}: {e}"))
                 self._log(rows, None, start, status="generation_failed")

@@ -9,7 +9,8 @@ The model becomes `challenger`; it becomes `champion` when the registry rules pa
 (components/registry/gate.py). When the champion was scored on another dataset
 version, another evaluation config (hash) or another context, it is scored again on
 the candidate's terms first (registry.reevaluate_champion), so the two sides compare on
-the same text, windows and settings. No model is scored beyond its trained context. Evaluation, registration and promotion are never
+the same text, windows and settings. No model is scored beyond its trained context.
+Evaluation, registration and promotion are never
 cached: latency is measured anew, and the registry is state.
 """
 

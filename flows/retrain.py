@@ -30,7 +30,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.registry.gate import PRODUCTION
@@ -143,8 +142,8 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
 def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, stages: dict[str, Any]) -> dict[str, Any]:
     from lmforge.components.registry import current
     from lmforge.deploy.rollout import RolloutRefused
-    from lmforge.monitoring.served import served_model
     from lmforge.flows.pipeline import stage_flow
+    from lmforge.monitoring.served import served_model
 
     name = cfg.registry.model_name
     served = served_model(ws, cfg)

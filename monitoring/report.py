@@ -84,8 +84,9 @@ def over_time_plot(path: Path, points: list[dict[str, Any]], columns: list[str])
     """Score / threshold per column per window; windows with too few requests are marked, not scored."""
     if not points:
         return False
-    import matplotlib.dates as mdates
     from datetime import datetime
+
+    import matplotlib.dates as mdates
 
     fig = _figure(7.5, 3.8)
     ax = fig.add_subplot()

@@ -19,10 +19,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
-from lmforge.cli.output import emit_json, json_mode
-from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Data stage tools: replay fixed quarantined records.")
 err = Console(stderr=True)

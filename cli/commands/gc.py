@@ -17,9 +17,9 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from lmforge.components.workspace import Workspace
-from lmforge.cli.output import emit_json
 from lmforge.cli.commands import ConfigOpt, SetOpt
+from lmforge.cli.output import emit_json
+from lmforge.components.workspace import Workspace
 
 err = Console(stderr=True)
 
@@ -62,9 +62,9 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="print only JSON on stdout")] = False,
     ) -> None:
         """Remove dataset versions (and their step folders, feature files, collections) nothing refers to."""
+        from lmforge.cli.work import WorkFailed
         from lmforge.components.config import load_config
         from lmforge.components.data.retention import gc_plan, referenced_versions, remove
-        from lmforge.cli.work import WorkFailed
 
         cfg = load_config(config, set_ or [])
         ws = Workspace.from_env()

@@ -20,10 +20,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
-from lmforge.cli.output import emit_json, json_mode
-from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 app = typer.Typer(no_args_is_help=True, help="Drift reports and demo traffic.")
 console = Console()

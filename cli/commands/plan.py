@@ -16,10 +16,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lmforge.cli.output import emit_json
 from lmforge.components.sections.training import PRESETS, ModelConfig
 from lmforge.components.training.model import param_count
 from lmforge.components.training.planner import PlanInput, make_plan, parse_size, shape_for
-from lmforge.cli.output import emit_json
 
 console = Console()
 
@@ -66,8 +66,9 @@ def plan(
     for col in ("strategy", "weights", "grads", "optim", "states", "activ", "total", "host", "fits"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in result.rows:
-        table.add_row(r.strategy.replace("+offload_optimizer", "+off_opt").replace("+offload_param", "+off_par"), *(f"{v:.2f}" for v in (r.params_gb, r.grads_gb, r.optimizer_gb, r.model_states_gb,
-                                                             r.activations_gb, r.total_gb, r.host_gb)),
+        table.add_row(r.strategy.replace("+offload_optimizer", "+off_opt").replace("+offload_param", "+off_par"),
+                      *(f"{v:.2f}" for v in (r.params_gb, r.grads_gb, r.optimizer_gb, r.model_states_gb,
+                                             r.activations_gb, r.total_gb, r.host_gb)),
                       "[green]yes[/green]" if r.fits else "[red]no[/red]")
     console.print(table)
     console.print(f"inference (bf16 weights, 2 bytes/param): {result.inference_gb:.2f} GB in total, "

@@ -16,10 +16,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from lmforge.cli.commands import JsonOpt
+from lmforge.cli.output import emit_json, json_mode
 from lmforge.components.workspace import Workspace
 from lmforge.flows import prefect_env, prefect_local
-from lmforge.cli.output import emit_json, json_mode
-from lmforge.cli.commands import JsonOpt
 
 app = typer.Typer(no_args_is_help=True, help="A local Prefect server, deployments and a worker, on loopback.")
 console = Console()

@@ -17,9 +17,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lmforge.components.workspace import Workspace
-from lmforge.cli.output import emit_json
 from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json
+from lmforge.components.workspace import Workspace
 
 app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
 console = Console()

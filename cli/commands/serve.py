@@ -22,10 +22,10 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 
+from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
+from lmforge.cli.output import emit_json, json_mode
 from lmforge.components.errors import UserError
 from lmforge.components.workspace import Workspace
-from lmforge.cli.output import emit_json, json_mode
-from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 
 console = Console()
 err_console = Console(stderr=True)

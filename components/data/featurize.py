@@ -6,7 +6,8 @@
 Columns: doc_id, split, module, event_timestamp (UTC; the document's version time: the
 data stage passes the time of the corpus version, its newest source time, so an old
 source file never puts a document outside the feature view's ttl), created_timestamp
-(UTC; the same version time, so the same input gives the same table), n_chars, n_words, alpha_ratio, digit_ratio, punct_ratio, n_lines, cluster_size,
+(UTC; the same version time, so the same input gives the same table), n_chars, n_words,
+alpha_ratio, digit_ratio, punct_ratio, n_lines, cluster_size,
 quality_score. Counting is vectorised: the shard's text becomes one array of code points, a
 table gives each code point's Unicode class (letter, number, decimal digit, punctuation or
 symbol; built once per process from `unicodedata`), and per-document sums are differences

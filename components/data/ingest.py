@@ -68,7 +68,8 @@ def check_source(source: str | None) -> Path | None:
     if not path.exists():
         raise UserError("data.source", source, "does not exist", fix)
     if not os.access(path, os.R_OK):
-        raise UserError("data.source", source, "is not readable by this user", "Fix its permissions or copy it somewhere readable")
+        raise UserError("data.source", source, "is not readable by this user",
+                        "Fix its permissions or copy it somewhere readable")
     if path.is_dir():
         if not any(path.rglob("*.txt")):
             raise UserError("data.source", source, "is a folder with no .txt files", fix)

@@ -9,7 +9,8 @@
 
 Every input unit becomes exactly one RawItem, good or bad: each JSONL line (a blank one
 too: it is judged `blank_line`), each CSV row (a row with more or fewer cells than the
-header is judged `column_count`, a row with a \\r outside quotes `invalid_csv`), each Parquet row, each .txt file, each docstring of the
+header is judged `column_count`, a row with a \\r outside quotes `invalid_csv`), each Parquet
+row, each .txt file, each docstring of the
 built-in corpus and each .py file of it that cannot be parsed (`unparseable_file`). The
 `records_read` tally is counted from the input (newlines in the byte range, rows in the
 row groups, files in the list, CSV rows as the csv module parses them) so that
@@ -37,10 +38,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.ingest import (JSONL_SUFFIXES, SUPPORTED, Progress, RawItem, check_source, corpus_files, corpus_roots,
-                                            extract_file)
-from lmforge.components.data.quarantine import (CR_OUTSIDE_QUOTES, csv_row_bytes, fields_bytes, iter_quarantine, raw_bytes,
-                                                replay_fields)
+from lmforge.components.data.ingest import (
+    JSONL_SUFFIXES,
+    SUPPORTED,
+    Progress,
+    RawItem,
+    check_source,
+    corpus_files,
+    corpus_roots,
+    extract_file,
+)
+from lmforge.components.data.quarantine import (
+    CR_OUTSIDE_QUOTES,
+    csv_row_bytes,
+    fields_bytes,
+    iter_quarantine,
+    raw_bytes,
+    replay_fields,
+)
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig
 
@@ -334,10 +349,12 @@ def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
     try:
         items = [it for spec in plan_shards(cfg) for it in read_shard(spec, cfg, tally)]
     except (OSError, csv.Error, UnicodeError) as e:
-        raise UserError("data.source", cfg.source, f"could not be read ({type(e).__name__}: {e})", f"Check that it is {SUPPORTED}") from e
+        raise UserError("data.source", cfg.source, f"could not be read ({type(e).__name__}: {e})",
+                        f"Check that it is {SUPPORTED}") from e
     except Exception as e:
         if type(e).__module__.startswith("pyarrow"):
-            raise UserError("data.source", cfg.source, f"is not a readable Parquet file ({e})", f"Check that it is {SUPPORTED}") from e
+            raise UserError("data.source", cfg.source, f"is not a readable Parquet file ({e})",
+                            f"Check that it is {SUPPORTED}") from e
         raise
     assert tally["records_read"] == len(items), (tally, len(items))
     report["items_found"] = len(items)
@@ -346,5 +363,6 @@ def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
         items = [items[i] for i in keep]
     report["items_kept"] = len(items)
     if not items:
-        raise UserError("data.source", cfg.source or "builtin", "holds no records", f"Point it at {SUPPORTED} with at least one record")
+        raise UserError("data.source", cfg.source or "builtin", "holds no records",
+                        f"Point it at {SUPPORTED} with at least one record")
     return Ingested(items, report)

@@ -30,10 +30,9 @@ from lmforge.components.data.minhash import signatures
 from lmforge.components.data.quarantine import Quarantined, quarantine_entry, write_quarantine
 from lmforge.components.data.readers import read_shard
 from lmforge.components.data.records import FIELDS
-from lmforge.components.data.split import SPLITS
 from lmforge.components.data.shards import dtype_for
-from lmforge.components.data.stepref import (FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef,
-                                             TokenizerRef)
+from lmforge.components.data.split import SPLITS
+from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
 from lmforge.components.data.tokenizer import encode_flat, load_tokenizer
 from lmforge.components.data.validate import judge
 from lmforge.components.sections.data import DataConfig

@@ -44,7 +44,8 @@ def place_groups(sizes: Mapping[str, int], cfg: SplitConfig, *, seed: int) -> di
     ordered = sorted(sizes, key=lambda g: group_order_key(g, seed))
     for n, g in enumerate(ordered):
         remaining_groups = len(ordered) - n
-        split = next((s for s in wanted if filled[s] < targets[s] and _fits(sizes[g], filled[s], targets[s], len(sizes))), "train")
+        split = next((s for s in wanted if filled[s] < targets[s] and _fits(sizes[g], filled[s], targets[s], len(sizes))),
+                     "train")
         if split != "train" and remaining_groups == 1 and not filled["train"]:
             split = "train"  # the last group goes to train when train is still empty
         place[g] = split

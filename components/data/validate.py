@@ -153,7 +153,8 @@ def _document_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig)
     rid, prompt, reference, group = (_optional_str(fields, f) for f in
                                      (cfg.id_field, cfg.prompt_field, cfg.reference_field, cfg.group_field))
     _check_text(cfg.text_field, text, cfg, required=True)
-    for name, value in ((cfg.id_field, rid), (cfg.prompt_field, prompt), (cfg.reference_field, reference), (cfg.group_field, group)):
+    for name, value in ((cfg.id_field, rid), (cfg.prompt_field, prompt), (cfg.reference_field, reference),
+                        (cfg.group_field, group)):
         if value is not None:
             _check_text(name, value, cfg, required=False)
     rid = rid if rid is not None else stable_id(origin)

@@ -94,7 +94,8 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     model.to(device)
     heldout = read_split(dataset_dir, cfg.split)
     if not heldout:
-        raise UserError("dataset", dataset_dir, f"has an empty {cfg.split} split", "Use more documents (data.max_docs) or another split")
+        raise UserError("dataset", dataset_dir, f"has an empty {cfg.split} split",
+                        "Use more documents (data.max_docs) or another split")
     train = read_split(dataset_dir, "train")
     start_id = tokenizer.eos_token_id
     assert start_id is not None, "the tokenizer defines an eos token"
@@ -127,7 +128,8 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                    rag_prediction=rag_preds[i] if rag_preds else None, rag_rougeL=rag_pairs[i]["rougeL"] if rag_pairs else None)
            for i, (r, p, ref, pred, s, g) in enumerate(zip(examples, prompts, refs, preds, scores.per_pair, gens))]
     info = {"model_dir": str(model_dir), "dataset_dir": str(dataset_dir), "split": cfg.split, "bpc_docs": b.docs,
-            "examples": len(out), "device": str(device), "device_reason": where.reason, "context_length": context, "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
+            "examples": len(out), "device": str(device), "device_reason": where.reason, "context_length": context,
+            "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
             "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2)}
     return EvalResult(metrics=metrics, examples=out, rag=rag_info, info=info)
 

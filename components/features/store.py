@@ -153,7 +153,8 @@ def materialize(ws: Workspace, cfg: FeaturesConfig, *, end: datetime | None = No
     if start is None:
         start = end - view.ttl
     start = start if start.tzinfo else start.replace(tzinfo=timezone.utc)
-    report: dict[str, Any] = {"incremental_from": start.isoformat(), "materialized_until": end.isoformat(), "backfilled_from": None}
+    report: dict[str, Any] = {"incremental_from": start.isoformat(), "materialized_until": end.isoformat(),
+                              "backfilled_from": None}
     # The older range first: the online store keeps whatever was written last, so a backfill
     # after the incremental load would put an older value over a newer one.
     if since is not None and since < start:

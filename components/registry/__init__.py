@@ -14,8 +14,14 @@ MLflow is imported inside the functions, so importing this package is cheap.
 from lmforge.components.registry.aliases import AliasMove, current, history, rollback, set_alias
 from lmforge.components.registry.gate import Decision, decide, gate
 from lmforge.components.registry.loading import load_causal_lm
-from lmforge.components.registry.store import (download_model, list_versions, register_model, resolve_version, version_metrics,
-                                       version_tags)
+from lmforge.components.registry.store import (
+    download_model,
+    list_versions,
+    register_model,
+    resolve_version,
+    version_metrics,
+    version_tags,
+)
 
 __all__ = ["AliasMove", "Decision", "current", "decide", "download_model", "gate", "history", "list_versions",
            "load_causal_lm", "register_model", "resolve_version", "rollback", "set_alias", "version_metrics", "version_tags"]

@@ -75,7 +75,8 @@ def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None,
     if rl is not None and champ_rl is not None and rl < champ_rl - cfg.rougeL_tolerance:
         return False, (f"BPC gain {gain:+.4f} passes, but ROUGE-L {rl:.4f} is below the champion's {champ_rl:.4f} "
                        f"by more than {cfg.rougeL_tolerance}")
-    rouge = f", ROUGE-L {rl:.4f} vs {champ_rl:.4f} within {cfg.rougeL_tolerance}" if rl is not None and champ_rl is not None else ""
+    rouge = (f", ROUGE-L {rl:.4f} vs {champ_rl:.4f} within {cfg.rougeL_tolerance}"
+             if rl is not None and champ_rl is not None else "")
     return True, f"BPC {bpc:.4f} beats champion {champ_bpc:.4f} by {gain:.4f} >= {cfg.bpc_margin}{rouge}"
 
 

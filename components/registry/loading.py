@@ -37,10 +37,12 @@ def pickle_files(model_dir: Path) -> list[Path]:
 def check_model_dir(model_dir: Path) -> Path:
     d = Path(model_dir)
     if not (d / "config.json").is_file():
-        raise UserError("model folder", d, "has no config.json", "Point it at a Hugging Face folder, e.g. <workspace>/runs/<run>/export")
+        raise UserError("model folder", d, "has no config.json",
+                        "Point it at a Hugging Face folder, e.g. <workspace>/runs/<run>/export")
     if not has_safetensors(d):
         raise UserError("model folder", d, "has no safetensors weights (model.safetensors)",
-                        "Re-export the model with save_pretrained(..., safe_serialization=True); pickled weights are never loaded")
+                        "Re-export the model with save_pretrained(..., safe_serialization=True); "
+                        "pickled weights are never loaded")
     return d
 
 

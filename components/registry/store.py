@@ -11,7 +11,8 @@ artifact `hf` (`artifacts/<folder name>/` in the model), with a string-to-string
 (params `max_new_tokens`, `output`) and an input example, and stores no pickle. The
 loader and generation code go with it as `code/lmforge_runtime/` (loading.write_runtime),
 so the pyfunc loads int8 and low-rank variants and generates exactly as Triton does.
-`save_pyfunc` writes the same MLflow model to a local folder (to check it before registering). (The transformers flavor cannot log a local folder with
+`save_pyfunc` writes the same MLflow model to a local folder (to check it before
+registering). (The transformers flavor cannot log a local folder with
 transformers 5: mlflow 3.17's `build_flavor_config_from_local_checkpoint` reads
 `check_task(...)["impl"].__name__`, which is now a string.)
 A folder holding any pickle-format file is refused. The model is logged in the active
@@ -179,7 +180,8 @@ def resolve_version(ws: Workspace, model_name: str, alias_or_version: str) -> st
         mv = client.get_model_version(model_name, ref) if ref.isdigit() else client.get_model_version_by_alias(model_name, ref)
     except Exception as e:
         raise UserError("model", f"{model_name}@{ref}", "is not in the registry",
-                        "Run `lmforge registry list` to see versions and aliases, or `lmforge run evaluate` to register one") from e
+                        "Run `lmforge registry list` to see versions and aliases, "
+                        "or `lmforge run evaluate` to register one") from e
     return str(mv.version)
 
 

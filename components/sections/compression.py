@@ -34,14 +34,17 @@ class FinetuneConfig(Section):
     lr: float = Field(3e-4, gt=0, lt=1, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, lt=1, description="AdamW weight decay")
     threads: int = Field(0, ge=0, description="torch CPU threads while training (0 = leave torch's default)")
-    bf16: bool | None = Field(None, description="bf16 autocast; unset = only where bf16 is faster (CUDA with bf16, or a CPU whose measured bf16 matmul beats fp32)")
+    bf16: bool | None = Field(None,
+                              description="bf16 autocast; unset = only where bf16 is faster (CUDA with bf16, or a CPU whose "
+                                          "measured bf16 matmul beats fp32)")
 
 
 class QuantizeConfig(Section):
     """int8 dynamic quantization of Linear layers for CPU serving, and fp16/bf16 casts."""
 
     enabled: bool = True
-    int8: bool = Field(True, description="build the int8 dynamic variant (torch.ao quantize_dynamic; stored as int8 weights + scales)")
+    int8: bool = Field(True,
+                       description="build the int8 dynamic variant (torch.ao quantize_dynamic; stored as int8 weights + scales)")
     casts: list[Literal["bf16", "fp16"]] = Field(["bf16"], description="half-precision casts to build, one variant each")
     skip: list[str] = Field([], description="module-name suffixes kept in float (e.g. 'lm_head')")
 
@@ -106,8 +109,10 @@ class CompressionConfig(Section):
     source_alias: Name = Field("champion", description="registry alias (or version number) of the parent model")
     max_bpc_increase: float = Field(0.05, ge=0, description="policy: largest relative BPC increase vs the parent (0.05 = +5%)")
     max_rouge_l_drop: float = Field(0.05, ge=0, le=1, description="policy: largest absolute ROUGE-L drop vs the parent")
-    eval_max_examples: int | None = Field(None, ge=1, description="generation examples per variant; unset = [evaluation] max_examples")
-    eval_bpc_docs: int | None = Field(None, ge=1, description="held-out documents for BPC per variant; unset = [evaluation] bpc_max_docs")
+    eval_max_examples: int | None = Field(None, ge=1,
+                                          description="generation examples per variant; unset = [evaluation] max_examples")
+    eval_bpc_docs: int | None = Field(None, ge=1,
+                                      description="held-out documents for BPC per variant; unset = [evaluation] bpc_max_docs")
     finetune: FinetuneConfig = FinetuneConfig()
     quantize: QuantizeConfig = QuantizeConfig()
     prune: PruneConfig = PruneConfig()

@@ -38,7 +38,8 @@ PRESETS: dict[str, dict[str, int]] = {
 class ModelConfig(Section):
     """A LlamaForCausalLM: a preset, optionally with some sizes overridden."""
 
-    preset: Literal["tiny", "demo", "125m", "1b"] = Field("demo", description="base sizes: tiny (tests), demo (~5M, CPU), 125m, 1b (GPUs)")
+    preset: Literal["tiny", "demo", "125m", "1b"] = Field(
+        "demo", description="base sizes: tiny (tests), demo (~5M, CPU), 125m, 1b (GPUs)")
     hidden_size: int | None = Field(None, ge=8, description="overrides the preset's hidden size")
     num_layers: int | None = Field(None, ge=1, description="overrides the preset's decoder layer count")
     num_heads: int | None = Field(None, ge=1, description="overrides the preset's attention heads")
@@ -105,13 +106,16 @@ class TrainingConfig(Section):
     seed: int = Field(0, description="seeds the weights and the data order (a function of seed, rank and step)")
     model: ModelConfig = ModelConfig()
     parallel: ParallelConfig = ParallelConfig()
-    num_ranks: int | None = Field(None, ge=1, description="local ranks for the deepspeed launcher; unset = every visible GPU on CUDA, 2 CPU processes on CPU")
+    num_ranks: int | None = Field(None, ge=1,
+                                  description="local ranks for the deepspeed launcher; unset = every visible GPU on CUDA, 2 CPU "
+                                              "processes on CPU")
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs; unset = this machine only")
     master_port: int | None = Field(None, ge=1024, le=65535, description="rendezvous port; unset = a free one")
     seq_len: int = Field(128, ge=8, description="tokens per training window")
     micro_batch_size: int = Field(8, ge=1, description="windows per rank per forward pass")
     grad_accum_steps: int = Field(1, ge=1, description="micro-batches accumulated per optimizer step")
-    global_batch_size: int | None = Field(None, ge=1, description="if set, must equal micro x accum x data-parallel ranks (a check)")
+    global_batch_size: int | None = Field(None, ge=1,
+                                          description="if set, must equal micro x accum x data-parallel ranks (a check)")
     max_steps: int = Field(100, ge=1, description="optimizer steps")
     lr: float = Field(3e-3, gt=0, lt=1, description="peak learning rate (at reference_batch_size when lr_scaling is on)")
     lr_scaling: bool = Field(False, description="scale lr linearly with global_batch / reference_batch_size")
@@ -121,11 +125,15 @@ class TrainingConfig(Section):
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay")
     betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas")
     grad_clip: float = Field(1.0, ge=0, description="gradient norm clip; 0 = off")
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where it is really faster: CUDA with bf16 support, or a CPU whose measured bf16 matmul beats fp32")
-    compile: bool | None = Field(None, description="torch.compile the model through DeepSpeed's engine.compile(); unset = on for CUDA, off on CPU")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto",
+                                                       description="auto = bf16 where it is really faster: CUDA with bf16 "
+                                                                   "support, or a CPU whose measured bf16 matmul beats fp32")
+    compile: bool | None = Field(
+        None, description="torch.compile the model through DeepSpeed's engine.compile(); unset = on for CUDA, off on CPU")
     activation_checkpointing: bool = Field(False, description="recompute decoder activations in backward to save memory")
     save_every: int = Field(50, ge=1, description="save a DeepSpeed checkpoint every N steps (and at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept; older ones are deleted")
     log_every: int = Field(1, ge=1, description="log metrics every N steps")
-    run_name: Name | None = Field(None, description="the run's folder under runs/; unset = <config name>-<UTC time>; --resume picks the newest run")
+    run_name: Name | None = Field(
+        None, description="the run's folder under runs/; unset = <config name>-<UTC time>; --resume picks the newest run")
     log_model_artifact: bool = Field(True, description="copy the exported model folder into MLflow as an artifact")

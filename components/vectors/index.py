@@ -59,7 +59,8 @@ def qdrant_client(ws: Workspace, cfg: VectorsConfig) -> Any:
             if "already accessed" not in str(e):
                 raise
             raise UserError(str(ws.qdrant), None, "is in use by another process (Qdrant local mode allows one at a time)",
-                            "Stop that process (a running lmforge stage or server), or run a Qdrant server and set vectors.url") from e
+                            "Stop that process (a running lmforge stage or server), "
+                            "or run a Qdrant server and set vectors.url") from e
     _CLIENTS[key] = client
     return client
 
@@ -189,4 +190,5 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
         for side in (pair["a"], pair["b"]):
             side.update(details.get(side["id"], {}))
     return {"collection": name, "location": cfg.url or str(Path(ws.qdrant)), "embedder": embedder.name,
-            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "local_wal": fast_writes, "near_duplicates": dups}
+            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "local_wal": fast_writes,
+            "near_duplicates": dups}

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-
 LSH_SEED = 0
 
 
