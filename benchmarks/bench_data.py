@@ -258,15 +258,19 @@ def main() -> None:
     ]
     for k in sizes:
         v = ours[k]
-        rows.append((f"ours, n = {k} ({results['workers']} Dask workers)", f"{v['wall_s']} s, {results['ours_docs_per_s'][str(k)]} docs/s",
+        rows.append((f"ours, n = {k} ({results['workers']} Dask workers)",
+                     f"{v['wall_s']} s, {results['ours_docs_per_s'][str(k)]} docs/s",
                      f"peak RSS tree {v['peak_rss_tree_mb']} MB (largest process {v['peak_rss_largest_process_mb']} MB); "
                      f"{v['shards']} shards, kept {v['kept']}, exact {v['exact']}, near {v['near']}"))
     rows.append(("once per workspace: create the Prefect and MLflow databases", f"{init[n]['wall_s']} s",
                  "not in the figures above: a workspace's first run pays it once"))
     met = lambda ok: "met" if ok else "NOT met"  # noqa: E731
-    rows.append(("ours: docs/s at n", str(results["ours_docs_per_s"][str(n)]), f"target >= 2000: {met(results['ours_docs_per_s'][str(n)] >= 2000)}"))
-    rows.append(("ours: time(2n)/time(n)", f"{results['ours_time_ratio']}", f"target <= 2.1: {met(results['ours_time_ratio'] <= 2.1)}"))
-    rows.append(("ours: peak RSS(2n)/RSS(n)", f"{results['ours_rss_ratio']}", f"target <= 1.2: {met(results['ours_rss_ratio'] <= 1.2)}"))
+    rows.append(("ours: docs/s at n", str(results["ours_docs_per_s"][str(n)]),
+                 f"target >= 2000: {met(results['ours_docs_per_s'][str(n)] >= 2000)}"))
+    rows.append(("ours: time(2n)/time(n)", f"{results['ours_time_ratio']}",
+                 f"target <= 2.1: {met(results['ours_time_ratio'] <= 2.1)}"))
+    rows.append(("ours: peak RSS(2n)/RSS(n)", f"{results['ours_rss_ratio']}",
+                 f"target <= 1.2: {met(results['ours_rss_ratio'] <= 1.2)}"))
     for k, v in base.items():
         rows.append((f"baseline {args.baseline_commit}, n = {k}", f"{v['wall_s']} s, {round(k / v['wall_s'])} docs/s",
                      f"peak RSS {v['peak_rss_tree_mb']} MB; steps {v['steps']}"))
@@ -276,7 +280,8 @@ def main() -> None:
         if n2 in base:
             results["baseline_time_ratio"] = round(base[n2]["wall_s"] / base[n]["wall_s"], 3)
             results["baseline_rss_ratio"] = round(base[n2]["peak_rss_tree_mb"] / base[n]["peak_rss_tree_mb"], 3)
-            rows.append(("baseline: time ratio / RSS ratio", f"{results['baseline_time_ratio']} / {results['baseline_rss_ratio']}", ""))
+            rows.append(("baseline: time ratio / RSS ratio",
+                         f"{results['baseline_time_ratio']} / {results['baseline_rss_ratio']}", ""))
     rows.append(("load average (1 min) before / after", " / ".join(map(str, results["load_avg_before_after"])),
                  "machine shared with other engineers' work"))
     write_results("data", results, ["measure", "value", "detail"], rows, command=command)

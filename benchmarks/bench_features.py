@@ -116,7 +116,8 @@ def bench_feast(rows: int, entity_sizes: list[int], repeats: int, root: Path) ->
         t0 = time.perf_counter()
         ref = as_of_pandas(data, entity, ttl=timedelta(days=365))
         t_pandas = time.perf_counter() - t0
-        agree = np.allclose(got["quality_score"].to_numpy(dtype=float), ref["quality_score"].to_numpy(dtype=float), equal_nan=True)
+        agree = np.allclose(got["quality_score"].to_numpy(dtype=float), ref["quality_score"].to_numpy(dtype=float),
+                            equal_nan=True)
         out["historical"][n] = {"feast_s": round(t_feast, 3), "pandas_s": round(t_pandas, 3), "agree": bool(agree)}
     db.close()
     return out
@@ -170,7 +171,8 @@ def bench_qdrant(sizes: list[int], queries: int, dim: int, root: Path) -> dict:
             np_t.append(time.perf_counter() - t0)
             recall.append(len({h.id for h in hits} & set(top.tolist())) / 10)
         client.close()
-        out[n] = {"upsert_s": round(t_up, 2), "qdrant_ms": pct(q_t), "numpy_ms": pct(np_t), "recall_at_10": float(np.mean(recall))}
+        out[n] = {"upsert_s": round(t_up, 2), "qdrant_ms": pct(q_t), "numpy_ms": pct(np_t),
+                  "recall_at_10": float(np.mean(recall))}
     return out
 
 

@@ -175,8 +175,8 @@ def main() -> None:
         model_dir = args.model or build_model(tmp / "model")
         results["model"] = str(args.model) if args.model else "random LlamaForCausalLM, hidden 256, 4 layers"
         cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_batch_size=32,
-                           preferred_batch_sizes=[8, 16, 32], max_queue_delay_us=int(args.queue_delay_ms * 1000), max_new_tokens=args.new_tokens,
-                           readiness_timeout_s=300)
+                           preferred_batch_sizes=[8, 16, 32], max_queue_delay_us=int(args.queue_delay_ms * 1000),
+                           max_new_tokens=args.new_tokens, readiness_timeout_s=300)
         repo = tmp / "repo"
         repository.build_version(repo, cfg, version=1, model_dir=model_dir)
         info = server.start_server(repo, cfg, log_path=tmp / "server.log")

@@ -37,9 +37,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lmforge.components.accelerator import Precision, autocast, choose_precision, to_device  # noqa: E402
 from lmforge.components.sections.training import TrainingConfig  # noqa: E402
 from lmforge.components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token  # noqa: E402
-from lmforge.components.accelerator import Precision, autocast, choose_precision, to_device  # noqa: E402
 from lmforge.components.training.perf import device_peak  # noqa: E402
 from lmforge.components.training.pipeline_model import lm_loss  # noqa: E402
 from lmforge.components.training.planner import model_state_bytes  # noqa: E402
@@ -124,8 +124,9 @@ def hf_trainer(ws: Workspace, version: str, steps: int, warmup: int, *, precisio
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, per_device_train_batch_size=GLOBAL_BATCH, max_steps=steps, learning_rate=3e-3,
-                                 bf16=precision.name == "bf16", use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
-                                 dataloader_num_workers=0, max_grad_norm=1.0, weight_decay=0.1, disable_tqdm=True)
+                                 bf16=precision.name == "bf16", use_cpu=True, report_to=[], save_strategy="no",
+                                 logging_strategy="no", dataloader_num_workers=0, max_grad_norm=1.0, weight_decay=0.1,
+                                 disable_tqdm=True)
         Trainer(model=model, args=args, train_dataset=data, callbacks=[Clock()]).train()
     times = [b - a for a, b in zip(stamps, stamps[1:])]
     return [GLOBAL_BATCH * SEQ / t for t in times[warmup:]]
@@ -196,14 +197,15 @@ def cpu_main(args: argparse.Namespace) -> dict:
             m = par.get("pipeline", {}).get("micro_batches", 1)
             events, _ = run_training(ws, f"bench-{name}", training_cfg(args.steps, par, GLOBAL_BATCH // dp // m), timeout_s=900)
             tps = statistics.median(e["tokens_per_s"] for e in events[args.warmup:])
-            rows.append({"run": f"{name} (2 ranks)", "tokens_per_s": tps, "mfu": statistics.median(e["mfu"] for e in events[args.warmup:]),
-                         "vs_plain": tps / base})
+            rows.append({"run": f"{name} (2 ranks)", "tokens_per_s": tps,
+                         "mfu": statistics.median(e["mfu"] for e in events[args.warmup:]), "vs_plain": tps / base})
             print(rows[-1], flush=True)
             if name in ("ddp", "zero1", "zero2", "zero3"):
-                theory = sum(v for k, v in model_state_bytes(n_params, strategy=name, dp=2, precision=precision.name).items() if k != "host")
+                theory = sum(v for k, v in model_state_bytes(n_params, strategy=name, dp=2, precision=precision.name).items()
+                             if k != "host")
                 measured = [r["total"] for r in events[1]["memory"]]
-                memory.append({"strategy": name, "theory_mb": theory / 2 ** 20, "measured_mb_per_rank": [x / 2 ** 20 for x in measured],
-                               "ratio": max(measured) / theory})
+                memory.append({"strategy": name, "theory_mb": theory / 2 ** 20,
+                               "measured_mb_per_rank": [x / 2 ** 20 for x in measured], "ratio": max(measured) / theory})
         for m in [int(x) for x in args.bubble.split(",") if x]:
             par = {"strategy": "ddp", "pipeline": {"stages": 2, "micro_batches": m, "partition": "parameters"}}
             events, _ = run_training(ws, f"bench-bubble-{m}", training_cfg(args.steps, par, GLOBAL_BATCH // m), timeout_s=900)
@@ -233,7 +235,8 @@ def cuda_main(args: argparse.Namespace) -> dict:
     dev = torch.device("cuda")
     precision = choose_precision("auto", dev)
     peak = device_peak(precision.name, dev)
-    print(f"{info['gpu']}: {precision.name} ({precision.reason}); peak {peak.flops / 1e12:.1f} TFLOP/s ({peak.source})", flush=True)
+    print(f"{info['gpu']}: {precision.name} ({precision.reason}); "
+          f"peak {peak.flops / 1e12:.1f} TFLOP/s ({peak.source})", flush=True)
     rows = []
     sync_every = 5
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,11 +247,13 @@ def cuda_main(args: argparse.Namespace) -> dict:
             spec = CUDA_PRESETS[preset]
             model_cfg = training_cfg(1, {"strategy": "ddp"}, 1, preset=preset, seq=args.seq).model
             fpt = train_flops_per_token(model_cfg, vocab_size=len(tok), seq_len=args.seq)
-            common = dict(precision=precision, device="cuda", preset=preset, micro=spec["micro"], seq=args.seq, sync_every=sync_every)
+            common = dict(precision=precision, device="cuda", preset=preset, micro=spec["micro"], seq=args.seq,
+                          sync_every=sync_every)
             for run, compiled in (("plain eager", False), ("plain torch.compile", True)):
                 rates, mem = plain_loop(ws, version, args.steps, args.warmup, compiled=compiled, **common)
                 tps = statistics.median(rates)
-                rows.append({"preset": preset, "run": run, "tokens_per_s": tps, "mfu": tps * fpt / peak.flops, "peak_mem_bytes": mem})
+                rows.append({"preset": preset, "run": run, "tokens_per_s": tps, "mfu": tps * fpt / peak.flops,
+                             "peak_mem_bytes": mem})
                 print(rows[-1], flush=True)
             cfg = training_cfg(args.steps, {"strategy": spec["strategy"]}, spec["micro"], preset=preset, seq=args.seq,
                                num_ranks=1, log_every=sync_every)
@@ -296,13 +301,17 @@ def render(r: dict) -> str:
     for row in r["throughput"]:
         lines.append(f"| {row['run']} | {row['tokens_per_s']:.0f} | {row['mfu']:.1%} | {row['tokens_per_s'] / base:.2f}x |")
     if r["memory"]:
-        lines += ["", "| ZeRO model state per rank | theory MB | measured MB (rank 0, rank 1) | measured / theory |", "|---|---:|---:|---:|"]
+        lines += ["", "| ZeRO model state per rank | theory MB | measured MB (rank 0, rank 1) | measured / theory |",
+                  "|---|---:|---:|---:|"]
         for row in r["memory"]:
-            lines.append(f"| {row['strategy']} | {row['theory_mb']:.2f} | {', '.join(f'{x:.2f}' for x in row['measured_mb_per_rank'])} | {row['ratio']:.3f} |")
+            lines.append(f"| {row['strategy']} | {row['theory_mb']:.2f} | "
+                         f"{', '.join(f'{x:.2f}' for x in row['measured_mb_per_rank'])} | {row['ratio']:.3f} |")
     if r["bubble"]:
-        lines += ["", "| pipeline micro-batches m (p=2) | theory (p-1)/(m+p-1) | idle stage 0 | idle stage 1 | max error |", "|---:|---:|---:|---:|---:|"]
+        lines += ["", "| pipeline micro-batches m (p=2) | theory (p-1)/(m+p-1) | idle stage 0 | idle stage 1 | max error |",
+                  "|---:|---:|---:|---:|---:|"]
         for row in r["bubble"]:
-            lines.append(f"| {row['micro_batches']} | {row['theory']:.3f} | {row['idle_per_stage'][0]:.3f} | {row['idle_per_stage'][1]:.3f} | {row['max_abs_error']:.3f} |")
+            lines.append(f"| {row['micro_batches']} | {row['theory']:.3f} | {row['idle_per_stage'][0]:.3f} | "
+                         f"{row['idle_per_stage'][1]:.3f} | {row['max_abs_error']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,9 @@ STAGES = [
 ]
 
 
-def main(out: Path = Path(__file__).with_name("architecture.png")) -> Path:
+def main(out: Path | None = None) -> Path:
+    if out is None:
+        out = Path(__file__).with_name("architecture.png")
     fig, ax = plt.subplots(figsize=(16, 5.2), dpi=110)
     ax.set_xlim(0, 16)
     ax.set_ylim(0, 5.2)
@@ -38,7 +40,8 @@ def main(out: Path = Path(__file__).with_name("architecture.png")) -> Path:
         ax.text(x + w / 2, 0.82, part, ha="center", va="center", fontsize=8)
         ax.plot([x + w / 2, x + w / 2], [1.1, y - 0.05], color="#f9ab00", lw=1, ls=":")
         if i:
-            ax.add_patch(FancyArrowPatch((x - gap - 0.02, y + 1.15), (x - 0.02, y + 1.15), arrowstyle="-|>", mutation_scale=14, color="#174ea6"))
+            ax.add_patch(FancyArrowPatch((x - gap - 0.02, y + 1.15), (x - 0.02, y + 1.15), arrowstyle="-|>", mutation_scale=14,
+                                         color="#174ea6"))
     last_x = 0.3 + 7 * (w + gap) + w / 2
     train_x = 0.3 + 2 * (w + gap) + w / 2
     ax.add_patch(FancyArrowPatch((last_x, y + 2.35), (train_x, y + 2.35), connectionstyle="arc3,rad=0.18",
