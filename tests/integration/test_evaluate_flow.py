@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.integration]
 def test_evaluate_flow_registers_gates_and_reports(workspace, tiny_model_dir, tiny_config):
     from mlflow import MlflowClient
 
-    from lmforge.components.registry import current
     from lmforge.cli.commands.registry import app
+    from lmforge.components.registry import current
     from lmforge.flows.evaluate import evaluate_flow
 
     version = make_eval_dataset(workspace, per_module=8)

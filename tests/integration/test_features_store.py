@@ -168,7 +168,8 @@ def test_retrieve_ranks_training_examples_by_online_quality(stage):
 def test_feast_cli_plans_from_the_repo_root_against_the_workspace(stage):
     env = {**os.environ, "LMFORGE_HOME": str(stage["ws"].root)}
     feast = Path(sys.executable).parent / "feast"
-    out = subprocess.run([str(feast), "-c", "feature_repo", "plan"], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run([str(feast), "-c", "feature_repo", "plan"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert str(stage["ws"].root / "features" / "offline" / "document_quality") in out.stdout
 

@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_a_tokenizer_change_alone_raises_no_drift_alarm(workspace, tiny_model_dir, tmp_path):
     from lmforge.flows.monitor import monitor_flow
-    from lmforge.monitoring.served import serving_featurizer
     from lmforge.monitoring.assess import assess
     from lmforge.monitoring.profiles import build_reference, reference_rows, save_reference
+    from lmforge.monitoring.served import serving_featurizer
 
     v1 = make_dataset(workspace, tiny_model_dir, version="monv1")
     assert serve(workspace, tiny_model_dir, v1, model_name="lmforge-tiny") == "1"
@@ -44,7 +44,8 @@ def test_a_tokenizer_change_alone_raises_no_drift_alarm(workspace, tiny_model_di
         log.append(RequestRecord(ts=(now - timedelta(seconds=5)).isoformat(), model="lmforge", version="2",
                                  output_tokens=3, output_chars=9, mean_logprob=-1.0, latency_ms=50.0, **feats))
 
-    cfg = load_config(TINY_CONFIG, ["monitoring.retrain=false", "monitoring.decision_windows=2"])  # rows 5 s old may be last hour's
+    cfg = load_config(TINY_CONFIG, ["monitoring.retrain=false",
+                                    "monitoring.decision_windows=2"])  # rows 5 s old may be last hour's
     out = monitor_flow(cfg, now=now)
     assert out["decision"] == "no drift", out
     assert (out["dataset_version"], out["served_version"]) == (v1, "1")

@@ -15,8 +15,16 @@ from pathlib import Path
 import pytest
 
 from lmforge.components.errors import UserError
-from lmforge.components.registry import (current, download_model, gate, history, list_versions, load_causal_lm,
-                                 register_model, rollback)
+from lmforge.components.registry import (
+    current,
+    download_model,
+    gate,
+    history,
+    list_versions,
+    load_causal_lm,
+    register_model,
+    rollback,
+)
 from lmforge.components.sections.registry import RegistryConfig
 
 pytestmark = [pytest.mark.integration]
@@ -93,7 +101,7 @@ def test_four_processes_registering_at_once_get_unique_versions(workspace, tiny_
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     versions = sorted(int(line.split()[1]) for out, _ in outs for line in out.splitlines() if line.startswith("VERSION"))
     assert versions == [1, 2, 3, 4]
@@ -112,9 +120,8 @@ class Boom:
 
 
 def test_a_planted_pickle_is_never_loaded(workspace, tiny_model_dir, tmp_path):
-    from mlflow import MlflowClient
-
     import mlflow.pyfunc
+    from mlflow import MlflowClient
 
     cfg = RegistryConfig(model_name="safe")
     v = register_model(workspace, cfg, tiny_model_dir, metrics={"bpc": 3.0}, tags={})

@@ -7,8 +7,14 @@ from torch import nn
 
 from lmforge.components.compression.modules import require_linear
 from lmforge.components.errors import UserError
-from lmforge.components.sections.compression import (ChannelPruneConfig, DistillConfig, LoraConfig, LowRankConfig, PruneConfig,
-                                             QuantizeConfig)
+from lmforge.components.sections.compression import (
+    ChannelPruneConfig,
+    DistillConfig,
+    LoraConfig,
+    LowRankConfig,
+    PruneConfig,
+    QuantizeConfig,
+)
 
 
 class NoLinear(nn.Module):

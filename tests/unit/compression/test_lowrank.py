@@ -31,12 +31,13 @@ def test_factorised_layer_error_is_bounded_by_the_discarded_singular_values(rank
 
 def _spectra():
     torch.manual_seed(0)
-    return [Spectrum(f"l{i}", 64, 64, torch.linalg.svdvals(torch.randn(64, 64) * (i + 1) @ torch.diag(torch.linspace(1, 0.01, 64))))
+    return [Spectrum(f"l{i}", 64, 64,
+                     torch.linalg.svdvals(torch.randn(64, 64) * (i + 1) @ torch.diag(torch.linspace(1, 0.01, 64))))
             for i in range(3)]
 
 
 def test_energy_mode_keeps_the_smallest_rank_reaching_the_energy():
-    for sp, (name, r) in zip(_spectra(), choose_ranks(_spectra(), LowRankConfig(mode="energy", energy=0.8)).items()):
+    for sp, (_name, r) in zip(_spectra(), choose_ranks(_spectra(), LowRankConfig(mode="energy", energy=0.8)).items()):
         share = (sp.s ** 2).cumsum(0) / (sp.s ** 2).sum()
         assert share[r - 1] >= 0.8 - 1e-6 and (r == 1 or share[r - 2] < 0.8)
 

@@ -1,8 +1,8 @@
 """Stages that start from a registry alias are skipped, with the reason, when the gate promoted nothing."""
 
+from lmforge.cli.summary import headline
 from lmforge.components.config import load_config
 from lmforge.flows.pipeline import missing_model
-from lmforge.cli.summary import headline
 
 
 def test_compress_and_deploy_skip_without_a_champion(workspace, tiny_config):

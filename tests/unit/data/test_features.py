@@ -33,7 +33,8 @@ def test_character_counts_match_the_unicode_class_regexes():
 
     from lmforge.components.data.featurize import char_counts
 
-    texts = ["", "snake_case_name(x, y=2) -> int", "Ünïcödé — tabs\tand 漢字 ٣٤ Ⅻ ½ 🐍🐍", "a\n\nb\n", "_", "１２３ abc", PROSE, SOUP]
+    texts = ["", "snake_case_name(x, y=2) -> int", "Ünïcödé — tabs\tand 漢字 ٣٤ Ⅻ ½ 🐍🐍", "a\n\nb\n", "_", "１２３ abc",
+             PROSE, SOUP]
     got = char_counts(texts)
     arr = pa.array(texts, pa.large_string())
     for key, pattern in {"n_words": r"[\pL\pN_]+", "alpha": r"\pL", "digit": r"\p{Nd}", "punct": r"[\pP\pS]",

@@ -14,9 +14,8 @@ import pytest
 
 from lmforge.components.data.clean import clean_text
 from lmforge.components.data.corpuswork import select
-from lmforge.components.data.readers import ingest
 from lmforge.components.data.quarantine import raw_bytes, read_quarantine
-from lmforge.components.data.readers import plan_shards, read_shard
+from lmforge.components.data.readers import ingest, plan_shards, read_shard
 from lmforge.components.data.shardwork import ROWS, ingest_shard
 from lmforge.components.data.validate import judge
 from lmforge.components.sections.data import DataConfig
@@ -167,8 +166,8 @@ def test_quarantined_csv_rows_replay_with_their_carriage_returns(tmp_path):
 
 def test_dataset_records_escape_line_separators(tmp_path):
     """records/*.jsonl never holds a raw U+2028/U+2029: a reader that splits with str.splitlines() sees one record a line."""
-    from lmforge.components.data.shardwork import finish_shard
     from lmforge.components.data.corpuswork import assign_split, near_dedup, train_tokenizer_from
+    from lmforge.components.data.shardwork import finish_shard
 
     path = tmp_path / "s.jsonl"
     path.write_text("".join(json.dumps(_good(i, t), ensure_ascii=False) + "\n" for i, t in enumerate(ODD)), encoding="utf-8")

@@ -31,7 +31,8 @@ def test_gc_keeps_referenced_versions_and_removes_the_rest(tmp_path):
     (ws.run_dir("demo-1") / "job.json").write_text(json.dumps({"meta": {"dataset_version": "bbbbbbbbbbbb"}}))
 
     refs = referenced_versions(ws, registry_versions=[("lm/3", "cccccccccccc")])
-    assert refs == {"aaaaaaaaaaaa": ["datasets/LATEST"], "bbbbbbbbbbbb": ["run demo-1"], "cccccccccccc": ["registered model lm/3"]}
+    assert refs == {"aaaaaaaaaaaa": ["datasets/LATEST"], "bbbbbbbbbbbb": ["run demo-1"],
+                    "cccccccccccc": ["registered model lm/3"]}
     plan = gc_plan(ws, refs, collections=["docs_dddddddddddd_hashing", "docs_aaaaaaaaaaaa_hashing"])
     assert plan["datasets"] == [str(ws.dataset_dir("dddddddddddd"))]
     assert sorted(p.rsplit("/", 1)[1] for p in plan["build"]) == ["ingest-5", "orphan-6"]

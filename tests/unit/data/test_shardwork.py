@@ -89,7 +89,8 @@ def test_replayed_entries_are_read_back_through_their_format(tmp_path):
     spec = plan_shards(cfg, replay=[str(fixed)])[-1]
     ref = ingest_shard(spec, cfg, tmp_path / "replay")
     assert ref.records_read == len(entries) == ref.rows + ref.quarantined
-    assert pq.read_table(tmp_path / "replay" / ROWS).column("id").to_pylist() == ["js", "doc0"]  # doc0: a dup id, caught by select
+    # doc0: a dup id, caught by select
+    assert pq.read_table(tmp_path / "replay" / ROWS).column("id").to_pylist() == ["js", "doc0"]
     assert ref.quarantined == len(entries) - 2
 
 

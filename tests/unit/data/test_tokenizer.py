@@ -1,6 +1,5 @@
-from transformers import PreTrainedTokenizerFast
-
 import numpy as np
+from transformers import PreTrainedTokenizerFast
 
 from lmforge.components.data.tokenizer import SPECIALS, encode_flat, save_tokenizer, train_tokenizer
 from lmforge.components.sections.data import TokenizerConfig

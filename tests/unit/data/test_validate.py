@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from lmforge.components.data.ingest import RawItem
-from lmforge.components.data.readers import ingest
 from lmforge.components.data.quarantine import raw_bytes
+from lmforge.components.data.readers import ingest
 from lmforge.components.data.validate import REASONS, validate_items, validate_lines
 from lmforge.components.sections.data import DataConfig, ValidationConfig
 

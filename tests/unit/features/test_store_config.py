@@ -67,6 +67,7 @@ def test_definitions_without_the_quality_view_are_a_user_error(workspace, tmp_pa
 
     repo = broken_repo(tmp_path, GOOD).parent
     (repo / "feature_definitions.py").write_text(
-        "from feast import Entity, ValueType\ndocument = Entity(name='document', join_keys=['doc_id'], value_type=ValueType.STRING)\n")
+        "from feast import Entity, ValueType\n"
+        "document = Entity(name='document', join_keys=['doc_id'], value_type=ValueType.STRING)\n")
     with pytest.raises(UserError, match="defines no 'document_quality' feature view"):
         load_definitions(workspace, FeaturesConfig(repo=str(repo)))
