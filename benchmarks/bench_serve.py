@@ -183,10 +183,9 @@ def main() -> None:
         try:
             server.wait_ready(info, timeout=120)
             for name, batching in (("triton-batched", True), ("triton-unbatched", False)):
-                repository.write_config(repo, cfg, versions=[1], request_log=tmp / "requests",
-                                        dynamic_batching=batching)
-                client.load_model(info.url, cfg.model_name, timeout=300)
-                client.wait_settled(info.url, cfg.model_name, timeout=120)
+                rev = repository.write_config(repo, cfg, versions=[1], request_log=tmp / "requests",
+                                              dynamic_batching=batching)
+                client.wait_versions(info.url, cfg.model_name, [1], revision=rev, timeout=300)   # Triton polls it in
                 send = triton_sender(info, cfg, args.new_tokens)
                 for p in PROMPTS[:3]:
                     send(p)  # warm-up
