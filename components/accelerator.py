@@ -13,8 +13,8 @@ distillation) takes it from here, so placement is decided in one place.
 A model goes where its kernels exist: `runnable_device(model, wanted)` is `wanted` (default: the
 host's pick) unless the model holds modules whose kernels are CPU-only, torch's quantized layers
 (an int8 variant's dynamic `Linear` runs `quantized::linear_dynamic`, fbgemm/qnnpack, CPU only);
-then it is the CPU, with that reason. deploy/processing.py carries a copy of `cpu_only_kernels`
-for the Triton model, which cannot import lmforge (a test keeps the two the same).
+then it is the CPU, with that reason. `cpu_only_kernels` lives in components/modelload.py, which
+the Triton model repository carries, so the served model asks the same function.
 
 `precision = "auto"` picks bf16 only where it is really faster: on CUDA where the GPU has native
 bf16 (`torch.cuda.is_bf16_supported(including_emulation=False)`: compute capability 8.0 or
@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from lmforge.components.errors import UserError
+from lmforge.components.modelload import cpu_only_kernels
 
 CACHE_ENV = "LMFORGE_CACHE_DIR"
 BF16_MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this much to be worth its rounding
@@ -106,45 +107,6 @@ class DeviceChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"device": str(self.device), "reason": self.reason, "fallback": self.fallback}
-
-
-def cpu_only_kernels(model: Any) -> list[str]:
-    """What in `model` has CPU kernels only, e.g. ["quantized::linear_dynamic"]; [] when it runs anywhere.
-
-    Decided by what the modules are, not by trying: torch's quantized modules (torch.ao.nn.quantized,
-    dynamic included, and their fused and sparse kin) dispatch to fbgemm/qnnpack, which exist for the
-    CPU only; so do quantized packed params and quantized tensors held anywhere else. QAT, quantizable
-    and reference modules compute in float and run anywhere. Standard library only (no torch import):
-    deploy/processing.py holds a copy of this function for the Triton model.
-    """
-    cpu_only = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.", "torch.ao.nn.sparse.quantized.",
-                "torch.nn.quantized.", "torch.nn.intrinsic.quantized.")
-    anywhere = ("torch.ao.nn.quantized.reference.", "torch.nn.quantized._reference.")
-    found: list[str] = []
-
-    def add(kernel: str) -> None:
-        if kernel not in found:
-            found.append(kernel)
-
-    for module in model.modules():
-        cls = type(module)
-        path = cls.__module__ + "."
-        if path.startswith(cpu_only) and not path.startswith(anywhere):
-            if cls.__name__.endswith("PackedParams"):
-                continue  # the weights of the quantized layer that holds them, named already
-            if cls.__name__ == "Linear":
-                add("quantized::linear_dynamic" if ".dynamic." in path else "quantized::linear")
-            else:
-                add(f"quantized {cls.__name__} ({cls.__module__})")
-            continue
-        for key, value in vars(module).items():  # packed params a custom module holds itself
-            kind = value._type().qualified_name() if type(value).__name__ == "ScriptObject" else ""
-            if ".quantized." in kind:
-                add(f"quantized packed params ({cls.__name__}.{key}: {kind.rsplit('.', 1)[-1]})")
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if getattr(tensor, "is_quantized", False):
-            add(f"quantized {tensor.dtype} tensors ({name})")
-    return found
 
 
 def runnable_device(model: torch.nn.Module, wanted: torch.device | str | None = None) -> DeviceChoice:

@@ -215,3 +215,43 @@ def load_tokenizer(folder: str | Path) -> Any:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def cpu_only_kernels(model: Any) -> list[str]:
+    """What in `model` has CPU kernels only, e.g. ["quantized::linear_dynamic"]; [] when it runs anywhere.
+
+    Decided by what the modules are, not by trying: torch's quantized modules (torch.ao.nn.quantized,
+    dynamic included, and their fused and sparse kin) dispatch to fbgemm/qnnpack, which exist for the
+    CPU only; so do quantized packed params and quantized tensors held anywhere else. QAT, quantizable
+    and reference modules compute in float and run anywhere. Here, in the module the Triton model
+    repository carries, so that serving (deploy/processing.serving_device) and evaluation
+    (components/accelerator.runnable_device) ask one function.
+    """
+    cpu_only = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.", "torch.ao.nn.sparse.quantized.",
+                "torch.nn.quantized.", "torch.nn.intrinsic.quantized.")
+    anywhere = ("torch.ao.nn.quantized.reference.", "torch.nn.quantized._reference.")
+    found: list[str] = []
+
+    def add(kernel: str) -> None:
+        if kernel not in found:
+            found.append(kernel)
+
+    for module in model.modules():
+        cls = type(module)
+        path = cls.__module__ + "."
+        if path.startswith(cpu_only) and not path.startswith(anywhere):
+            if cls.__name__.endswith("PackedParams"):
+                continue  # the weights of the quantized layer that holds them, named already
+            if cls.__name__ == "Linear":
+                add("quantized::linear_dynamic" if ".dynamic." in path else "quantized::linear")
+            else:
+                add(f"quantized {cls.__name__} ({cls.__module__})")
+            continue
+        for key, value in vars(module).items():  # packed params a custom module holds itself
+            kind = value._type().qualified_name() if type(value).__name__ == "ScriptObject" else ""
+            if ".quantized." in kind:
+                add(f"quantized packed params ({cls.__name__}.{key}: {kind.rsplit('.', 1)[-1]})")
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if getattr(tensor, "is_quantized", False):
+            add(f"quantized {tensor.dtype} tensors ({name})")
+    return found

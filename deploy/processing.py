@@ -35,7 +35,7 @@ except ImportError:  # inside a Triton model version folder, beside copies of re
     from .generation import prompt_text  # type: ignore[no-redef]
     from .records import extract_summary, generation_prompt  # type: ignore[no-redef]
 
-__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "cpu_only_kernels", "decode_prompt",
+__all__ = ["BadRequest", "Limits", "build_prompt", "check_tokens", "decode_prompt",
            "extract_summary", "generation_prompt", "is_well_formed", "load_rare_ids", "parse_max_new_tokens",
            "rare_token_rate", "serving_device", "VALIDATION_PROMPTS", "validation_prompts"]
 
@@ -169,43 +169,6 @@ def validation_prompts(n: int) -> list[str]:
 
 # --- where the served model runs ---------------------------------------------------------
 
-def cpu_only_kernels(model: Any) -> list[str]:
-    """What in `model` has CPU kernels only, e.g. ["quantized::linear_dynamic"]; [] when it runs anywhere.
-
-    A copy of components/accelerator.py's `cpu_only_kernels` (the Triton model cannot import
-    lmforge; tests/unit/deploy/test_model_device.py keeps the two the same): torch's quantized
-    modules dispatch to fbgemm/qnnpack, which exist for the CPU only.
-    """
-    cpu_only = ("torch.ao.nn.quantized.", "torch.ao.nn.intrinsic.quantized.", "torch.ao.nn.sparse.quantized.",
-                "torch.nn.quantized.", "torch.nn.intrinsic.quantized.")
-    anywhere = ("torch.ao.nn.quantized.reference.", "torch.nn.quantized._reference.")
-    found: list[str] = []
-
-    def add(kernel: str) -> None:
-        if kernel not in found:
-            found.append(kernel)
-
-    for module in model.modules():
-        cls = type(module)
-        path = cls.__module__ + "."
-        if path.startswith(cpu_only) and not path.startswith(anywhere):
-            if cls.__name__.endswith("PackedParams"):
-                continue  # the weights of the quantized layer that holds them, named already
-            if cls.__name__ == "Linear":
-                add("quantized::linear_dynamic" if ".dynamic." in path else "quantized::linear")
-            else:
-                add(f"quantized {cls.__name__} ({cls.__module__})")
-            continue
-        for key, value in vars(module).items():  # packed params a custom module holds itself
-            kind = value._type().qualified_name() if type(value).__name__ == "ScriptObject" else ""
-            if ".quantized." in kind:
-                add(f"quantized packed params ({cls.__name__}.{key}: {kind.rsplit('.', 1)[-1]})")
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if getattr(tensor, "is_quantized", False):
-            add(f"quantized {tensor.dtype} tensors ({name})")
-    return found
-
-
 def serving_device(model: Any, instance_kind: str, device_id: int | str, cuda_available: bool) -> tuple[str, str]:
     """("cuda:<id>" or "cpu", why) for a Triton model instance of `instance_kind` ("GPU" | "CPU").
 
@@ -216,6 +179,10 @@ def serving_device(model: Any, instance_kind: str, device_id: int | str, cuda_av
         return "cpu", f"Triton instance kind {instance_kind}"
     if not cuda_available:
         return "cpu", "Triton instance kind GPU, but torch in this Python sees no CUDA device"
+    try:  # imported here: modelload imports torch, and the rest of this module is standard library only
+        from lmforge.components.modelload import cpu_only_kernels
+    except ImportError:  # inside the model repository's lmforge_runtime/
+        from .modelload import cpu_only_kernels  # type: ignore[no-redef]
     kernels = cpu_only_kernels(model)
     if kernels:
         return "cpu", (f"{', '.join(kernels)} {'is' if len(kernels) == 1 else 'are'} CPU-only: "

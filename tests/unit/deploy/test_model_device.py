@@ -1,17 +1,15 @@
 """Where the Triton model puts the model it serves: a GPU instance, but an int8 variant stays on the CPU.
 
-deploy/model.py runs inside tritonserver's Python, where lmforge is not installed, so the check
-it uses lives in the copy of deploy/processing.py the repository carries; it must stay the same
-as components/accelerator.py's. No server and no GPU: the version folder is built for real,
+deploy/model.py runs inside tritonserver's Python, where lmforge is not installed; the check it
+uses, `cpu_only_kernels`, lives in components/modelload.py, which the repository carries, and
+evaluation asks the same function. No server and no GPU: the version folder is built for real,
 `triton_python_backend_utils` is faked, CUDA is made to look present and `Module.to` onto CUDA
 is recorded and refused (`HandedCuda`), never done.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib.util
-import inspect
 import json
 import sys
 import types
@@ -19,10 +17,10 @@ import types
 import pytest
 import torch
 
-from lmforge.components import accelerator
 from lmforge.components.compression.lowrank import lowrank_variant
 from lmforge.components.compression.quantize import quantize_int8_variant
 from lmforge.components.compression.variant import load_variant
+from lmforge.components.modelload import cpu_only_kernels
 from lmforge.components.sections.compression import LowRankConfig, QuantizeConfig
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import processing, repository
@@ -60,23 +58,11 @@ def variants(tiny_model_dir, tmp_path_factory):
     return {"parent": tiny_model_dir, "int8": quantize_int8_variant(tiny_model_dir, root / "int8", QuantizeConfig())}
 
 
-def _body(fn) -> str:
-    tree = ast.parse(inspect.getsource(fn)).body[0]
-    tree.body = tree.body[1:]  # without the docstring, which says which is the copy
-    return ast.dump(tree)
-
-
-def test_the_served_copy_of_the_kernel_check_is_the_accelerators():
-    assert _body(processing.cpu_only_kernels) == _body(accelerator.cpu_only_kernels)
-
-
-def test_both_checks_agree_on_real_models(variants, tiny_model_dir, tmp_path):
+def test_the_kernel_check_names_what_is_cpu_only_in_real_variants(variants, tiny_model_dir, tmp_path):
     models = {name: load_variant(path) for name, path in variants.items()}
     models["lowrank"] = load_variant(lowrank_variant(tiny_model_dir, tmp_path / "lr", LowRankConfig()))
-    for name, model in models.items():
-        assert processing.cpu_only_kernels(model) == accelerator.cpu_only_kernels(model), name
-    assert processing.cpu_only_kernels(models["int8"]) == ["quantized::linear_dynamic"]
-    assert processing.cpu_only_kernels(models["lowrank"]) == []
+    assert cpu_only_kernels(models["int8"]) == ["quantized::linear_dynamic"]
+    assert cpu_only_kernels(models["parent"]) == [] and cpu_only_kernels(models["lowrank"]) == []
 
 
 @pytest.mark.parametrize("kind, cuda, variant, device", [
