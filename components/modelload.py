@@ -6,13 +6,14 @@
 
 `lmforge.json` (written by components/compression/variant.py) says how: `load.kind` is
 - `hf` (or no lmforge.json): `from_pretrained`, in `load.dtype` (fp32 by default);
-- `int8`: model.safetensors holds each quantized Linear as `<name>.weight` (int8),
-  `<name>.weight_scale` (fp32) and `<name>.bias`; the loader rebuilds torch's dynamic int8
-  Linear from exactly those, so the reloaded model is the one that was measured. The
+- `int8`: model.safetensors holds each quantized Linear as `<name>.weight` (int8, out x in,
+  also for a layer that was a transposed Conv1D in the parent), `<name>.weight_scale` (fp32)
+  and `<name>.bias`; the loader rebuilds torch's dynamic int8 Linear from exactly those,
+  so the reloaded model is the one that was measured. The
   other tensors (embeddings, norms) are stored in bf16 when that is exact (a bf16
   parent), else fp32, and loaded as fp32;
 - `lowrank`: model.safetensors holds the factors; `LowRankLinear` goes in at the
-  recorded ranks and the factors load strictly.
+  recorded ranks (in place of a Linear or a Conv1D) and the factors load strictly.
 For `int8` and `lowrank`, config.json carries `model_type = lmforge_int8 / lmforge_lowrank`,
 so a plain `from_pretrained` fails loudly instead of filling the weights it cannot read
 with random ones; the real type is `load.base_model_type`.
@@ -81,12 +82,28 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+def projection_dims(module: nn.Module) -> tuple[int, int] | None:
+    """(out_features, in_features) of a linear-like layer, None for anything else.
+
+    Two kinds compute y = x W^T + b: `nn.Linear` (weight out x in) and transformers' `Conv1D`
+    (GPT-2's projections: the same map with the weight stored transposed, in x out).
+    """
+    if isinstance(module, nn.Linear):
+        return module.out_features, module.in_features
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, Conv1D):
+        return module.nf, module.nx
+    return None
+
+
 def apply_lowrank(model: nn.Module, ranks: dict[str, int]) -> nn.Module:
-    """Swap the named Linear layers for (untrained) LowRankLinear of the given ranks, in place."""
+    """Swap the named linear-like layers (Linear or Conv1D) for (untrained) LowRankLinear of the given ranks, in place."""
     for name, rank in ranks.items():
         linear = model.get_submodule(name)
-        assert isinstance(linear, nn.Linear), f"{name} is {type(linear).__name__}, not Linear"
-        layer = LowRankLinear(linear.in_features, linear.out_features, rank, linear.bias is not None)
+        dims = projection_dims(linear)
+        assert dims is not None, f"{name} is {type(linear).__name__}, not Linear or Conv1D"
+        layer = LowRankLinear(dims[1], dims[0], rank, getattr(linear, "bias", None) is not None)
         set_module(model, name, layer.to(linear.weight.dtype))
     return model
 
@@ -159,18 +176,22 @@ def _load_int8(folder: Path, load: dict[str, Any]) -> nn.Module:
     quantized = {k: tensors.pop(k) for k in list(tensors) if k.startswith(inside)}
     # The float tensors first, into the plain model; torch.ao's layers have a state_dict format of their own.
     missing, unexpected = model.load_state_dict(tensors, strict=False)
-    missing = [k for k in missing if not k.startswith(inside)
-               and not (k == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False))]
+    # A tied weight (an lm_head sharing the input embedding) is stored once, under its other name.
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = {id(params[k]) for k in tensors if k in params}
+    missing = [k for k in missing if not k.startswith(inside) and not (k in params and id(params[k]) in loaded)]
     if missing or unexpected:
         raise ValueError(f"{folder / WEIGHTS} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao is deprecated in favour of torchao, which is not installed
         for name in names:
-            linear = model.get_submodule(name)
             bias = quantized.get(f"{name}.bias")
-            layer = DynamicLinear(linear.in_features, linear.out_features, bias_=bias is not None, dtype=torch.qint8)
-            q = torch._make_per_tensor_quantized_tensor(quantized[f"{name}.weight"],
-                                                        float(quantized[f"{name}{SCALE}"][0]), 0)
+            weight = quantized[f"{name}.weight"]
+            # The stored int8 weight is out x in whatever the float layer was (a GPT-2 Conv1D was made a Linear
+            # before quantizing), so the shapes come from it, not from the placeholder the config builds.
+            out_features, in_features = weight.shape
+            layer = DynamicLinear(in_features, out_features, bias_=bias is not None, dtype=torch.qint8)
+            q = torch._make_per_tensor_quantized_tensor(weight, float(quantized[f"{name}{SCALE}"][0]), 0)
             layer.set_weight_bias(q, bias)
             set_module(model, name, layer)
     return model

@@ -5,7 +5,9 @@
 The student is the teacher's architecture with fewer layers and/or a narrower width. At
 the teacher's width it starts from the teacher: embeddings, final norm, head and an
 evenly spaced subset of its layers (first and last kept), which recovers far faster than
-a random start. A narrower student starts from a seeded random init. The loss is
+a random start; the layers are the decoder blocks found by structure (the longest
+ModuleList of one block class: `model.layers`, GPT-2's `transformer.h`, ...), so any
+causal LM works. A narrower student starts from a seeded random init. The loss is
 
     alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * CE(student, data)
 
@@ -29,6 +31,7 @@ from torch import nn
 
 from lmforge.components.compression.finetune import Finetuner, LossFn
 from lmforge.components.compression.modules import require_linear
+from lmforge.components.compression.projections import decoder_blocks
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
 from lmforge.components.sections.compression import DistillConfig
@@ -54,10 +57,15 @@ def student_config(teacher_config, cfg: DistillConfig):
                         f"Choose a multiple of {heads}")
     student = copy.deepcopy(teacher_config)
     student.num_hidden_layers = layers
+    if getattr(student, "layer_types", None) is not None:
+        # transformers' per-layer list (full or sliding attention) must match the layer count: the picked layers'.
+        student.layer_types = [teacher_config.layer_types[i] for i in layer_map(layers_t, layers)]
     if hidden != hidden_t:
         student.hidden_size = hidden
         student.head_dim = hidden // heads
-        student.intermediate_size = max(8, round(teacher_config.intermediate_size * hidden / hidden_t))
+        # A config without intermediate_size (GPT-2: n_inner unset = 4 x hidden) scales with hidden by itself.
+        if getattr(teacher_config, "intermediate_size", None):
+            student.intermediate_size = max(8, round(teacher_config.intermediate_size * hidden / hidden_t))
     return student
 
 
@@ -69,27 +77,31 @@ def layer_map(teacher_layers: int, student_layers: int) -> list[int]:
 
 
 def init_student(teacher: nn.Module, config, *, seed: int) -> tuple[nn.Module, list[int] | None]:
+    """The student, seeded; at the teacher's width it starts from the teacher: every tensor outside the decoder
+    blocks, and the picked blocks in order. The blocks are found by structure (projections.decoder_blocks)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if config.hidden_size != teacher.config.hidden_size:
         return student, None
-    picked = layer_map(teacher.config.num_hidden_layers, config.num_hidden_layers)
-    state = teacher.state_dict()
-    layer_prefix = "model.layers."
+    t_blocks, s_blocks = decoder_blocks(teacher), decoder_blocks(student)
+    assert t_blocks is not None and s_blocks is not None, "a causal LM without a ModuleList of decoder blocks"
+    picked = layer_map(len(t_blocks[1]), len(s_blocks[1]))
+    t_prefix, s_prefix = t_blocks[0] + ".", s_blocks[0] + "."
     mapped = {}
-    for key, value in state.items():
-        if key.startswith(layer_prefix):
-            idx, rest = key[len(layer_prefix):].split(".", 1)
+    for key, value in teacher.state_dict().items():
+        if key.startswith(t_prefix):
+            idx, rest = key[len(t_prefix):].split(".", 1)
             for s_idx, t_idx in enumerate(picked):
                 if int(idx) == t_idx:
-                    mapped[f"{layer_prefix}{s_idx}.{rest}"] = value
+                    mapped[f"{s_prefix}{s_idx}.{rest}"] = value
         else:
             mapped[key] = value
     missing, unexpected = student.load_state_dict(mapped, strict=False)
-    # Only non-persistent buffers (rotary tables) may be absent from a state dict.
-    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    # Every parameter comes from the teacher; only buffers the teacher does not store (rotary tables) may be absent.
+    params = dict(student.named_parameters(remove_duplicate=False))
+    assert not unexpected and not [k for k in missing if k in params], (missing, unexpected)
     return student, picked
 
 
@@ -122,7 +134,7 @@ def distill_variant(model_dir: Path, out_dir: Path, cfg: DistillConfig, *, tuner
     recipe = {**cfg.model_dump(mode="json"),
               "teacher": {"layers": teacher.config.num_hidden_layers, "hidden_size": teacher.config.hidden_size},
               "student": {"layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-                          "intermediate_size": config.intermediate_size},
+                          "intermediate_size": getattr(config, "intermediate_size", None)},
               "init": f"teacher layers {picked}" if picked is not None else "random", "losses": losses,
               "device": tuner.device.type, "precision": tuner.precision.to_dict()}
     return save_variant(student, out_dir, parent_dir=parent, technique="distill", recipe=recipe)

@@ -13,7 +13,9 @@ approximation, and for any x the output error |W x - W_r x| is at most s_{r+1} |
   `param_budget` of the target layers' original parameters.
 - mode=rank: the same r everywhere; a rank a layer cannot have is an error before any work.
 
-A layer is factorised only where that saves parameters; otherwise it stays dense.
+A layer is factorised only where that saves parameters; otherwise it stays dense. Targets
+are projections.py's projections (Linear or GPT-2's Conv1D, read as out x in; `targets = []`
+means every one inside the decoder blocks); a head tied to the embedding stays as it is.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from lmforge.components.compression.modules import LowRankLinear, require_linear, select, set_module
+from lmforge.components.compression.modules import LowRankLinear, set_module
+from lmforge.components.compression.projections import Chosen, as_linear, choose_targets
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
 from lmforge.components.sections.compression import LowRankConfig
@@ -83,35 +86,36 @@ def _budget_ranks(spectra: list[Spectrum], fraction: float) -> dict[str, int]:
     return {sp.name: ranks[k] for k, sp in enumerate(spectra)}
 
 
-def check_lowrank(model: torch.nn.Module, cfg: LowRankConfig, model_dir: object) -> dict[str, torch.nn.Linear]:
-    """The target layers, or a UserError when the config cannot apply to this model."""
-    targets = select(require_linear(model, model_dir), cfg.targets)
-    if not targets:
-        raise UserError("compression.lowrank.targets", cfg.targets, "match no Linear layer of the model",
-                        "Name module suffixes such as q_proj or down_proj")
-    if cfg.mode == "rank":
-        name, layer = min(targets.items(), key=lambda kv: min(kv[1].in_features, kv[1].out_features))
+def check_lowrank(model: torch.nn.Module, cfg: LowRankConfig, model_dir: object) -> Chosen:
+    """The target projections, or a UserError when the config cannot apply to this model."""
+    chosen = choose_targets(model, cfg.targets, key="compression.lowrank.targets", model_dir=model_dir)
+    if cfg.mode == "rank" and chosen.targets:
+        name, layer = min(chosen.targets.items(), key=lambda kv: min(kv[1].in_features, kv[1].out_features))
         limit = min(layer.in_features, layer.out_features)
         if cfg.rank > limit:
             raise UserError("compression.lowrank.rank", cfg.rank, f"is larger than layer {name} allows ({limit})",
                             f"Use a rank of at most {limit}, or mode = \"energy\" / \"budget\"")
-    return targets
+    return chosen
 
 
 def lowrank_variant(model_dir: Path, out_dir: Path, cfg: LowRankConfig) -> Path:
     model, parent = load_parent(model_dir)
-    targets = check_lowrank(model, cfg, model_dir)
-    svds = {n: torch.linalg.svd(m.weight.detach().float(), full_matrices=False) for n, m in targets.items()}
-    spectra = [Spectrum(n, m.in_features, m.out_features, svds[n][1]) for n, m in targets.items()]
+    chosen = check_lowrank(model, cfg, model_dir)
+    targets = chosen.targets
+    # On the (out, in) view, so a Conv1D factorises exactly like a Linear and becomes a LowRankLinear.
+    svds = {n: torch.linalg.svd(p.weight.detach().float(), full_matrices=False) for n, p in targets.items()}
+    spectra = [Spectrum(n, p.in_features, p.out_features, svds[n][1]) for n, p in targets.items()]
     ranks = choose_ranks(spectra, cfg)
     retained = {}
     for name, rank in ranks.items():
         s = svds[name][1]
         retained[name] = round(float((s[:rank] ** 2).sum() / (s ** 2).sum()), 4)
-        set_module(model, name, LowRankLinear.from_linear(targets[name], rank, svds[name]))
+        dense = targets[name].module if not targets[name].transposed else as_linear(targets[name].module)
+        set_module(model, name, LowRankLinear.from_linear(dense, rank, svds[name]))
     before = sum(sp.dense for sp in spectra)
     after = sum(sp.cost(ranks[sp.name]) if sp.name in ranks else sp.dense for sp in spectra)
     recipe = {**cfg.model_dump(mode="json"), "ranks": ranks, "retained_energy": retained,
-              "target_params": [before, after], "factorised_layers": len(ranks), "dense_layers": len(spectra) - len(ranks)}
+              "target_params": [before, after], "factorised_layers": len(ranks), "dense_layers": len(spectra) - len(ranks),
+              "skipped": chosen.skipped}
     return save_variant(model, out_dir, parent_dir=parent, technique="lowrank-svd", recipe=recipe,
                         load={"kind": "lowrank", "ranks": ranks})

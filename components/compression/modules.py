@@ -3,6 +3,7 @@
     layer = LowRankLinear.from_linear(linear, rank=16)     # W ~ (U_r S_r) @ V_r^T
     apply_lowrank(model, {"model.layers.0.mlp.up_proj": 16})  # same shapes as a saved variant
     quantize_int8(model, skip=["lm_head"])                  # torch.ao dynamic int8 Linear layers
+    linear_layers(model)                                     # name -> Linear or Conv1D (projections.py walks)
 
 LowRankLinear, apply_lowrank and set_module live in components/modelload.py, the loader
 the server and the MLflow pyfunc carry, and are re-exported here. Only these structural
@@ -18,36 +19,33 @@ import warnings
 import torch
 from torch import nn
 
-from lmforge.components.errors import UserError
+from lmforge.components.compression.projections import is_projection, linearize, projections, require_projections, select
 from lmforge.components.modelload import LowRankLinear, apply_lowrank, set_module  # the loader's own layers
 
 __all__ = ["LowRankLinear", "apply_lowrank", "count_params", "is_int8_linear", "linear_layers", "linear_weight_bytes",
            "quantize_int8", "require_linear", "select", "set_module", "weight_bytes"]
 
 
-def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
-    return {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Every linear-like layer (nn.Linear and transformers' Conv1D), by name; projections.py is the one walk."""
+    return {name: p.module for name, p in projections(model).items()}
 
 
-def require_linear(model: nn.Module, model_dir: object) -> dict[str, nn.Linear]:
-    """The model's Linear layers; a model with none cannot be compressed by any technique here."""
-    layers = linear_layers(model)
-    if not layers:
-        raise UserError("compression model", model_dir, "has no Linear layers",
-                        "Compress a transformer language model (e.g. the training stage's export)")
-    return layers
-
-
-def select(layers: dict[str, nn.Linear], suffixes: list[str]) -> dict[str, nn.Linear]:
-    return {n: m for n, m in layers.items() if any(n == s or n.endswith("." + s) for s in suffixes)}
+def require_linear(model: nn.Module, model_dir: object) -> dict[str, nn.Module]:
+    """The model's linear-like layers; a model with none cannot be compressed by any technique here."""
+    return {name: p.module for name, p in require_projections(model, model_dir).items()}
 
 
 def quantize_int8(model: nn.Module, *, skip: list[str] = ()) -> nn.Module:
-    """Dynamic int8 quantization of every Linear not named by a `skip` suffix (weights int8, activations
-    quantized per batch at run time); deterministic, so re-applying it to the same fp weights gives the same model."""
+    """Dynamic int8 quantization of every projection not named by a `skip` suffix and not tied to the input
+    embedding (weights int8, activations quantized per batch at run time); Conv1D projections become their
+    equivalent nn.Linear first, since torch's dynamic quantization knows nn.Linear only. Deterministic, so
+    re-applying it to the same fp weights gives the same model."""
     from torch.ao.quantization import default_dynamic_qconfig, quantize_dynamic
 
-    names = [n for n in linear_layers(model) if not any(n == s or n.endswith("." + s) for s in skip)]
+    view = projections(model)
+    names = [n for n, p in view.items() if not p.tied and not select({n: p}, list(skip))]
+    linearize(model, skip=set(view) - set(names))
     with warnings.catch_warnings():
         # torch.ao eager quantization is deprecated in favour of torchao, which is not installed here.
         warnings.simplefilter("ignore")
@@ -76,10 +74,10 @@ def weight_bytes(model: nn.Module) -> int:
 
 
 def linear_weight_bytes(model: nn.Module) -> int:
-    """Bytes of the Linear (and quantized Linear) weight matrices alone."""
+    """Bytes of the linear-like (Linear, Conv1D and quantized Linear) weight matrices alone."""
     total = 0
     for m in model.modules():
-        if isinstance(m, nn.Linear):
+        if is_projection(m):
             total += m.weight.numel() * m.weight.element_size()
         elif is_int8_linear(m):
             w = m.weight()

@@ -3,7 +3,9 @@
     pruned = prune_variant(model_dir, out / "prune", PruneConfig(sparsity=0.5), tuner=tuner)
     slim = prune_channels_variant(model_dir, out / "channels", ChannelPruneConfig(keep=0.5))
 
-Unstructured pruning uses torch.nn.utils.prune (L1 magnitude, global or per layer): the
+Unstructured pruning works on the projections projections.py finds (Linear or Conv1D;
+`targets = []` means every one inside the decoder blocks; a head tied to the embedding is
+never pruned) with torch.nn.utils.prune (L1 magnitude, global or per layer): the
 mask stays attached during the optional recovery fine-tune, so pruned weights stay zero
 while the survivors adapt, and is then made permanent (`prune.remove`). The matrices keep
 their shapes; the zeros pay off only with a sparse kernel or compression on disk.
@@ -11,7 +13,8 @@ their shapes; the zeros pay off only with a sparse kernel or compression on disk
 Channel pruning drops whole intermediate channels of each gated MLP (a row of gate_proj
 and up_proj and the matching column of down_proj), ranked by the product of their norms,
 so the matrices really shrink and `intermediate_size` in config.json follows; the folder
-loads with a plain `from_pretrained`.
+loads with a plain `from_pretrained`. It needs the gated gate/up/down MLP (Llama, Qwen2,
+Mistral); other MLPs (GPT-2, GPT-NeoX, Phi-3's fused gate_up_proj) are refused up front.
 """
 
 from __future__ import annotations
@@ -23,18 +26,15 @@ from torch import nn
 from torch.nn.utils import prune
 
 from lmforge.components.compression.finetune import Finetuner
-from lmforge.components.compression.modules import require_linear, select
+from lmforge.components.compression.modules import require_linear
+from lmforge.components.compression.projections import Chosen, choose_targets
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
 from lmforge.components.sections.compression import ChannelPruneConfig, PruneConfig
 
 
-def check_prune(model: nn.Module, cfg: PruneConfig, model_dir: object) -> dict[str, nn.Linear]:
-    targets = select(require_linear(model, model_dir), cfg.targets)
-    if not targets:
-        raise UserError("compression.prune.targets", cfg.targets, "match no Linear layer of the model",
-                        "Name module suffixes such as q_proj or down_proj")
-    return targets
+def check_prune(model: nn.Module, cfg: PruneConfig, model_dir: object) -> Chosen:
+    return choose_targets(model, cfg.targets, key="compression.prune.targets", model_dir=model_dir)
 
 
 def prune_variant(model_dir: Path, out_dir: Path, cfg: PruneConfig, *, tuner: Finetuner | None = None) -> Path:
@@ -42,8 +42,9 @@ def prune_variant(model_dir: Path, out_dir: Path, cfg: PruneConfig, *, tuner: Fi
         raise UserError("compression.prune.sparsity", cfg.sparsity, "is outside [0, 1)", "Choose e.g. 0.5")
     need_tuner("compression.prune.recovery_steps", cfg.recovery_steps, tuner)
     model, parent = load_parent(model_dir)
-    targets = check_prune(model, cfg, model_dir)
-    params = [(m, "weight") for m in targets.values()]
+    chosen = check_prune(model, cfg, model_dir)
+    targets = {n: p.module for n, p in chosen.targets.items()}
+    params = [(m, "weight") for m in targets.values()]  # a Conv1D's transposed weight prunes alike: magnitudes
     if cfg.scope == "global":
         prune.global_unstructured(params, pruning_method=prune.L1Unstructured, amount=cfg.sparsity)
     else:
@@ -53,7 +54,7 @@ def prune_variant(model_dir: Path, out_dir: Path, cfg: PruneConfig, *, tuner: Fi
     for m, name in params:
         prune.remove(m, name)
     recipe = {**cfg.model_dump(mode="json"), "achieved_sparsity": sparsity(targets.values()),
-              "pruned_layers": len(targets), "recovery_losses": losses}
+              "pruned_layers": len(targets), "skipped": chosen.skipped, "recovery_losses": losses}
     return save_variant(model, out_dir, parent_dir=parent, technique="prune-unstructured", recipe=recipe)
 
 
