@@ -10,13 +10,13 @@ safetensors), built once per session, for stages downstream of training.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
+from tests.checkpoints import train_tokenizer
 
 # Before anything imports `lmforge.flows` (which chooses the Prefect to report to, see
 # flows/prefect_env.py): a session workspace of its own, and none of the user's Prefect
@@ -76,27 +76,14 @@ def tiny_config():
     return load_config(TINY_CONFIG)
 
 
-SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
-
-
 def build_tiny_model(out: Path, *, vocab_size: int = 512, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
     """Tokenizer + random tiny Llama saved as a Hugging Face folder (safetensors)."""
-    import ast
-    import inspect
     import json
 
     import torch
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    texts = []
-    for mod in (json, os, socket, ast, inspect):
-        texts += [ast.get_docstring(n) or "" for n in ast.walk(ast.parse(inspect.getsource(mod)))
-                  if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([t for t in texts if t], vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<bos>",
-                                  eos_token="<eos>", unk_token="<unk>")
+    tok = train_tokenizer(vocab_size)
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
@@ -113,3 +100,18 @@ def build_tiny_model(out: Path, *, vocab_size: int = 512, hidden: int = 64, laye
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "model")
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """checkpoint(kind) -> a tiny random `kind` model folder (llama, qwen2, mistral, gpt2, gpt_neox, phi3; see
+    tests/checkpoints.py), built once per session and kind."""
+    from tests.checkpoints import make_checkpoint
+
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = make_checkpoint(kind, tmp_path_factory.mktemp(f"checkpoint_{kind}") / "model")
+        return made[kind]
+    return get
