@@ -23,8 +23,6 @@ from pydantic import Field
 
 from ._base import Name, Section
 
-DEFAULT_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
 
 class FinetuneConfig(Section):
     """The short training loop shared by recovery fine-tunes, distillation and LoRA."""
@@ -55,7 +53,8 @@ class PruneConfig(Section):
     enabled: bool = True
     sparsity: float = Field(0.5, ge=0, lt=1, description="fraction of weights set to zero, in [0, 1)")
     scope: Literal["global", "layer"] = Field("global", description="rank magnitudes across all layers or within each")
-    targets: list[str] = Field(DEFAULT_TARGETS, description="Linear module-name suffixes to prune")
+    targets: list[str] = Field([], description="module-name suffixes to prune; [] = every linear projection "
+                               "(nn.Linear, GPT-2's Conv1D) inside the decoder blocks, never a tied head")
     recovery_steps: int = Field(0, ge=0, description="masked fine-tune steps after pruning (0 = none)")
 
 
@@ -86,7 +85,8 @@ class LowRankConfig(Section):
     energy: float = Field(0.9, gt=0, le=1, description="mode=energy: keep the smallest rank retaining this share of sum(s^2)")
     param_budget: float = Field(0.5, gt=0, lt=1, description="mode=budget: target Linear parameters / original")
     rank: int = Field(16, ge=1, description="mode=rank: the same rank for every target layer")
-    targets: list[str] = Field(DEFAULT_TARGETS, description="Linear module-name suffixes to factorise")
+    targets: list[str] = Field([], description="module-name suffixes to factorise; [] = every linear projection "
+                               "(nn.Linear, GPT-2's Conv1D) inside the decoder blocks, never a tied head")
 
 
 class LoraConfig(Section):

@@ -188,13 +188,22 @@ def test_channel_pruning_needs_a_gated_mlp(checkpoint, kind, tmp_path, ids):
     _check_head(model, parent, kind)
 
 
-def test_default_llama_targets_on_gpt2_name_the_models_own_projections(checkpoint, tmp_path):
+LLAMA_NAMES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def test_llama_names_on_gpt2_are_refused_naming_the_models_own_projections(checkpoint, tmp_path):
     with pytest.raises(UserError, match=r"match no Linear layer.*c_attn.*or set it to \[\]"):
-        prune_variant(checkpoint("gpt2"), tmp_path / "p", PruneConfig())
+        prune_variant(checkpoint("gpt2"), tmp_path / "p", PruneConfig(targets=LLAMA_NAMES))
+
+
+def test_the_default_targets_every_projection_of_any_architecture(checkpoint, tmp_path):
+    for kind in ("gpt2", "phi3"):   # Conv1D; fused qkv_proj / gate_up_proj: the Llama names would miss them
+        out = prune_variant(checkpoint(kind), tmp_path / kind, PruneConfig())
+        assert read_meta(out)["recipe"]["skipped"] == {}, kind
 
 
 def test_a_partial_name_match_records_what_it_left_out(checkpoint, tmp_path):
-    out = prune_variant(checkpoint("phi3"), tmp_path / "p", PruneConfig())  # the Llama names: o_proj, down_proj match
+    out = prune_variant(checkpoint("phi3"), tmp_path / "p", PruneConfig(targets=LLAMA_NAMES))  # o_proj, down_proj match
     skipped = read_meta(out)["recipe"]["skipped"]
     assert sorted({n.rsplit(".", 1)[-1] for n in skipped}) == ["gate_up_proj", "qkv_proj"]
     assert set(skipped.values()) == {"not named in compression.prune.targets"}
