@@ -5,6 +5,7 @@
     micro_batch_size = 8
     [training.model]
     preset = "demo"            # tiny | demo | 125m | 1b; any size key below overrides the preset
+    # init = "/models/qwen2-0.5b"   # or: fine-tune a local Hugging Face folder (its config.json decides the architecture)
     [training.parallel]
     strategy = "zero2"         # ddp | zero1 | zero2 | zero3
     [training.parallel.pipeline]
@@ -35,9 +36,23 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-class ModelConfig(Section):
-    """A LlamaForCausalLM: a preset, optionally with some sizes overridden."""
+# The keys that describe a from-scratch Llama's shape; with `init` the base's config.json describes it.
+ARCHITECTURE_KEYS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "rope_theta",
+                     "tie_embeddings")
 
+
+class ModelConfig(Section):
+    """A LlamaForCausalLM from a preset (optionally with some sizes overridden), or a local checkpoint to fine-tune.
+
+    With `init` set, the base's config.json decides the architecture: `preset` is ignored (a config
+    file may keep one for runs without init), and a size key set to anything but its default is
+    an error, because the base could not honour it. The folder itself is checked where the
+    stages start (components/basemodel.py check_base), not at config load, which reads no files.
+    """
+
+    init: str | None = Field(
+        None, description="a local Hugging Face model folder (config.json, *.safetensors, tokenizer.json) to fine-tune "
+                          "in full; the data stage then tokenises with its tokenizer. Unset = a fresh model from preset")
     preset: Literal["tiny", "demo", "125m", "1b"] = Field(
         "demo", description="base sizes: tiny (tests), demo (~5M, CPU), 125m, 1b (GPUs)")
     hidden_size: int | None = Field(None, ge=8, description="overrides the preset's hidden size")
@@ -47,6 +62,18 @@ class ModelConfig(Section):
     intermediate_size: int | None = Field(None, ge=8, description="overrides the preset's MLP width")
     rope_theta: float = Field(10000.0, gt=0, description="rotary embedding base")
     tie_embeddings: bool = Field(False, description="share the input embedding with the output head")
+
+    @model_validator(mode="after")
+    def _init_or_sizes(self) -> "ModelConfig":
+        if self.init is not None:
+            # By value, not model_fields_set: the config crosses into the ranks as JSON, where every field is "set".
+            given = [k for k in ARCHITECTURE_KEYS if getattr(self, k) != type(self).model_fields[k].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} cannot be set together with init: the base's config.json decides "
+                                 f"the architecture; remove them, or unset init to train a preset from scratch")
+            if not self.init.strip():
+                raise ValueError("init is empty: set it to a local model folder, or leave it out")
+        return self
 
     def sizes(self) -> dict[str, int]:
         """The preset's sizes with this table's overrides applied."""

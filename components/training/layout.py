@@ -63,17 +63,48 @@ def world_size_of(cfg: TrainingConfig) -> int:
 
 def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_supported: bool = True) -> Layout:
     par = cfg.parallel
-    sizes = cfg.model.sizes()
     pp, tp = par.pipeline.stages, par.tensor.autotp_size
-    heads, kv_heads, layers = sizes["num_heads"], sizes["num_kv_heads"], sizes["num_layers"]
 
     def broken(key: str, value: Any, rule: str, fix: str) -> UserError:
         return UserError(key, value, f"breaks the layout rule: {rule}", fix)
 
+    if cfg.model.init is not None:
+        # A base is a transformers model of any architecture; the pipeline stages (pipeline_model.py) and
+        # the AutoTP head checks are written for lmforge's own Llama, so a base trains data parallel only.
+        supported = "a base (training.model.init) trains data parallel only: ddp, zero1, zero2 or zero3, with offload"
+        if pp > 1:
+            raise broken("training.parallel.pipeline.stages", pp, supported, "Set pipeline.stages = 1, or unset init")
+        if tp > 1:
+            raise broken("training.parallel.tensor.autotp_size", tp, supported, "Set tensor.autotp_size = 1, or unset init")
     if world_size % (pp * tp):
         raise broken("training.num_ranks", world_size,
                      f"world size must be divisible by pipeline stages x autotp_size = {pp} x {tp}",
                      f"Use a multiple of {pp * tp} ranks, or change training.parallel")
+    if cfg.model.init is None:
+        _check_shape(cfg, pp=pp, tp=tp, broken=broken)
+    dp = world_size // (pp * tp)
+    accum = par.pipeline.micro_batches if pp > 1 and par.pipeline.micro_batches else cfg.grad_accum_steps
+    global_batch = cfg.micro_batch_size * accum * dp
+    if cfg.global_batch_size is not None and cfg.global_batch_size != global_batch:
+        raise broken("training.global_batch_size", cfg.global_batch_size,
+                     f"global batch = micro_batch_size x accumulation x data-parallel ranks = "
+                     f"{cfg.micro_batch_size} x {accum} x {dp} = {global_batch}",
+                     "Change one of them, or unset global_batch_size")
+    if cfg.warmup_steps > cfg.max_steps:
+        raise broken("training.warmup_steps", cfg.warmup_steps, f"warmup must not exceed max_steps ({cfg.max_steps})",
+                     "Lower warmup_steps")
+    lr = cfg.lr * global_batch / cfg.reference_batch_size if cfg.lr_scaling else cfg.lr
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported)
+    assert vocab_size > 0
+    return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
+                  accum=accum, global_batch=global_batch, lr=lr, bf16=bf16)
+
+
+def _check_shape(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:
+    """The rules a preset's shape must keep against the layout."""
+    par = cfg.parallel
+    sizes = cfg.model.sizes()
+    heads, kv_heads, layers = sizes["num_heads"], sizes["num_kv_heads"], sizes["num_layers"]
     if sizes["hidden_size"] % heads:
         raise broken("training.model.num_heads", heads, f"hidden_size {sizes['hidden_size']} must be divisible by the heads",
                      "Pick a head count that divides hidden_size")
@@ -97,19 +128,3 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
     if pp > 1 and not par.pipeline.partition.startswith(("type:", "parameters", "uniform")):
         raise broken("training.parallel.pipeline.partition", par.pipeline.partition,
                      "the partition method is parameters, uniform or type:<regex>", "Use one of those")
-    dp = world_size // (pp * tp)
-    accum = par.pipeline.micro_batches if pp > 1 and par.pipeline.micro_batches else cfg.grad_accum_steps
-    global_batch = cfg.micro_batch_size * accum * dp
-    if cfg.global_batch_size is not None and cfg.global_batch_size != global_batch:
-        raise broken("training.global_batch_size", cfg.global_batch_size,
-                     f"global batch = micro_batch_size x accumulation x data-parallel ranks = "
-                     f"{cfg.micro_batch_size} x {accum} x {dp} = {global_batch}",
-                     "Change one of them, or unset global_batch_size")
-    if cfg.warmup_steps > cfg.max_steps:
-        raise broken("training.warmup_steps", cfg.warmup_steps, f"warmup must not exceed max_steps ({cfg.max_steps})",
-                     "Lower warmup_steps")
-    lr = cfg.lr * global_batch / cfg.reference_batch_size if cfg.lr_scaling else cfg.lr
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported)
-    assert vocab_size > 0
-    return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
-                  accum=accum, global_batch=global_batch, lr=lr, bf16=bf16)
