@@ -3,6 +3,7 @@
     lmforge run data                                   # the built-in stdlib docstring corpus
     lmforge run data --set data.source=corpus.jsonl    # a user's corpus
     lmforge run data --set data.cluster_address=tcp://10.0.0.5:8786   # an existing Dask cluster
+    lmforge run data --set training.model.init=/models/qwen2   # tokenise with a base model's own tokenizer
     data_flow(load_config("configs/demo.toml"))        # -> {"dataset_version", "summary", "tasks", ...}
 
 The source is cut into input shards (components/data/readers.py). Two per-shard tasks
@@ -35,6 +36,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from rich.console import Console
 from rich.table import Table
 
+from lmforge.components.basemodel import check_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
@@ -58,6 +60,7 @@ CODE = {
     "near": [_D + m for m in ("minhash", "corpuswork", "shardwork", "stepref")],
     "split": [_D + m for m in ("split", "corpuswork", "shardwork", "stepref")],
     "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork", "stepref")],
+    "base-tokenizer": ["lmforge.components.basemodel", *(_D + m for m in ("tokenizer", "corpuswork", "stepref"))],
     "finish": [_D + m for m in ("featurize", "shardwork", "records", "tokenizer", "shards", "stepref")],
 }
 
@@ -109,6 +112,12 @@ def tokenizer_task(ings: list[IngestRef], sel: SelectRef, near: NearRef, spl: Sp
     out = _out(build, "tokenizer", [i.files for i in ings], sel.files, near.files, spl.files,
                cfg.model_dump(mode="json"), code)
     return corpuswork.train_tokenizer_from(ings, sel, near, spl, cfg, out)
+
+
+@task(name="data-base-tokenizer", **_cached)
+def base_tokenizer_task(base: str, tokenizer_sha256: str, build: str, code: str) -> TokenizerRef:
+    """The base model's tokenizer, copied; keyed by its content hash, so an edited tokenizer is copied again."""
+    return corpuswork.copy_base_tokenizer(Path(base), _out(build, "base-tokenizer", tokenizer_sha256, code))
 
 
 @task(name="data-finish-shard", **_cached)
@@ -188,6 +197,8 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
     """Ingest, validate, clean, dedup, split, featurize, tokenize per shard; publish datasets/<version>; set LATEST."""
     cfg = as_config(cfg)
     check_source(cfg.data.source)  # before any task: a bad path fails at once and writes nothing
+    if cfg.training.model.init is not None:
+        check_base(cfg.training.model.init)  # likewise: a base training could not load is refused before any work
     inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
     with api_for_children():  # Dask workers report to this run's Prefect, not a temporary server each
         return inner(cfg, replay=replay)
@@ -212,7 +223,15 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
                build, code["select"], states=states)
     near = _one(near_task, ings, sel, data.dedup, build, code["near"], states=states)
     spl = _one(split_task, ings, sel, near, data.split, data.seed, build, code["split"], states=states)
-    tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
+    base = cfg.training.model.init  # the data stage's one training setting: whose tokenizer the dataset uses
+    tokenizer_from: dict[str, str] = {}
+    if base is None:
+        tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
+    else:
+        checked = check_base(base)
+        tok = _one(base_tokenizer_task, str(checked.path), checked.tokenizer_sha256, build, code["base-tokenizer"],
+                   states=states)
+        tokenizer_from = {"tokenizer_from": str(checked.path)}
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
 
     counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
@@ -227,7 +246,7 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
               "replay": [str(Path(p).resolve()) for p in replay or []]}
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
               "dedup": {"lsh": near.lsh, "examples": near.examples}, "split_groups": spl.groups, "tokens": tokens,
-              "tokenizer_trained_on": tok.trained_on,
+              "tokenizer_trained_on": tok.trained_on, **tokenizer_from,
               "build_dirs": sorted(Path(r.dir).name for r in [*ings, sel, near, spl, tok, *fins]),
               "features": {"rows": counts["kept"],
                            "quality_mean": round(sum(f.quality_sum for f in fins) / max(counts["kept"], 1), 4)}}

@@ -4,6 +4,7 @@
     near = near_dedup(ingest_refs, sel, cfg.dedup, out / "near")  # MinHash LSH over every shard's signatures
     spl = assign_split(ingest_refs, sel, near, cfg.split, out / "split", seed=cfg.seed)
     tok = train_tokenizer_from(ingest_refs, sel, near, spl, cfg.tokenizer, out / "tokenizer")
+    tok = copy_base_tokenizer(Path(base), out / "tokenizer")    # training.model.init set: the base's own tokenizer
     manifest = assemble(dataset_root, ...)                       # datasets/<version>, streamed together
 
 Each step takes the typed references of the steps before it and returns its own
@@ -26,13 +27,14 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from lmforge.components.basemodel import copy_tokenizer, tokenizer_hash
 from lmforge.components.data.manifest import build_manifest
 from lmforge.components.data.minhash import band_keys, greedy_near_dups, lsh_params
 from lmforge.components.data.quarantine import iter_quarantine, write_quarantine
 from lmforge.components.data.shardwork import QUARANTINE, ROWS, SIG, kept_rows, load_mask, quarantined_row, sample_key
 from lmforge.components.data.split import SPLITS, place_groups
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, TokenizerRef
-from lmforge.components.data.tokenizer import save_tokenizer, train_tokenizer
+from lmforge.components.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_file, sha256_tree
@@ -240,6 +242,18 @@ def train_tokenizer_from(ingest_refs: list[IngestRef], sel: SelectRef, near: Nea
         save_tokenizer(tok, tmp)
     return TokenizerRef.of(out, ["tokenizer.json"], sha256=sha256_tree(out / "tokenizer.json"), vocab_size=tok.get_vocab_size(),
                            trained_on=used)
+
+
+def copy_base_tokenizer(base: Path, out: Path) -> TokenizerRef:
+    """A base model's own tokenizer instead of a trained one: its files copied as they are (components/basemodel.py).
+
+    The reference's hash is the base's tokenizer hash, so the dataset version depends on it and
+    training can check that a dataset was made with its base's tokenizer. Nothing is trained on.
+    """
+    with atomic_dir(out) as tmp:
+        files = copy_tokenizer(Path(base), tmp)
+    return TokenizerRef.of(out, files, sha256=tokenizer_hash(out), vocab_size=load_tokenizer(out).get_vocab_size(),
+                           trained_on={"docs": 0, "chars": 0})
 
 
 def _write_shards(dst: Path, finish_refs: list[FinishRef], vocab_size: int) -> dict[str, Any]:

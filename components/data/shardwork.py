@@ -33,7 +33,7 @@ from lmforge.components.data.records import FIELDS
 from lmforge.components.data.shards import dtype_for
 from lmforge.components.data.split import SPLITS
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
-from lmforge.components.data.tokenizer import encode_flat, load_tokenizer
+from lmforge.components.data.tokenizer import encode_flat, eos_id_of, load_tokenizer
 from lmforge.components.data.validate import judge
 from lmforge.components.sections.data import DataConfig
 from lmforge.components.workspace import atomic_dir
@@ -136,13 +136,14 @@ def finish_shard(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, t
                               mtimes=[split_info["created"]] * len(records), cluster_sizes=sizes,
                               created=split_info["created"])
     tokenizer, dtype = load_tokenizer(Path(tok.dir)), dtype_for(vocab_size)
+    eos = eos_id_of(Path(tok.dir), tokenizer)
     tokens: dict[str, int] = {}
     with atomic_dir(out) as tmp:
         pq.write_table(feats, tmp / "features.parquet")
         for s in SPLITS:
             with open(tmp / f"records-{s}.jsonl", "wb") as f:
                 f.writelines((record_line(r) + "\n").encode("utf-8") for r, a in zip(records, split) if a == s)
-            flat, lengths = encode_flat(tokenizer, [t for t, a in zip(text_list, split) if a == s], dtype)
+            flat, lengths = encode_flat(tokenizer, [t for t, a in zip(text_list, split) if a == s], dtype, eos_id=eos)
             np.save(tmp / f"tokens-{s}.npy", flat)
             np.save(tmp / f"lengths-{s}.npy", lengths)
             tokens[s] = int(len(flat))

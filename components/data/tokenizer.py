@@ -3,9 +3,12 @@
     tok = train_tokenizer(train_texts, TokenizerConfig(vocab_size=4096))
     save_tokenizer(tok, out_dir)               # tokenizer.json + config, loads with PreTrainedTokenizerFast
     flat, lengths = encode_flat(tok, texts, np.dtype(np.uint16))   # ids, <eos> after each text
+    flat, lengths = encode_flat(tok, texts, dtype, eos_id=eos_id_of(tok_dir, tok))   # a base's own end token
 
 Special tokens, in this order (ids 0-3): <pad> <bos> <eos> <unk>. Byte-level means any
-text round-trips: decode(encode(text)) == text, with no unknown tokens.
+text round-trips: decode(encode(text)) == text, with no unknown tokens. A base model's
+tokenizer (copied by the data stage, components/basemodel.py) ends documents with its
+own end-of-sequence token, which its tokenizer_config.json names.
 """
 
 from __future__ import annotations
@@ -54,9 +57,24 @@ def load_tokenizer(tok_dir: Path) -> Tokenizer:
     return Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
 
 
-def encode_flat(tok: Tokenizer, texts: Sequence[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """(flat, lengths): every text's token ids followed by <eos>, concatenated; lengths include the <eos>."""
-    eos = tok.token_to_id(EOS)
+def eos_id_of(tok_dir: Path, tok: Tokenizer) -> int:
+    """The id of the end-of-sequence token tokenizer_config.json names (<eos> when it names none)."""
+    import json
+
+    config = Path(tok_dir) / "tokenizer_config.json"
+    name = json.loads(config.read_text(encoding="utf-8")).get("eos_token") if config.is_file() else None
+    if isinstance(name, dict):  # an AddedToken written out in full
+        name = name.get("content")
+    eos = tok.token_to_id(name or EOS)
+    if eos is None:
+        raise ValueError(f"{tok_dir}: the end-of-sequence token {name or EOS!r} is not in tokenizer.json")
+    return eos
+
+
+def encode_flat(tok: Tokenizer, texts: Sequence[str], dtype: np.dtype, *, eos_id: int | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """(flat, lengths): every text's token ids followed by <eos> (or `eos_id`), concatenated; lengths include it."""
+    eos = tok.token_to_id(EOS) if eos_id is None else eos_id
     encs = tok.encode_batch_fast(list(texts), add_special_tokens=False) if len(texts) else []
     lengths = np.fromiter((len(e.ids) + 1 for e in encs), dtype=np.int64, count=len(encs))
     flat = np.empty(int(lengths.sum()), dtype=dtype)
