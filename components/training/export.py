@@ -2,7 +2,11 @@
 
     state = gather_hf_state(engine, zero_stage=3, tp=1, pp=1)     # every rank calls; the full dict on rank 0
     if rank == 0:
-        write_export(run_dir / "export", state, llama_cfg, tokenizer, meta={...})
+        write_export(run_dir / "export", state, config, tokenizer, dtype=torch.bfloat16, meta={...})
+        write_export(..., tokenizer_dir=dataset / "tokenizer")   # a base's tokenizer files, copied as they are
+
+The folder is built from the trained model's transformers config (model.py model_config): a
+preset's LlamaConfig or the base's own config.json, so a fine-tuned GPT-2 exports as GPT-2.
 
 ZeRO-3 partitions and AutoTP shards are gathered with the engine's
 `_consolidated_16bit_state_dict` (a collective: every rank must call it; docs/architecture.md:
@@ -42,19 +46,24 @@ def gather_hf_state(engine: Any, *, zero_stage: int, tp: int, pp: int) -> dict[s
     return {k: v.detach().cpu() for k, v in engine.module.state_dict().items()} if rank == 0 else None
 
 
-def write_export(out_dir: Path, state: dict[str, torch.Tensor], llama_cfg: Any, tokenizer: Any, *,
-                 dtype: torch.dtype, meta: dict[str, Any]) -> Path:
-    """LlamaForCausalLM weights as safetensors + config + generation config + tokenizer + lmforge.json."""
-    from transformers import GenerationConfig, LlamaForCausalLM
+def write_export(out_dir: Path, state: dict[str, torch.Tensor], config: Any, tokenizer: Any, *,
+                 dtype: torch.dtype, meta: dict[str, Any], tokenizer_dir: Path | None = None) -> Path:
+    """Weights as safetensors + config + generation config + tokenizer + lmforge.json, for any causal-LM config.
+
+    With `tokenizer_dir` its tokenizer files are copied byte for byte (a base's tokenizer stays the
+    base's); without it the tokenizer is saved with save_pretrained.
+    """
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     with torch.device("meta"):
-        model = LlamaForCausalLM(llama_cfg)
+        model = AutoModelForCausalLM.from_config(config)
     state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    missing = [k for k in missing if not (llama_cfg.tie_word_embeddings and k == "lm_head.weight")]
+    _, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()  # a tied head is one tensor with the embedding, whichever name the state dict used
+    # Every parameter must now hold a trained tensor: one still on meta was in no key the engine gave.
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
     assert not missing and not unexpected, f"export keys: missing {missing}, unexpected {unexpected}"
-    if llama_cfg.tie_word_embeddings:
-        model.tie_weights()
     # Non-persistent buffers (rotary inv_freq) stayed on meta; the saved file never holds them.
     model.config.dtype = dtype
     model.config.use_cache = True
@@ -62,6 +71,11 @@ def write_export(out_dir: Path, state: dict[str, torch.Tensor], llama_cfg: Any, 
                                                pad_token_id=tokenizer.pad_token_id, max_new_tokens=64, do_sample=False)
     with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        if tokenizer_dir is None:
+            tokenizer.save_pretrained(tmp)
+        else:
+            from lmforge.components.basemodel import copy_tokenizer
+
+            copy_tokenizer(Path(tokenizer_dir), tmp)
         atomic_write_json(tmp / "lmforge.json", meta)
     return out_dir

@@ -5,11 +5,14 @@
     result = launch(job.launch)            # components/training/launcher.py
     job.ds_config, job.layout              # what was generated, for the run's record
     job.hardware.summary()                 # device, precision and why, peak FLOP/s and its source
+    job.base                               # with training.model.init: the checked base (components/basemodel.py)
 
 Everything that can be checked before ranks start is checked here (layout, data, resume
 state, num_ranks against the visible GPUs), so a bad setting costs a second, not a launch. The
 precision `auto` resolves to and the peak FLOP/s of the device are decided here too, once,
-before the ranks start (components/accelerator.py, components/training/perf.py).
+before the ranks start (components/accelerator.py, components/training/perf.py). With a base
+(`training.model.init`) the folder is checked here, and a dataset tokenised with any other
+tokenizer than the base's is refused: its token ids would index the wrong embeddings.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.accelerator import Precision, choose_precision, cpu_model, pick_device, visible_gpus
+from lmforge.components.basemodel import BaseCheckpoint, check_base, tokenizer_hash
 from lmforge.components.data.shards import read_index
 from lmforge.components.errors import UserError
 from lmforge.components.sections.training import TrainingConfig
@@ -44,6 +48,7 @@ class Job:
     ds_config: dict[str, Any]
     start_step: int
     hardware: "Hardware"
+    base: BaseCheckpoint | None = None
 
     def with_meta(self, **updates: Any) -> "Job":
         """The same job with `updates` merged into the meta its export records.
@@ -121,9 +126,25 @@ def next_attempt(run_dir: Path) -> int:
     return max(found, default=-1) + 1
 
 
+def check_base_dataset(cfg: TrainingConfig, tokenizer: Path) -> tuple[TrainingConfig, BaseCheckpoint | None]:
+    """With init: the checked base, and the section with init as an absolute path (the ranks run in the run folder)."""
+    if cfg.model.init is None:
+        return cfg, None
+    base = check_base(cfg.model.init)
+    theirs = tokenizer_hash(tokenizer)
+    if theirs != base.tokenizer_sha256:
+        raise UserError("dataset", Path(tokenizer).parent,
+                        f"was tokenised with another tokenizer than the base's (tokenizer hash {theirs[:12]}, "
+                        f"the base {base.path} has {base.tokenizer_sha256[:12]})",
+                        "Re-run the data stage with the same training.model.init: lmforge run data "
+                        f"--set training.model.init={base.path}")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": str(base.path)})}), base
+
+
 def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: Path, resume: bool,
                 meta: dict[str, Any], timeout_s: float | None = None) -> Job:
     tok = load_tokenizer(tokenizer)
+    cfg, base = check_base_dataset(cfg, tokenizer)
     index = read_index(shards)
     if "train" not in index["splits"] or index["splits"]["train"]["tokens"] <= cfg.seq_len:
         raise UserError("shards", shards, f"hold too few train tokens for training.seq_len={cfg.seq_len}",
@@ -149,4 +170,4 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
                           hardware=hardware.for_rank())
     req = LaunchRequest(run_dir=Path(run_dir), request=request, num_ranks=cfg.num_ranks, hostfile=cfg.hostfile,
                         master_port=cfg.master_port, timeout_s=timeout_s, gpus=hardware.gpus)
-    return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware)
+    return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware, base=base)

@@ -1,13 +1,16 @@
-"""A Hugging Face LlamaForCausalLM built from the [training.model] table and the dataset's tokenizer.
+"""The model a run trains: a Hugging Face LlamaForCausalLM from the [training.model] preset, or a base folder.
 
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
     model = build_model(cfg.training.model, tok, seq_len=cfg.training.seq_len, seed=cfg.training.seed)
     model = build_model(..., zero3_config=ds_config)   # ZeRO-3: built partitioned, under deepspeed.zero.Init
+    config = model_config(cfg.training.model, tok, seq_len=128)   # what the export is saved as
     n = count_params(model)
-    flops = train_flops_per_token(cfg.training.model, vocab_size=len(tok), seq_len=128)
+    flops = flops_per_token(cfg.training.model, config, seq_len=128)
 
-Attention is PyTorch SDPA (causal through `is_causal`, no mask tensor). The weights are
-seeded, so every strategy starts from the same model for the same seed.
+From a preset, attention is PyTorch SDPA (causal through `is_causal`, no mask tensor) and the
+weights are seeded, so every strategy starts from the same model for the same seed. With
+`init` set, the base's weights are loaded (safetensors only) into the class transformers
+implements for its config.json, whatever the architecture.
 """
 
 from __future__ import annotations
@@ -52,8 +55,40 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch
     )
 
 
+def model_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
+    """The transformers config of the trained model: the base's config.json (with init), else the preset's LlamaConfig."""
+    if cfg.init is None:
+        return llama_config(cfg, tokenizer, seq_len=seq_len, dtype=dtype)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(cfg.init, trust_remote_code=False)
+    config.use_cache = False
+    config.dtype = dtype
+    return config
+
+
+def load_base(folder: str, *, seed: int, zero3_config: dict[str, Any] | None = None) -> Any:
+    """The base's weights in fp32, from safetensors only; under ZeRO-3 loaded partitioned (HfDeepSpeedConfig).
+
+    The folder was checked before launch (components/basemodel.py check_base). The seed still
+    matters: it drives dropout, which some bases (GPT-2) train with.
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    hf_ds = None
+    if zero3_config is not None:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        hf_ds = HfDeepSpeedConfig(zero3_config)  # transformers loads under deepspeed.zero.Init while this lives
+    model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True, trust_remote_code=False, dtype=torch.float32)
+    del hf_ds
+    model.config.use_cache = False
+    return model
+
+
 def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, zero3_config: dict[str, Any] | None = None) -> Any:
-    """A freshly initialised model in fp32 (DeepSpeed casts it for bf16 training).
+    """A freshly initialised model in fp32 (DeepSpeed casts it for bf16 training), or the base with `init` set.
 
     With `zero3_config` (the run's DeepSpeed config; the process group must be up) the model is
     built under `deepspeed.zero.Init`: each parameter is partitioned over the ranks as it is
@@ -61,6 +96,8 @@ def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, ze
     module by module on rank 0 (gathered, in the same order and from the same seed), so the
     weights equal those of the plain path.
     """
+    if cfg.init is not None:
+        return load_base(cfg.init, seed=seed, zero3_config=zero3_config)
     from transformers import LlamaForCausalLM
 
     config = llama_config(cfg, tokenizer, seq_len=seq_len)
@@ -119,3 +156,33 @@ def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) ->
     if cfg.tie_embeddings:
         n += vocab_size * h  # param_count counts a shared weight once; the head's matmul runs anyway
     return 6.0 * n + 12.0 * s["num_layers"] * h * seq_len
+
+
+def hf_train_flops_per_token(config: Any, *, seq_len: int) -> float:
+    """Forward + backward FLOPs per token of any transformers causal LM, from its config: 6N plus attention.
+
+    N is the weights of every matmul, found by capability on a model built on the meta device
+    (no memory, no weights): each nn.Linear and GPT-2-style Conv1D, the output head included
+    (counted also when tied to the embedding, as in train_flops_per_token). Embedding lookups,
+    norms and biases are not matmuls. The attention term is 12·layers·(heads·head_dim)·seq_len:
+    QKᵀ and AV over the full seq_len × seq_len matrix, as SDPA computes them. Not discounted: a
+    sliding window shorter than seq_len, and the experts a mixture-of-experts model leaves idle
+    (it counts every expert), so for those the MFU reads high.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D)))
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return 6.0 * n + 12.0 * text.num_hidden_layers * heads * head_dim * seq_len
+
+
+def flops_per_token(cfg: ModelConfig, config: Any, *, seq_len: int) -> float:
+    """The run's FLOPs per token: the preset's closed form, or the generic count for a base's config."""
+    if cfg.init is None:
+        return train_flops_per_token(cfg, vocab_size=config.vocab_size, seq_len=seq_len)
+    return hf_train_flops_per_token(config, seq_len=seq_len)

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.components.training import checkpoint as ckpt
     from lmforge.components.training.data import TokenWindows
     from lmforge.components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
-    from lmforge.components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token
+    from lmforge.components.training.model import build_model, count_params, flops_per_token, load_tokenizer, model_config
     from lmforge.components.training.perf import mfu
     from lmforge.components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
     from lmforge.components.training.strategies import for_deepspeed
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.bfloat16 if bf16 else torch.float32
     # Measured (or looked up) once before the ranks started: see components/training/perf.py.
     peak = hw.peak_flops_per_device * devices_in_job(hw.device, world)
-    flops_per_token = train_flops_per_token(cfg.model, vocab_size=len(tokenizer), seq_len=cfg.seq_len)
+    token_flops = flops_per_token(cfg.model, model_config(cfg.model, tokenizer, seq_len=cfg.seq_len), seq_len=cfg.seq_len)
     tokens_per_step = layout.global_batch * cfg.seq_len
     if rank == 0:
         print(f"model {n_params / 1e6:.2f}M params; layout {layout.model_dump_json()}; {hw.device} {hw.precision} "
@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 tps = tokens_per_step / dt
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
-                                "mfu": mfu(tokens_per_s=tps, flops_per_token=flops_per_token, peak_flops=peak),
-                                "peak_flops": peak, "flops_per_token": flops_per_token,
+                                "mfu": mfu(tokens_per_s=tps, flops_per_token=token_flops, peak_flops=peak),
+                                "peak_flops": peak, "flops_per_token": token_flops,
                                 "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps})
         elif idle is not None:
             idle.idle_fraction(step_s)
@@ -307,7 +307,7 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
     from safetensors.torch import save_file
 
     from lmforge.components.training.export import gather_hf_state, write_export
-    from lmforge.components.training.model import llama_config
+    from lmforge.components.training.model import model_config
 
     rank = dist.get_rank()
     run_dir = req.run_dir
@@ -325,8 +325,9 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
         assert state is not None
         meta = {**req.meta, "steps": cfg.max_steps, "final_loss": final_loss, "params": n_params,
                 "dtype": str(dtype).removeprefix("torch."), "layout": layout.to_dict(), "peak_flops": peak}
-        write_export(run_dir / "export", state, llama_config(cfg.model, tokenizer, seq_len=cfg.seq_len, dtype=dtype),
-                     tokenizer, dtype=dtype, meta=meta)
+        # A base's tokenizer is the dataset's (training refused any other): its files go into the export as they are.
+        write_export(run_dir / "export", state, model_config(cfg.model, tokenizer, seq_len=cfg.seq_len, dtype=dtype),
+                     tokenizer, dtype=dtype, meta=meta, tokenizer_dir=req.tokenizer if cfg.model.init else None)
         print(f"exported {run_dir / 'export'}", flush=True)
 
 
