@@ -107,6 +107,8 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     tags = {"dataset_version": version, "dataset_manifest_hash": sha256_file(ws.dataset_dir(version) / "manifest.json"),
             "evaluation_config_hash": config_hash(cfg.evaluation), "evaluation_context": str(context),
             "rag": result.rag.get("status", "off")}
+    if meta.get("base"):  # a fine-tuned base: the registered version names the folder and content it started from
+        tags.update({f"base_{k}": v for k, v in meta["base"].items()})
     with start_run(ws, "evaluation", run_name=f"eval-{run}") as mlrun:
         import mlflow
 

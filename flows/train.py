@@ -6,7 +6,8 @@
     train_flow(cfg) -> {"run": name, "export": path, "summary": {...}}
 
 One MLflow run per training run in experiment `training` (a resume continues it): the
-resolved config, the generated DeepSpeed config, the dataset manifest hash, per-step loss,
+resolved config, the generated DeepSpeed config, the dataset manifest hash, the base folder
+and its content hash when training.model.init is set (also in the export's lmforge.json), per-step loss,
 lr, tokens/s, MFU and per-rank memory, the loss curve and the exported folder. Training
 never caches and never retries: a failed launch names the rank and its last lines.
 """
@@ -122,6 +123,10 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
                       run_dir=run_dir, resume=resume, meta=meta)
     console.print(f"hardware: {job.hardware.summary()}")
+    if job.base is not None:
+        # Lineage: which folder, with which content, the run started from (hashed once, here).
+        job = job.with_meta(base=job.base.lineage())
+        console.print(f"base: {job.base.path} ({job.base.architecture}, sha256 {job.base.sha256[:12]})")
     run_kwargs = {"run_id": info["mlflow_run_id"]} if resume else {"run_name": name}
     with start_run(ws, "training", **run_kwargs) as run:
         import mlflow
@@ -138,7 +143,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
         mlflow.set_tags({"dataset_version": version, "dataset_manifest_sha256": manifest_sha,
                          "strategy": tc.parallel.strategy, "applied": ",".join(applied(job.ds_config)),
                          "layout": json.dumps(job.layout.to_dict()), "git_commit": meta["git_commit"] or "",
-                         **{f"hardware.{k}": str(v)[:500] for k, v in job.hardware.to_dict().items()}})
+                         **{f"hardware.{k}": str(v)[:500] for k, v in job.hardware.to_dict().items()},
+                         **{f"base.{k}": str(v)[:500] for k, v in (job.base.lineage() if job.base else {}).items()}})
         launched = launch_task(job, run.info.run_id, job.start_step, tc.max_steps)
         steps = read_steps(run_dir)
         curve = loss_curve_png(steps, run_dir / "loss_curve.png", title=name)
