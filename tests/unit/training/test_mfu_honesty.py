@@ -128,3 +128,30 @@ def test_the_idle_clock_waits_for_the_gpu_before_reading_the_time(monkeypatch, d
     assert syncs == ([torch.device("cuda:1")] * 4 if synced else [])
     engine._INSTRUCTION_MAP[schedule.LoadMicroBatch](engine)  # not timed: no wait
     assert len(syncs) == (4 if synced else 0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gpt2", "gpt_neox", "phi3"])
+def test_a_bases_flop_count_agrees_with_torchs_flop_counter(kind, checkpoint):
+    """The generic count for a base (training.model.init): every Linear/Conv1D weight plus attention, from the config
+    alone, against FlopCounterMode on the loaded model with eager attention. Biases and norms are not matmuls."""
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    from lmforge.components.training.model import hf_train_flops_per_token
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint(kind), attn_implementation="eager")
+    x = torch.randint(0, model.config.vocab_size, (2, SEQ))
+    with FlopCounterMode(display=False) as counter:
+        lm_loss(model(input_ids=x).logits, x).backward()
+    counted = counter.get_total_flops() / x.numel()
+    assert counted == pytest.approx(hf_train_flops_per_token(model.config, seq_len=SEQ), rel=0.01)
+
+
+def test_the_generic_count_equals_the_presets_closed_form_up_to_the_norms():
+    from lmforge.components.training.model import hf_train_flops_per_token, llama_config
+
+    cfg = tiny()
+    closed = train_flops_per_token(cfg, vocab_size=VOCAB, seq_len=SEQ)
+    generic = hf_train_flops_per_token(llama_config(cfg, Tok(), seq_len=SEQ), seq_len=SEQ)
+    s = cfg.sizes()
+    assert closed - generic == 6 * (2 * s["num_layers"] + 1) * s["hidden_size"]  # the closed form counts RMSNorm weights
