@@ -10,6 +10,9 @@ The model becomes `challenger`; it becomes `champion` when the registry rules pa
 version, another evaluation config (hash) or another context, it is scored again on
 the candidate's terms first (registry.reevaluate_champion), so the two sides compare on
 the same text, windows and settings. No model is scored beyond its trained context.
+A model fine-tuned from a base (its lmforge.json names `base`) with no champion yet is gated
+against that base: the base folder is scored by the same evaluation on the same sample and
+context, and the candidate must beat its BPC by `bpc_margin` (not merely the unigram baseline).
 Evaluation, registration and promotion are never
 cached: latency is measured anew, and the registry is state.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +35,9 @@ from lmforge.components.evaluation import EvalResult, evaluate_model_dir
 from lmforge.components.evaluation.rag import Rag, build_rag, release
 from lmforge.components.evaluation.report import write_report
 from lmforge.components.registry import current, download_model, gate, register_model, version_tags
-from lmforge.components.registry.gate import CHAMPION
+from lmforge.components.registry.gate import CHAMPION, BaseScore
 from lmforge.components.tracking import start_run
-from lmforge.components.workspace import Workspace, sha256_file
+from lmforge.components.workspace import Workspace, sha256_file, sha256_tree
 from lmforge.flows.workspace_flow import workspace_flow
 
 
@@ -56,9 +60,31 @@ def register_task(model_dir: str, cfg: PipelineConfig, metrics: dict[str, float]
 
 @task(name="gate-promotion", cache_policy=NO_CACHE, persist_result=False)
 def gate_task(cfg: PipelineConfig, version: str, metrics: dict[str, float],
-              champion_metrics: dict[str, float] | None, scored_champion: str | None = None) -> dict[str, Any]:
+              champion_metrics: dict[str, float] | None, scored_champion: str | None = None,
+              base: dict[str, Any] | None = None) -> dict[str, Any]:
     return gate(Workspace.from_env(), cfg.registry, version, metrics, champion_metrics=champion_metrics,
-                scored_champion=scored_champion).to_dict()
+                scored_champion=scored_champion, base=BaseScore(**base) if base is not None else None).to_dict()
+
+
+def base_score_on(cfg: PipelineConfig, lineage: dict[str, Any] | None, dataset_version: str,
+                  context: int) -> BaseScore | None:
+    """The candidate's base scored on the candidate's terms (same dataset, sample, evaluation config and context).
+
+    None when the candidate was trained from scratch. A base folder that is gone, or whose content
+    is no longer what training started from, is not scored: the score says why, and the gate declines.
+    """
+    if not lineage or not lineage.get("path"):
+        return None
+    path, sha = Path(lineage["path"]), str(lineage.get("sha256", ""))
+    name = path.name
+    if not (path / "config.json").is_file():
+        return BaseScore(name=name, sha256=sha, metrics=None, why=f"the base folder {path} is gone")
+    if sha and sha256_tree(path) != sha:
+        return BaseScore(name=name, sha256=sha, metrics=None,
+                         why=f"the base folder {path} no longer holds the content training started from")
+    same = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"context_length": context})})
+    result = evaluate_task.with_options(name="evaluate-base")(str(path), dataset_version, same, False)
+    return BaseScore(name=name, sha256=sha, metrics=result["metrics"])
 
 
 def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str,
@@ -104,6 +130,8 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     result = EvalResult.from_dict(evaluate_task(str(model_dir), version, cfg, True))
     context = int(result.info["context_length"])
     champion, champion_source, scored = champion_metrics_on(ws, cfg, version, context)
+    # No champion yet: a fine-tune must beat the base it started from, scored on the same sample.
+    base = base_score_on(cfg, meta.get("base"), version, context) if scored is None else None
     tags = {"dataset_version": version, "dataset_manifest_hash": sha256_file(ws.dataset_dir(version) / "manifest.json"),
             "evaluation_config_hash": config_hash(cfg.evaluation), "evaluation_context": str(context),
             "rag": result.rag.get("status", "off")}
@@ -115,8 +143,11 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         mlflow.set_tags({"training_run": run, "dataset_version": version, "training_run_id": meta.get("mlflow_run_id", "")})
         mlflow.log_params({f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump().items()})
         mlflow.log_metrics({k: v for k, v in result.metrics.items() if math.isfinite(v)})  # e.g. no TPOT: nothing to log
+        if base is not None and base.metrics is not None and math.isfinite(base.metrics["bpc"]):
+            mlflow.log_metric("base_bpc", base.metrics["bpc"])
         model_version = register_task(str(model_dir), cfg, result.metrics, tags)
-        decision = gate_task(cfg, model_version, result.metrics, champion, scored)
+        decision = gate_task(cfg, model_version, result.metrics, champion, scored,
+                             base=json_safe(asdict(base)) if base is not None else None)
         decision["champion_metrics_source"] = champion_source
         mlflow.set_tags({"registered_version": model_version, "decision": decision["outcome"]})
         with tempfile.TemporaryDirectory() as tmp:
@@ -132,9 +163,13 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
           f"{m['tokens_per_s']:.1f} tokens/s; RAG {result.rag.get('status')}"
           + (f" (ROUGE-L {result.rag['delta']['rougeL']:+.4f})" if result.rag.get("status") == "ok" else
              f": {result.rag.get('reason', '')}"))
+    if base is not None and base.metrics is not None:
+        print(f"  base {base.name}: BPC {base.metrics['bpc']:.4f} on the same sample")
     summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
                "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
                "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
+    if base is not None and base.metrics is not None:
+        summary["base_bpc"] = round(base.metrics["bpc"], 4)
     return json_safe({"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
                       "rag": result.rag, "summary": summary})
 

@@ -6,9 +6,12 @@
 Rules (RegistryConfig):
 - with a champion: promote when candidate BPC <= champion BPC - bpc_margin AND candidate
   ROUGE-L >= champion ROUGE-L - rougeL_tolerance;
-- without one: promote when candidate BPC < unigram BPC - baseline_margin, the unigram
-  model (add-one smoothed token frequencies of the train split, baseline.py) scored on the
-  same held-out tokens and characters.
+- without one, for a model fine-tuned from a base (`training.model.init`; the flow passes the
+  base's metrics, scored by the same evaluation on the same sample): promote when candidate
+  BPC <= base BPC - bpc_margin, so the first fine-tune must beat the checkpoint it started from;
+- without one, for a model trained from scratch: promote when candidate BPC < unigram BPC -
+  baseline_margin, the unigram model (add-one smoothed token frequencies of the train split,
+  baseline.py) scored on the same held-out tokens and characters.
 A BPC that is missing or not finite never promotes.
 
 The champion moves by compare-and-swap on the holder the decision was made against
@@ -44,6 +47,7 @@ class Decision:
     candidate: dict[str, float]
     champion: dict[str, float] | None
     rules: dict[str, float]
+    base: dict[str, Any] | None = None   # {"name", "sha256", "metrics"} when the first fine-tune was gated against its base
 
     @property
     def outcome(self) -> str:
@@ -53,11 +57,43 @@ class Decision:
         return {**asdict(self), "outcome": self.outcome}
 
 
-def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None, cfg: RegistryConfig) -> tuple[bool, str]:
-    """(promote?, reason) from the two sides' metrics and the config's rules."""
+@dataclass(frozen=True)
+class BaseScore:
+    """The base a candidate was fine-tuned from, scored by the candidate's evaluation on the same sample.
+
+    `metrics` is None when the base could not be scored (`why` says so): the gate then declines.
+    """
+    name: str                              # the base folder's name, for the reason
+    sha256: str                            # its content hash (lineage)
+    metrics: Mapping[str, float] | None
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "sha256": self.sha256, "why": self.why,
+                "metrics": {k: float(self.metrics[k]) for k in SHOWN if k in self.metrics} if self.metrics else None}
+
+
+def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None, cfg: RegistryConfig, *,
+           base: BaseScore | None = None) -> tuple[bool, str]:
+    """(promote?, reason) from the two sides' metrics and the config's rules.
+
+    `base` matters only without a champion: a fine-tuned candidate must then beat its base's BPC by
+    bpc_margin instead of the unigram baseline.
+    """
     bpc = finite(candidate, "bpc")
     if bpc is None:
         return False, "the candidate has no finite BPC"
+    if champion is None and base is not None:
+        label = f"first fine-tune of base {base.name} ({base.sha256[:12]})"
+        base_bpc = finite(base.metrics, "bpc") if base.metrics is not None else None
+        if base_bpc is None:
+            return False, f"{label}: the base has no finite BPC to beat ({base.why or 'not scored'})"
+        gain = base_bpc - bpc
+        if gain >= cfg.bpc_margin:
+            return True, (f"{label}: BPC {bpc:.4f} beats the base's {base_bpc:.4f} by {gain:.4f} >= {cfg.bpc_margin} "
+                          "on the same sample")
+        return False, (f"{label}: BPC {bpc:.4f} vs the base's {base_bpc:.4f} on the same sample: gain {gain:+.4f} is "
+                       f"below the margin {cfg.bpc_margin}")
     if champion is None:
         base = finite(candidate, "unigram_bpc")
         if base is None:
@@ -82,13 +118,14 @@ def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None,
 
 def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str, float], *,
          champion_metrics: Mapping[str, float] | None = None, scored_champion: str | None = None,
-         who: str | None = None) -> Decision:
+         base: BaseScore | None = None, who: str | None = None) -> Decision:
     """Make `version` the challenger, decide against the champion, promote if the rules pass, record it all.
 
     `champion_metrics` replaces the champion's registered metrics (e.g. re-scored on the
     candidate's dataset, so both sides compare on the same text); `scored_champion` names the
     version those metrics belong to, and when the champion is another version by now, the
-    registered metrics of the actual holder are used instead.
+    registered metrics of the actual holder are used instead. `base` (the candidate's base, scored
+    on the same sample) is what a first fine-tune must beat when there is no champion.
     """
     from mlflow import MlflowClient
 
@@ -102,12 +139,14 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
             champion_metrics = None   # re-scored a former champion: compare with the holder's own record
         champ = dict(champion_metrics) if champion_metrics is not None else (
             version_metrics(ws, cfg.model_name, holder) if holder else None)
-        promote, reason = decide(metrics, champ, cfg)
+        promote, reason = decide(metrics, champ, cfg, base=base)
+    against_base = base is not None and champ is None and holder != name
     decision = Decision(promote=promote, reason=reason, candidate_version=name, champion_version=holder,
                         candidate={k: float(metrics[k]) for k in SHOWN if k in metrics},
                         champion={k: float(champ[k]) for k in SHOWN if k in champ} if champ is not None else None,
                         rules={"bpc_margin": cfg.bpc_margin, "rougeL_tolerance": cfg.rougeL_tolerance,
-                               "baseline_margin": cfg.baseline_margin})
+                               "baseline_margin": cfg.baseline_margin},
+                        base=base.to_dict() if against_base else None)
     if promote:
         try:
             set_alias(ws, cfg.model_name, CHAMPION, name, reason=reason, action="promote", who=who, expect=holder)

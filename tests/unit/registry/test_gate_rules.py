@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmforge.components.registry.aliases import AliasMove, holders
-from lmforge.components.registry.gate import decide
+from lmforge.components.registry.gate import BaseScore, decide
 from lmforge.components.registry.retry import is_transient, with_retries
 from lmforge.components.sections.registry import RegistryConfig
 
@@ -25,6 +25,29 @@ def test_decisions_both_ways_with_and_without_a_champion(cand, champ, promote, w
     ok, reason = decide(cand, champ, CFG)
     assert ok is promote
     assert words in reason
+
+
+BASE = BaseScore(name="qwen2-0.5b", sha256="869cd3aaa105" + "0" * 52, metrics={"bpc": 2.0, "unigram_bpc": 3.0})
+
+
+@pytest.mark.parametrize("cand, base, promote, words", [
+    ({"bpc": 1.90, "unigram_bpc": 3.0}, BASE, True, "beats the base's 2.0000"),
+    ({"bpc": 1.97, "unigram_bpc": 3.0}, BASE, False, "below the margin"),       # better, but within bpc_margin
+    ({"bpc": 2.50, "unigram_bpc": 3.0}, BASE, False, "vs the base's 2.0000"),   # beats the unigram model, not the base
+    ({"bpc": 1.0, "unigram_bpc": 3.0}, BaseScore(name="b", sha256="0" * 64, metrics=None, why="the base folder /x is gone"),
+     False, "the base folder /x is gone"),
+    ({"bpc": 1.0, "unigram_bpc": 3.0}, BaseScore(name="b", sha256="0" * 64, metrics={"bpc": float("nan")}), False,
+     "no finite BPC"),
+])
+def test_a_first_fine_tune_must_beat_its_base_not_the_unigram_model(cand, base, promote, words):
+    ok, reason = decide(cand, None, CFG, base=base)
+    assert ok is promote
+    assert words in reason and "first fine-tune of base" in reason and "unigram" not in reason
+
+
+def test_with_a_champion_the_base_does_not_matter():
+    champ = {"bpc": 1.5, "rougeL": 0.3}
+    assert decide({"bpc": 1.9, "rougeL": 0.3}, champ, CFG, base=BASE) == decide({"bpc": 1.9, "rougeL": 0.3}, champ, CFG)
 
 
 def _m(action, to, frm=None):
