@@ -1,4 +1,4 @@
-"""A local Hugging Face causal-LM folder as the starting point of training (`[training.model] init`).
+"""A Hugging Face causal-LM folder, local or registered, as the starting point of training (`[training.model] init`).
 
     base = check_base(Path("~/models/qwen2-0.5b"))     # UserError naming training.model.init when it cannot be used
     base.model_type, base.architecture, base.sha256     # "qwen2", "Qwen2ForCausalLM", the folder's content hash
@@ -14,6 +14,9 @@ data stage needs tokenizer.json because it encodes with the `tokenizers` library
 
 Both the data stage (copies the tokenizer) and training (loads the weights, refuses a dataset
 made with another tokenizer) import this module, so both agree on what the tokenizer's hash is.
+
+A registry reference (`models:/<name>@<alias>`, `models:/<name>/<version>`) becomes such a folder
+in components/basesource.py (resolve_base), which sets `ref` and `version` on the checked base.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
+from lmforge.components.sections.training import parse_registry_ref
 from lmforge.components.workspace import sha256_file, sha256_json, sha256_tree
 
 KEY = "training.model.init"
@@ -45,6 +49,8 @@ class BaseCheckpoint:
     architecture: str          # the transformers class AutoModelForCausalLM builds for it
     tokenizer_sha256: str      # tokenizer_hash(path)
     vocab_size: int            # the embedding's rows (config.vocab_size), >= the tokenizer's length
+    ref: str | None = None     # init as given when it is a registry reference ("models:/lmforge-lm@champion")
+    version: str | None = None  # the registered version it resolved to ("3")
 
     @cached_property
     def sha256(self) -> str:
@@ -53,8 +59,18 @@ class BaseCheckpoint:
 
     def lineage(self) -> dict[str, str]:
         """What the export's lmforge.json, the MLflow run and the registered version record."""
-        return {"path": str(self.path), "sha256": self.sha256, "model_type": self.model_type,
+        registry = {"ref": self.ref, "version": str(self.version)} if self.ref is not None else {}
+        return {**registry, "path": str(self.path), "sha256": self.sha256, "model_type": self.model_type,
                 "architecture": self.architecture, "tokenizer_sha256": self.tokenizer_sha256}
+
+    @property
+    def named(self) -> str:
+        """How the user named it: the reference, or the folder."""
+        return self.ref or str(self.path)
+
+    def pin(self) -> dict[str, str] | None:
+        """What the dataset's manifest records for a registry base (source.base), for training to pass as `pinned`."""
+        return {"ref": self.ref, "version": str(self.version)} if self.ref is not None else None
 
 
 def causal_lm_class(config: Any) -> type:
@@ -132,6 +148,9 @@ def check_weights(folder: Path, *, key: str = KEY) -> list[Path]:
 
 def check_base(folder: str | Path, *, key: str = KEY) -> BaseCheckpoint:
     """Everything that can be checked of a base folder before any data is tokenised or any rank starts."""
+    if parse_registry_ref(str(folder)) is not None:
+        raise UserError(key, folder, "is a registry reference, not a folder",
+                        "Resolve it with lmforge.components.basesource.resolve_base(ws, init)")
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise UserError(key, path, "is not a folder", "Point it at a local Hugging Face model folder (config.json, "

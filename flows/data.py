@@ -4,6 +4,7 @@
     lmforge run data --set data.source=corpus.jsonl    # a user's corpus
     lmforge run data --set data.cluster_address=tcp://10.0.0.5:8786   # an existing Dask cluster
     lmforge run data --set training.model.init=/models/qwen2   # tokenise with a base model's own tokenizer
+    lmforge run data --set training.model.init=models:/lmforge-lm@champion   # ... or a registered version's
     data_flow(load_config("configs/demo.toml"))        # -> {"dataset_version", "summary", "tasks", ...}
 
 The source is cut into input shards (components/data/readers.py). Two per-shard tasks
@@ -36,7 +37,7 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from rich.console import Console
 from rich.table import Table
 
-from lmforge.components.basemodel import check_base
+from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
@@ -197,15 +198,19 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
     """Ingest, validate, clean, dedup, split, featurize, tokenize per shard; publish datasets/<version>; set LATEST."""
     cfg = as_config(cfg)
     check_source(cfg.data.source)  # before any task: a bad path fails at once and writes nothing
+    pin = None
     if cfg.training.model.init is not None:
-        check_base(cfg.training.model.init)  # likewise: a base training could not load is refused before any work
+        # Likewise: a base training could not load is refused before any work. A registry alias is resolved
+        # here, once; the stage gets the version (`pin`) and records it in the manifest for training.
+        pin = resolve_base(Workspace.from_env().ensure(), cfg.training.model.init).pin()
     inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
     with api_for_children():  # Dask workers report to this run's Prefect, not a temporary server each
-        return inner(cfg, replay=replay)
+        return inner(cfg, replay=replay, pin=pin)
 
 
 @workspace_flow(name="data-stage", log_prints=True)
-def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[str, Any]:
+def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
+                pin: dict[str, str] | None = None) -> dict[str, Any]:
     data = cfg.data
     ws = Workspace.from_env().ensure()
     build = str(ws.datasets / ".build")
@@ -228,10 +233,10 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
     if base is None:
         tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
     else:
-        checked = check_base(base)
+        checked = resolve_base(ws, base, pinned=pin)
         tok = _one(base_tokenizer_task, str(checked.path), checked.tokenizer_sha256, build, code["base-tokenizer"],
                    states=states)
-        tokenizer_from = {"tokenizer_from": str(checked.path)}
+        tokenizer_from = {"tokenizer_from": checked.named}
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
 
     counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
@@ -244,6 +249,10 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None) -> dict[st
     tokens = {s: sum(f.tokens[s] for f in fins) for s in ("train", "validation", "test")}
     source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
               "replay": [str(Path(p).resolve()) for p in replay or []]}
+    if pin is not None:
+        # A registry base's version, pinned: training reads it back (flows/train.py), and it is part of the
+        # dataset version, so datasets made while the alias held different versions never share a manifest.
+        source["base"] = pin
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
               "dedup": {"lsh": near.lsh, "examples": near.examples}, "split_groups": spl.groups, "tokens": tokens,
               "tokenizer_trained_on": tok.trained_on, **tokenizer_from,

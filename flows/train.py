@@ -7,7 +7,8 @@
 
 One MLflow run per training run in experiment `training` (a resume continues it): the
 resolved config, the generated DeepSpeed config, the dataset manifest hash, the base folder
-and its content hash when training.model.init is set (also in the export's lmforge.json), per-step loss,
+and its content hash when training.model.init is set (also in the export's lmforge.json; for a
+registry reference also the reference and the version the dataset pinned), per-step loss,
 lr, tokens/s, MFU and per-rank memory, the loss curve and the exported folder. Training
 never caches and never retries: a failed launch names the rank and its last lines.
 """
@@ -24,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
 from lmforge.components.resources import source_commit
@@ -119,14 +121,20 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     meta = {"dataset_version": version, "config_hash": config_hash(tc), "strategy": tc.parallel.strategy,
             "seq_len": tc.seq_len,
             "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": source_commit(), "run_name": name}
+    # A registry alias is not read again here: the data stage resolved it once and pinned the version in the
+    # dataset's manifest (source.base), so the weights are the version whose tokenizer made this dataset, even
+    # if the alias has moved since (and a resume, on its own dataset, gets its own version back).
+    pin = json.loads(manifest.read_text()).get("source", {}).get("base") if manifest.exists() else None
+    base = resolve_base(ws, tc.model.init, pinned=pin) if tc.model.init is not None else None
     # Checked before any MLflow run opens, so a bad layout or a missing checkpoint leaves no trace but its message.
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
-                      run_dir=run_dir, resume=resume, meta=meta)
+                      run_dir=run_dir, resume=resume, meta=meta, base=base)
     console.print(f"hardware: {job.hardware.summary()}")
     if job.base is not None:
         # Lineage: which folder, with which content, the run started from (hashed once, here).
         job = job.with_meta(base=job.base.lineage())
-        console.print(f"base: {job.base.path} ({job.base.architecture}, sha256 {job.base.sha256[:12]})")
+        pinned = f"{job.base.ref} = version {job.base.version} at " if job.base.ref else ""
+        console.print(f"base: {pinned}{job.base.path} ({job.base.architecture}, sha256 {job.base.sha256[:12]})")
     run_kwargs = {"run_id": info["mlflow_run_id"]} if resume else {"run_name": name}
     with start_run(ws, "training", **run_kwargs) as run:
         import mlflow

@@ -6,6 +6,7 @@
     [training.model]
     preset = "demo"            # tiny | demo | 125m | 1b; any size key below overrides the preset
     # init = "/models/qwen2-0.5b"   # or: fine-tune a local Hugging Face folder (its config.json decides the architecture)
+    # init = "models:/lmforge-lm@champion"   # or a registered version: models:/<name>@<alias>, models:/<name>/<version>
     [training.parallel]
     strategy = "zero2"         # ddp | zero1 | zero2 | zero3
     [training.parallel.pipeline]
@@ -21,11 +22,14 @@ layout fits the model and the world size is checked before launch
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from ._base import Name, Section
+from ._base import NAME_PATTERN, NAME_RULE, Name, Section
 
 PRESETS: dict[str, dict[str, int]] = {
     # hidden, layers, heads, kv heads, MLP width; the vocabulary comes from the dataset's tokenizer
@@ -41,18 +45,64 @@ ARCHITECTURE_KEYS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "
                      "tie_embeddings")
 
 
+REGISTRY_SCHEME = "models:/"
+REGISTRY_SHAPES = "models:/<name>@<alias> or models:/<name>/<version>"
+
+
+@dataclass(frozen=True)
+class RegistryRef:
+    """`training.model.init` naming a registered model version: models:/<name>@<alias> or models:/<name>/<version>."""
+
+    name: str
+    alias: str | None = None
+    version: str | None = None     # a positive integer, as MLflow writes it ("3")
+
+    def __str__(self) -> str:
+        return f"{REGISTRY_SCHEME}{self.name}@{self.alias}" if self.alias else f"{REGISTRY_SCHEME}{self.name}/{self.version}"
+
+    @property
+    def selector(self) -> str:
+        """What the registry resolves: the alias, or the version number."""
+        return self.alias or str(self.version)
+
+
+def parse_registry_ref(init: str) -> RegistryRef | None:
+    """The reference `init` holds; None when it is no registry reference (a folder). ValueError for a bad shape."""
+    if not init.startswith(REGISTRY_SCHEME):
+        return None
+    rest = init[len(REGISTRY_SCHEME):]
+    name, at, alias = rest.partition("@")
+    if not at:
+        name, slash, version = rest.partition("/")
+        if not slash:
+            raise ValueError(f"names no alias or version: write {REGISTRY_SHAPES}")
+        if not re.fullmatch(r"[1-9][0-9]{0,8}", version):
+            raise ValueError(f"has version {version!r}, which is not a positive integer: write {REGISTRY_SHAPES}")
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise ValueError(f"has model name {name!r}, which is not a name ({NAME_RULE})")
+    if not at:
+        return RegistryRef(name=name, version=version)
+    if not re.fullmatch(NAME_PATTERN, alias):
+        raise ValueError(f"has alias {alias!r}, which is not an alias name ({NAME_RULE})")
+    if alias.isdigit():
+        raise ValueError(f"has alias {alias!r}, which is a number: for a version write {REGISTRY_SCHEME}{name}/{alias}")
+    return RegistryRef(name=name, alias=alias)
+
+
 class ModelConfig(Section):
     """A LlamaForCausalLM from a preset (optionally with some sizes overridden), or a local checkpoint to fine-tune.
 
     With `init` set, the base's config.json decides the architecture: `preset` is ignored (a config
     file may keep one for runs without init), and a size key set to anything but its default is
     an error, because the base could not honour it. The folder itself is checked where the
-    stages start (components/basemodel.py check_base), not at config load, which reads no files.
+    stages start (components/basemodel.py resolve_base), not at config load, which reads no files
+    and asks no registry; only the shape of a registry reference is checked here.
     """
 
     init: str | None = Field(
-        None, description="a local Hugging Face model folder (config.json, *.safetensors, tokenizer.json) to fine-tune "
-                          "in full; the data stage then tokenises with its tokenizer. Unset = a fresh model from preset")
+        None, description="a local Hugging Face model folder (config.json, *.safetensors, tokenizer.json), or a "
+                          "registered version (models:/<name>@<alias>, models:/<name>/<version>), to fine-tune in "
+                          "full; the data stage then tokenises with its tokenizer. Unset = a fresh model from preset")
     preset: Literal["tiny", "demo", "125m", "1b"] = Field(
         "demo", description="base sizes: tiny (tests), demo (~5M, CPU), 125m, 1b (GPUs)")
     hidden_size: int | None = Field(None, ge=8, description="overrides the preset's hidden size")
@@ -62,6 +112,16 @@ class ModelConfig(Section):
     intermediate_size: int | None = Field(None, ge=8, description="overrides the preset's MLP width")
     rope_theta: float = Field(10000.0, gt=0, description="rotary embedding base")
     tie_embeddings: bool = Field(False, description="share the input embedding with the output head")
+
+    @field_validator("init")
+    @classmethod
+    def _registry_shape(cls, value: str | None) -> str | None:
+        try:
+            if value is not None:
+                parse_registry_ref(value)
+        except ValueError as e:
+            raise PydanticCustomError("registry_ref", "a registry reference that {problem}", {"problem": str(e)}) from None
+        return value
 
     @model_validator(mode="after")
     def _init_or_sizes(self) -> "ModelConfig":

@@ -126,25 +126,29 @@ def next_attempt(run_dir: Path) -> int:
     return max(found, default=-1) + 1
 
 
-def check_base_dataset(cfg: TrainingConfig, tokenizer: Path) -> tuple[TrainingConfig, BaseCheckpoint | None]:
-    """With init: the checked base, and the section with init as an absolute path (the ranks run in the run folder)."""
+def check_base_dataset(cfg: TrainingConfig, tokenizer: Path,
+                       base: BaseCheckpoint | None = None) -> tuple[TrainingConfig, BaseCheckpoint | None]:
+    """With init: the checked base, and the section with init as an absolute path (the ranks run in the run folder).
+
+    `base` is init already resolved (components/basesource.py resolve_base: a registry reference is a folder
+    only once resolved); without it init must be a folder."""
     if cfg.model.init is None:
         return cfg, None
-    base = check_base(cfg.model.init)
+    base = base if base is not None else check_base(cfg.model.init)
     theirs = tokenizer_hash(tokenizer)
     if theirs != base.tokenizer_sha256:
         raise UserError("dataset", Path(tokenizer).parent,
                         f"was tokenised with another tokenizer than the base's (tokenizer hash {theirs[:12]}, "
                         f"the base {base.path} has {base.tokenizer_sha256[:12]})",
                         "Re-run the data stage with the same training.model.init: lmforge run data "
-                        f"--set training.model.init={base.path}")
+                        f"--set training.model.init={base.named}")
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": str(base.path)})}), base
 
 
 def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: Path, resume: bool,
-                meta: dict[str, Any], timeout_s: float | None = None) -> Job:
+                meta: dict[str, Any], timeout_s: float | None = None, base: BaseCheckpoint | None = None) -> Job:
     tok = load_tokenizer(tokenizer)
-    cfg, base = check_base_dataset(cfg, tokenizer)
+    cfg, base = check_base_dataset(cfg, tokenizer, base)
     index = read_index(shards)
     if "train" not in index["splits"] or index["splits"]["train"]["tokens"] <= cfg.seq_len:
         raise UserError("shards", shards, f"hold too few train tokens for training.seq_len={cfg.seq_len}",
