@@ -55,7 +55,7 @@ def parent_task(model_name: str, alias: str) -> tuple[str, str, dict[str, str]]:
 
 
 @task(name="compress-preflight")
-def preflight_task(parent_dir: str, cfg: CompressionConfig, shard_dir: str | None) -> list[str]:
+def preflight_task(parent_dir: str, cfg: CompressionConfig, shard_dir: str | None) -> tuple[list[str], dict[str, str]]:
     return preflight(Path(parent_dir), cfg, shard_dir=Path(shard_dir) if shard_dir else None)
 
 
@@ -110,7 +110,7 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         raise UserError("dataset", dataset_version or ws.datasets, "of the parent model is not in the workspace",
                         "Run the data stage first: lmforge run data")
     shard_dir = str(ws.training_shards(dataset_version)) if needs_data(c) else None
-    names = preflight_task(parent_dir, c, shard_dir)
+    names, skipped = preflight_task(parent_dir, c, shard_dir)
     eval_cfg = variant_eval_config(cfg)
     dataset_dir = str(ws.dataset_dir(dataset_version))
     out_root = ws.root / "compression" / f"v{parent_version}"
@@ -118,7 +118,7 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     parent_metrics = evaluate_task.with_options(name="compress-evaluate-parent")(parent_dir, dataset_dir, eval_cfg)
     variants: dict[str, dict[str, float]] = {}
     versions: dict[str, str] = {}
-    rejected: dict[str, str] = {}
+    rejected: dict[str, str] = dict(skipped)   # techniques this architecture has no parts for: never built
     serve_python = str(serve_venv() / "bin" / "python") if cfg.deploy.enabled else None
     with start_run(ws, "compression", run_name=f"compress-v{parent_version}") as mlrun:
         import mlflow
@@ -128,6 +128,9 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         mlflow.log_params({"variants": ",".join(names), "max_bpc_increase": c.max_bpc_increase,
                            "max_rouge_l_drop": c.max_rouge_l_drop, "parent_version": parent_version})
         mlflow.log_metrics({f"parent.{k}": v for k, v in _finite(parent_metrics).items()})
+        for name, reason in skipped.items():
+            mlflow.set_tag(f"{name}.not_registered", reason[:500])
+            print(f"{name}: not registered: {reason}")
         for name in names:
             path = build_task.with_options(name=f"compress-build-{name}")(name, parent_dir, str(out_root / name), c, shard_dir)
             metrics = evaluate_task.with_options(name=f"compress-evaluate-{name}")(path, dataset_dir, eval_cfg)
@@ -140,7 +143,9 @@ def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
             variants[name] = metrics
             mlflow.log_metrics({f"{name}.{k}": v for k, v in _finite(metrics).items()})
             tags = {"variant": name, "technique": TECHNIQUES[name], "run_name": f"compress-v{parent_version}-{name}",
-                    "dataset_version": dataset_version, "compression_config_hash": config_hash(c)}
+                    "dataset_version": dataset_version, "compression_config_hash": config_hash(c),
+                    # a fine-tuned parent's base lineage: a variant names the base its parent started from
+                    **{k: v for k, v in parent_tags.items() if k.startswith("base_")}}
             versions[name] = register_task.with_options(name=f"compress-register-{name}")(
                 path, cfg, _finite(metrics), tags, parent_version)
             print(f"{name}: registered {model_name} v{versions[name]} (parent v{parent_version}), "

@@ -1,13 +1,15 @@
 """Which variants a [compression] table asks for, a check of all of them up front, and building one.
 
     names = plan(cfg.compression)                      # ["int8", "bf16", "prune", "channels", ...]
-    preflight(parent_dir, cfg.compression, shard_dir=shards)   # every bad input, before any work
+    names, skipped = preflight(parent_dir, cfg.compression, shard_dir=shards)   # every bad input, before any work
     path = build_variant("lowrank", parent_dir, out_root / "lowrank", cfg.compression, shard_dir=shards)
 
 The pre-flight check loads the parent once and runs every enabled technique's own check
 (layers to target, ranks a layer allows, a student smaller than its teacher, data for
 the fine-tunes), so a bad value fails in seconds instead of after the first variants
-were built and evaluated.
+were built and evaluated. A technique that does not apply to the parent's architecture at all
+(channel pruning of a model without gated MLPs, e.g. GPT-2, GPT-NeoX, Phi-3's fused
+gate_up_proj) is not an error of the config: it is left out of the plan, with the reason.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from lmforge.components.compression.finetune import Finetuner
 from lmforge.components.compression.lora import check_lora, lora_variant
 from lmforge.components.compression.lowrank import check_lowrank, lowrank_variant
 from lmforge.components.compression.modules import require_linear
-from lmforge.components.compression.prune import check_channels, check_prune, need_tuner, prune_channels_variant, prune_variant
+from lmforge.components.compression.prune import (
+    check_channels,
+    check_prune,
+    gated_mlps,
+    need_tuner,
+    prune_channels_variant,
+    prune_variant,
+)
 from lmforge.components.compression.quantize import cast_variant, quantize_int8_variant
 from lmforge.components.compression.variant import load_parent
 from lmforge.components.errors import UserError
@@ -53,11 +62,15 @@ def tuner_for(cfg: CompressionConfig, shard_dir: Path | None) -> Finetuner | Non
     return Finetuner(cfg.finetune, shard_dir=shard_dir, seed=cfg.seed) if shard_dir is not None else None
 
 
-def preflight(parent_dir: Path, cfg: CompressionConfig, *, shard_dir: Path | None) -> list[str]:
-    """Raise the first UserError any enabled technique would raise on this parent; return the plan."""
+def preflight(parent_dir: Path, cfg: CompressionConfig, *,
+              shard_dir: Path | None) -> tuple[list[str], dict[str, str]]:
+    """Raise the first UserError any enabled technique would raise on this parent; return the plan and
+    {variant: why it is not built} for the enabled techniques this architecture does not have the parts for."""
     names = plan(cfg)
     model, _ = load_parent(parent_dir)
     require_linear(model, parent_dir)
+    skipped = inapplicable(model, names)
+    names = [n for n in names if n not in skipped]
     tuner = tuner_for(cfg, shard_dir) if needs_data(cfg) else None
     if "prune" in names:
         check_prune(model, cfg.prune, parent_dir)
@@ -73,7 +86,17 @@ def preflight(parent_dir: Path, cfg: CompressionConfig, *, shard_dir: Path | Non
     if "lora" in names:
         check_lora(model, cfg.lora, parent_dir)
         need_tuner("compression.lora.steps", cfg.lora.steps, tuner)
-    return names
+    return names, skipped
+
+
+def inapplicable(model: object, names: list[str]) -> dict[str, str]:
+    """The planned variants whose technique needs a part this model does not have, and why (by structure)."""
+    out: dict[str, str] = {}
+    if "channels" in names and not gated_mlps(model):  # type: ignore[arg-type]
+        kind = getattr(getattr(model, "config", None), "model_type", "this model")
+        out["channels"] = (f"not built: channel pruning needs gated MLPs (gate_proj/up_proj/down_proj) and the "
+                           f"parent ({kind}) has none")
+    return out
 
 
 def build_variant(name: str, parent_dir: Path, out_dir: Path, cfg: CompressionConfig, *,

@@ -7,7 +7,10 @@ into each W, so the result has exactly the parent's architecture and size, loads
 plain `from_pretrained`, and costs nothing extra at inference. It is the cheap way to
 adapt a (compressed) model to a data slice; the parameters do not shrink. Targets are
 projections.py's projections (Linear or GPT-2's Conv1D; `targets = []` means every one
-inside the decoder blocks); a head tied to the embedding gets no adapter.
+inside the decoder blocks); a head tied to the embedding gets no adapter. The default
+targets, Llama's `q_proj`/`v_proj`, on a model that has no projection by those names (GPT-2's
+`c_attn`, GPT-NeoX's `query_key_value`, Phi-3's fused `qkv_proj`) mean `[]`, and the recipe
+says so (`targets_applied`); targets a user names are never replaced.
 """
 
 from __future__ import annotations
@@ -17,15 +20,24 @@ from pathlib import Path
 from torch import nn
 
 from lmforge.components.compression.finetune import Finetuner
-from lmforge.components.compression.projections import Chosen, choose_targets
+from lmforge.components.compression.projections import Chosen, choose_targets, projections, select
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
 from lmforge.components.sections.compression import LoraConfig
 
+DEFAULT_TARGETS = list(LoraConfig.model_fields["targets"].default)
+
+
+def target_suffixes(model: nn.Module, cfg: LoraConfig) -> list[str]:
+    """cfg.targets, except that the default names on a model without them mean [] (every projection in the blocks)."""
+    if list(cfg.targets) == DEFAULT_TARGETS and not select(projections(model), cfg.targets):
+        return []
+    return list(cfg.targets)
+
 
 def check_lora(model: nn.Module, cfg: LoraConfig, model_dir: object) -> Chosen:
     """The projections that get adapters, or a UserError when the config cannot apply to this model."""
-    chosen = choose_targets(model, cfg.targets, key="compression.lora.targets", model_dir=model_dir)
+    chosen = choose_targets(model, target_suffixes(model, cfg), key="compression.lora.targets", model_dir=model_dir)
     targets = chosen.targets
     too_big = {n: min(p.in_features, p.out_features) for n, p in targets.items() if cfg.r > min(p.in_features, p.out_features)}
     if too_big:
@@ -53,6 +65,7 @@ def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: in
 def lora_variant(model_dir: Path, out_dir: Path, cfg: LoraConfig, *, tuner: Finetuner | None, seed: int = 0) -> Path:
     model, parent = load_parent(model_dir)
     skipped = check_lora(model, cfg, model_dir).skipped  # before peft wraps the projections
+    applied = target_suffixes(model, cfg)
     peft_model = add_adapters(model, cfg, model_dir, seed=seed)
     if tuner is None:
         raise UserError("compression.lora", "enabled", "needs training data but none was given",
@@ -61,4 +74,7 @@ def lora_variant(model_dir: Path, out_dir: Path, cfg: LoraConfig, *, tuner: Fine
     losses = tuner.run(peft_model, steps=cfg.steps, data_fraction=cfg.data_fraction)
     merged = peft_model.merge_and_unload()
     recipe = {**cfg.model_dump(mode="json"), "adapter_params": trainable, "skipped": skipped, "losses": losses}
+    if applied != list(cfg.targets):
+        recipe["targets_applied"] = (f"{applied}: every projection in the decoder blocks, since the default "
+                                     f"{cfg.targets} name no projection of this {model.config.model_type} model")
     return save_variant(merged, out_dir, parent_dir=parent, technique="lora-merged", recipe=recipe)

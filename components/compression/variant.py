@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lmforge.components.basemodel import tokenizer_files
 from lmforge.components.compression.modules import count_params, linear_weight_bytes, weight_bytes
 from lmforge.components.errors import UserError
 from lmforge.components.modelload import DTYPES, MARKED_TYPES, META, WEIGHTS, load_model, read_meta, save_int8
@@ -39,9 +40,6 @@ from lmforge.components.workspace import atomic_dir, atomic_write_json
 
 __all__ = ["DTYPES", "META", "WEIGHTS", "disk_bytes", "load_parent", "load_variant", "read_meta", "save_variant",
            "variant_stats"]
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-
 
 def _check_model_dir(model_dir: Path) -> Path:
     model_dir = Path(model_dir)
@@ -92,9 +90,8 @@ def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique
             save_model(model, str(tmp / WEIGHTS))  # handles tied embeddings, unlike save_file
         else:
             model.save_pretrained(tmp, safe_serialization=True)
-        for name in TOKENIZER_FILES:
-            if (parent_dir / name).is_file():
-                shutil.copy2(parent_dir / name, tmp / name)
+        for path in tokenizer_files(parent_dir):  # whatever files the parent's tokenizer has (a base's vocab.json, ...)
+            shutil.copy2(path, tmp / path.name)
         meta = {
             "technique": technique,
             "recipe": recipe,
