@@ -2,11 +2,16 @@
 
     render_status(Workspace.from_env(), Console())
     status_dict(Workspace.from_env())       # the same, as JSON-able data (`lmforge status --json`)
+
+A training run or registered version fine-tuned from a base (`training.model.init`) names it:
+its folder's name and content hash (`base`, shown as `qwen2-0.5b (869cd3aaa105)`). The column
+appears only when something in the workspace has a base.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -29,14 +34,35 @@ def dataset_rows(ws: Workspace) -> list[dict[str, Any]]:
     return rows
 
 
+def base_of(lineage: dict[str, Any] | None) -> dict[str, Any] | None:
+    """{"name", "sha256", "model_type", "path"} of a base lineage (lmforge.json `base`, or base_* version tags)."""
+    if not lineage or not lineage.get("path"):
+        return None
+    return {"name": Path(lineage["path"]).name, "sha256": lineage.get("sha256"),
+            "model_type": lineage.get("model_type"), "path": lineage["path"]}
+
+
+def show_base(base: dict[str, Any] | None) -> str:
+    return f"{base['name']} ({str(base.get('sha256') or '')[:12]})" if base else ""
+
+
+def _with_base_column(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Rows keep `key` only when one of them has a value for it: without bases the table is as it always was."""
+    if not any(r.get(key) for r in rows):
+        for r in rows:
+            r.pop(key, None)
+    return rows
+
+
 def run_rows(ws: Workspace) -> list[dict[str, Any]]:
     rows = []
     for meta in sorted(ws.runs.glob("*/export/lmforge.json")):
         m = json.loads(meta.read_text())
         loss = m.get("final_loss")
         rows.append({"run": meta.parent.parent.name, **{k: m.get(k) for k in ("dataset_version", "strategy", "steps")},
-                     "final_loss": f"{loss:.4f}" if isinstance(loss, (int, float)) else loss})
-    return rows
+                     "final_loss": f"{loss:.4f}" if isinstance(loss, (int, float)) else loss,
+                     "base": base_of(m.get("base"))})
+    return _with_base_column(rows, "base")
 
 
 def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
@@ -52,8 +78,12 @@ def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
     for rm in client.search_registered_models():
         aliases = {a: v for a, v in (rm.aliases or {}).items()}
         versions = client.search_model_versions(f"name='{rm.name}'")
-        rows.append({"model": rm.name, "versions": len(versions), "aliases": aliases})
-    return rows
+        tags = {str(v.version): v.tags or {} for v in versions}
+        bases = {alias: base for alias, v in aliases.items()
+                 if (base := base_of({k[len("base_"):]: t for k, t in tags.get(str(v), {}).items()
+                                      if k.startswith("base_")}))}
+        rows.append({"model": rm.name, "versions": len(versions), "aliases": aliases, "bases": bases})
+    return _with_base_column(rows, "bases")
 
 
 def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
@@ -91,5 +121,13 @@ def render_status(ws: Workspace, console: Console) -> None:
         for col in rows[0]:
             table.add_column(col)
         for row in rows:
-            table.add_row(*(json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v) for v in row.values()))
+            table.add_row(*(_cell(k, v) for k, v in row.items()))
         console.print(table)
+
+
+def _cell(key: str, value: Any) -> str:
+    if key == "base":
+        return show_base(value)
+    if key == "bases":
+        return ", ".join(f"{alias}: {show_base(b)}" for alias, b in value.items())
+    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
