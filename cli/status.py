@@ -38,8 +38,10 @@ def base_of(lineage: dict[str, Any] | None) -> dict[str, Any] | None:
     """{"name", "sha256", "model_type", "path"} of a base lineage (lmforge.json `base`, or base_* version tags)."""
     if not lineage or not lineage.get("path"):
         return None
-    return {"name": Path(lineage["path"]).name, "sha256": lineage.get("sha256"),
-            "model_type": lineage.get("model_type"), "path": lineage["path"]}
+    # A registry base (init = models:/...) is named by its reference and version, a folder by its name.
+    name = f"{lineage['ref']} v{lineage.get('version')}" if lineage.get("ref") else Path(lineage["path"]).name
+    return {"name": name, "sha256": lineage.get("sha256"), "model_type": lineage.get("model_type"),
+            "path": lineage["path"]}
 
 
 def show_base(base: dict[str, Any] | None) -> str:

@@ -76,7 +76,7 @@ def base_score_on(cfg: PipelineConfig, lineage: dict[str, Any] | None, dataset_v
     if not lineage or not lineage.get("path"):
         return None
     path, sha = Path(lineage["path"]), str(lineage.get("sha256", ""))
-    name = path.name
+    name = f"{lineage['ref']} v{lineage.get('version')}" if lineage.get("ref") else path.name
     if not (path / "config.json").is_file():
         return BaseScore(name=name, sha256=sha, metrics=None, why=f"the base folder {path} is gone")
     if sha and sha256_tree(path) != sha:
