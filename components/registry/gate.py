@@ -95,12 +95,12 @@ def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None,
         return False, (f"{label}: BPC {bpc:.4f} vs the base's {base_bpc:.4f} on the same sample: gain {gain:+.4f} is "
                        f"below the margin {cfg.bpc_margin}")
     if champion is None:
-        base = finite(candidate, "unigram_bpc")
-        if base is None:
+        unigram = finite(candidate, "unigram_bpc")
+        if unigram is None:
             return False, "no champion, and the candidate has no unigram baseline BPC to beat"
-        if bpc < base - cfg.baseline_margin:
-            return True, f"first model: BPC {bpc:.4f} beats the unigram baseline {base:.4f} (margin {cfg.baseline_margin})"
-        return False, f"first model: BPC {bpc:.4f} does not beat the unigram baseline {base:.4f} by {cfg.baseline_margin}"
+        if bpc < unigram - cfg.baseline_margin:
+            return True, f"first model: BPC {bpc:.4f} beats the unigram baseline {unigram:.4f} (margin {cfg.baseline_margin})"
+        return False, f"first model: BPC {bpc:.4f} does not beat the unigram baseline {unigram:.4f} by {cfg.baseline_margin}"
     champ_bpc = finite(champion, "bpc")
     if champ_bpc is None:
         return True, f"the champion has no finite BPC; candidate BPC {bpc:.4f}"
