@@ -19,7 +19,6 @@ never signalled.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 import urllib.error
@@ -113,12 +112,11 @@ def save_state(path: Path, rec: supervisor.ProcessRecord, **fields: Any) -> dict
 
 def load_state(path: Path) -> tuple[supervisor.ProcessRecord | None, dict[str, Any]]:
     """(record, every field) of a state file; (None, {}) when there is none or it is damaged."""
-    rec = supervisor.load(Path(path))
-    if rec is None:
+    try:
+        data = json.loads(Path(path).read_text())
+        return supervisor.ProcessRecord.from_dict(data), data
+    except (OSError, ValueError, KeyError, TypeError):  # none, damaged, or a file that names no process of ours
         return None, {}
-    with contextlib.suppress(OSError, ValueError):
-        return rec, json.loads(Path(path).read_text())
-    return None, {}
 
 
 def running(path: Path) -> tuple[supervisor.ProcessRecord | None, dict[str, Any]]:

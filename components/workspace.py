@@ -206,10 +206,12 @@ def sha256_json(obj: Any) -> str:
 
 # --- atomic writes -----------------------------------------------------------
 
-def atomic_write_bytes(path: Path, data: bytes) -> Path:
+def atomic_write_bytes(path: Path, data: bytes, *, tmp_dir: Path | None = None) -> Path:
+    """Write to a temporary file, then rename it to `path`. The temporary file is made beside `path`, or in
+    `tmp_dir` (on the same file system) where a watcher of path's folder must not see it appear."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=tmp_dir or path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -223,8 +225,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> Path:
     return path
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: Path, text: str, *, tmp_dir: Path | None = None) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), tmp_dir=tmp_dir)
 
 
 def atomic_write_json(path: Path, obj: Any) -> Path:

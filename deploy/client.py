@@ -180,16 +180,6 @@ def wait_versions(url: str, model: str, versions: list[int], *, revision: str | 
         time.sleep(0.25)
 
 
-def wait_settled(url: str, model: str, *, timeout: float) -> dict[int, str]:
-    """Wait until no version of `model` is LOADING or UNLOADING (Triton unloads in the background); {version: state}."""
-    deadline = time.monotonic() + timeout
-    while True:
-        states = {v: state for v, (state, _) in _index(url, model).items() if v}
-        if not any(s in ("LOADING", "UNLOADING") for s in states.values()) or time.monotonic() > deadline:
-            return states
-        time.sleep(0.25)
-
-
 def _index(url: str, model: str) -> dict[int, tuple[str, str]]:
     """{version: (state, reason)} from the repository index; version 0 stands for the model as a whole."""
     client = make_client(url, "http", timeout=10.0)

@@ -46,7 +46,7 @@ from lmforge.components import requestlog as requestlog_module
 from lmforge.components.errors import UserError
 from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.workspace import atomic_write_json, sha256_tree
+from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
 from lmforge.deploy import processing as processing_module
 from lmforge.deploy.processing import RARE_TOKENS_FILE
 
@@ -136,17 +136,7 @@ def write_config(repo: Path, cfg: DeployConfig, *, versions: list[int], request_
     text = config_pbtxt(cfg, versions=versions, request_log=request_log, dynamic_batching=dynamic_batching,
                         revision=revision)
     # Written in the staging folder, then renamed into place: not even a temporary file appears where Triton polls.
-    fd, tmp = tempfile.mkstemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.config.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        model_root(repo, cfg.model_name).mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, model_root(repo, cfg.model_name) / "config.pbtxt")
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(model_root(repo, cfg.model_name) / "config.pbtxt", text, tmp_dir=staging_dir(repo))
     return revision
 
 

@@ -167,9 +167,6 @@ def stop_server(info: ServerInfo, *, timeout: float = 30.0) -> bool:
     return service.stop(info.process, grace=timeout, group=False)
 
 
-log_tail = service.log_tail
-
-
 # --- the state file ------------------------------------------------------------
 
 def state_path(ws: Workspace) -> Path:
