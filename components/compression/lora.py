@@ -47,13 +47,15 @@ def check_lora(model: nn.Module, cfg: LoraConfig, model_dir: object) -> Chosen:
     return chosen
 
 
-def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: int = 0) -> nn.Module:
-    """The peft model with adapters on the target modules (A random, B zero: outputs unchanged at first)."""
+def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: int = 0,
+                 chosen: Chosen | None = None) -> nn.Module:
+    """The peft model with adapters on the target modules (A random, B zero: outputs unchanged at first).
+    `chosen`: check_lora's answer for this model, when the caller has it already."""
     import torch
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    targets = check_lora(model, cfg, model_dir).targets
+    targets = (chosen or check_lora(model, cfg, model_dir)).targets
     torch.manual_seed(seed)
     # Full module names (peft matches a name exactly or as a suffix after "."), so exactly the chosen projections
     # get adapters. peft reads a Conv1D's transposed weight right only with fan_in_fan_out=True.
@@ -64,16 +66,17 @@ def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: in
 
 def lora_variant(model_dir: Path, out_dir: Path, cfg: LoraConfig, *, tuner: Finetuner | None, seed: int = 0) -> Path:
     model, parent = load_parent(model_dir)
-    skipped = check_lora(model, cfg, model_dir).skipped  # before peft wraps the projections
+    chosen = check_lora(model, cfg, model_dir)  # before peft wraps the projections
     applied = target_suffixes(model, cfg)
-    peft_model = add_adapters(model, cfg, model_dir, seed=seed)
+    peft_model = add_adapters(model, cfg, model_dir, seed=seed, chosen=chosen)
     if tuner is None:
         raise UserError("compression.lora", "enabled", "needs training data but none was given",
                         "Run the data stage first, or disable [compression.lora]")
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     losses = tuner.run(peft_model, steps=cfg.steps, data_fraction=cfg.data_fraction)
     merged = peft_model.merge_and_unload()
-    recipe = {**cfg.model_dump(mode="json"), "adapter_params": trainable, "skipped": skipped, "losses": losses}
+    recipe = {**cfg.model_dump(mode="json"), "adapter_params": trainable, "skipped": chosen.skipped,
+              "losses": losses}
     if applied != list(cfg.targets):
         recipe["targets_applied"] = (f"{applied}: every projection in the decoder blocks, since the default "
                                      f"{cfg.targets} name no projection of this {model.config.model_type} model")

@@ -25,14 +25,13 @@ Nothing is ever unpickled and no stored code runs.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from lmforge.components.basemodel import tokenizer_files
+from lmforge.components.basemodel import copy_tokenizer
 from lmforge.components.compression.modules import count_params, linear_weight_bytes, weight_bytes
 from lmforge.components.errors import UserError
 from lmforge.components.modelload import DTYPES, MARKED_TYPES, META, WEIGHTS, load_model, read_meta, save_int8
@@ -90,8 +89,7 @@ def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique
             save_model(model, str(tmp / WEIGHTS))  # handles tied embeddings, unlike save_file
         else:
             model.save_pretrained(tmp, safe_serialization=True)
-        for path in tokenizer_files(parent_dir):  # whatever files the parent's tokenizer has (a base's vocab.json, ...)
-            shutil.copy2(path, tmp / path.name)
+        copy_tokenizer(parent_dir, tmp)  # whatever files the parent's tokenizer has (a base's vocab.json, ...)
         meta = {
             "technique": technique,
             "recipe": recipe,

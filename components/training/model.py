@@ -170,11 +170,12 @@ def hf_train_flops_per_token(config: Any, *, seq_len: int) -> float:
     (it counts every expert), so for those the MFU reads high.
     """
     from transformers import AutoModelForCausalLM
-    from transformers.pytorch_utils import Conv1D
+
+    from lmforge.components.modelload import projection_dims  # the one test of "a linear-like layer"
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, (torch.nn.Linear, Conv1D)))
+    n = sum(m.weight.numel() for m in model.modules() if projection_dims(m) is not None)
     text = config.get_text_config()
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
