@@ -198,19 +198,22 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
     """Ingest, validate, clean, dedup, split, featurize, tokenize per shard; publish datasets/<version>; set LATEST."""
     cfg = as_config(cfg)
     check_source(cfg.data.source)  # before any task: a bad path fails at once and writes nothing
-    pin = None
+    base = None
     if cfg.training.model.init is not None:
-        # Likewise: a base training could not load is refused before any work. A registry alias is resolved
-        # here, once; the stage gets the version (`pin`) and records it in the manifest for training.
-        pin = resolve_base(Workspace.from_env().ensure(), cfg.training.model.init).pin()
+        # Likewise: a base training could not load is refused before any work. It is resolved here, once (a
+        # registry alias to the version it holds now); the stage gets what it needs of it, and records a
+        # registry base's version (`pin`) in the manifest for training.
+        checked = resolve_base(Workspace.from_env().ensure(), cfg.training.model.init)
+        base = {"path": str(checked.path), "tokenizer_sha256": checked.tokenizer_sha256, "named": checked.named,
+                "pin": checked.pin()}
     inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
     with api_for_children():  # Dask workers report to this run's Prefect, not a temporary server each
-        return inner(cfg, replay=replay, pin=pin)
+        return inner(cfg, replay=replay, base=base)
 
 
 @workspace_flow(name="data-stage", log_prints=True)
 def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
-                pin: dict[str, str] | None = None) -> dict[str, Any]:
+                base: dict[str, Any] | None = None) -> dict[str, Any]:
     data = cfg.data
     ws = Workspace.from_env().ensure()
     build = str(ws.datasets / ".build")
@@ -228,15 +231,13 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
                build, code["select"], states=states)
     near = _one(near_task, ings, sel, data.dedup, build, code["near"], states=states)
     spl = _one(split_task, ings, sel, near, data.split, data.seed, build, code["split"], states=states)
-    base = cfg.training.model.init  # the data stage's one training setting: whose tokenizer the dataset uses
-    tokenizer_from: dict[str, str] = {}
+    tokenizer_from: dict[str, str] = {}  # the base's tokenizer (training.model.init), or one trained here
     if base is None:
         tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
     else:
-        checked = resolve_base(ws, base, pinned=pin)
-        tok = _one(base_tokenizer_task, str(checked.path), checked.tokenizer_sha256, build, code["base-tokenizer"],
+        tok = _one(base_tokenizer_task, base["path"], base["tokenizer_sha256"], build, code["base-tokenizer"],
                    states=states)
-        tokenizer_from = {"tokenizer_from": checked.named}
+        tokenizer_from = {"tokenizer_from": base["named"]}
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
 
     counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
@@ -249,10 +250,10 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
     tokens = {s: sum(f.tokens[s] for f in fins) for s in ("train", "validation", "test")}
     source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
               "replay": [str(Path(p).resolve()) for p in replay or []]}
-    if pin is not None:
+    if base is not None and base["pin"] is not None:
         # A registry base's version, pinned: training reads it back (flows/train.py), and it is part of the
         # dataset version, so datasets made while the alias held different versions never share a manifest.
-        source["base"] = pin
+        source["base"] = base["pin"]
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
               "dedup": {"lsh": near.lsh, "examples": near.examples}, "split_groups": spl.groups, "tokens": tokens,
               "tokenizer_trained_on": tok.trained_on, **tokenizer_from,

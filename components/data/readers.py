@@ -341,7 +341,6 @@ def ingest(cfg: DataConfig, *, progress: Progress | None = None) -> Ingested:
 
     For tests and tools on small inputs; the data stage reads shard by shard.
     """
-
     path = check_source(cfg.source)
     report: dict[str, Any] = {"source": str(path) if path else "builtin",
                               "corpus": [s for s, _ in corpus_roots(cfg.include_site_packages)] if path is None else None}
