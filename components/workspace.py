@@ -120,11 +120,6 @@ class Workspace:
                 found.append(((run_dir / EXPORT_MARKER).stat().st_mtime, run_dir.name))
         return max(found)[1] if found else None
 
-    def set_latest_run(self, name: str) -> None:
-        """Write runs/LATEST. Nothing in lmforge reads it any more (latest_run reads the runs
-        themselves) and the train stage no longer writes it; kept for callers that still do."""
-        atomic_write_text(self.runs / "LATEST", name + "\n")
-
     def training_shards(self, version: str) -> Path:
         """The shards training reads: the feature-store selection when the features stage made one."""
         selected = self.dataset_dir(version) / "selected" / "shards"

@@ -1,7 +1,7 @@
 """A small held-out set and a fake training run for evaluation and registry tests.
 
     version = make_eval_dataset(ws)                   # datasets/<v>/{records/*.jsonl, manifest.json}, sets LATEST
-    run = make_run(ws, tiny_model_dir, version)       # runs/<run>/export = the tiny model + lmforge.json, sets LATEST
+    run = make_run(ws, tiny_model_dir, version)       # runs/<run>/export = the tiny model + lmforge.json
 
 Records are real standard-library docstrings (read with ast, never imported), split by
 module as the data stage does, so test documents come from modules not seen in train.
@@ -55,5 +55,4 @@ def make_run(ws: Workspace, model_dir: Path, dataset_version: str, name: str = "
     meta = {"dataset_version": dataset_version, "config_hash": "cfg0", "strategy": "test", "steps": 0,
             "final_loss": None, "mlflow_run_id": "train-run-0", "git_commit": "abc123", "run_name": name}
     (export / "lmforge.json").write_text(json.dumps(meta))
-    ws.set_latest_run(name)
     return name
