@@ -31,9 +31,9 @@ from torch import nn
 
 from lmforge.components.compression.finetune import Finetuner, LossFn
 from lmforge.components.compression.modules import require_linear
-from lmforge.components.compression.projections import decoder_blocks
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
+from lmforge.components.projections import decoder_blocks
 from lmforge.components.sections.compression import DistillConfig
 
 

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from lmforge.components.compression.modules import quantize_int8, require_linear
-from lmforge.components.compression.projections import TIED, linearize, projections, select
 from lmforge.components.compression.variant import DTYPES, load_parent, save_variant
 from lmforge.components.errors import UserError
+from lmforge.components.projections import TIED, linearize, projections, select
 from lmforge.components.sections.compression import QuantizeConfig
 
 CONVERSION_ATOL = 1e-5

@@ -4,9 +4,9 @@ import pytest
 
 from lmforge.components.compression.build import inapplicable
 from lmforge.components.compression.lora import check_lora, target_suffixes
-from lmforge.components.compression.projections import projections
 from lmforge.components.compression.variant import load_parent
 from lmforge.components.errors import UserError
+from lmforge.components.projections import projections
 from lmforge.components.sections.compression import LoraConfig
 
 

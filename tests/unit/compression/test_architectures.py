@@ -14,11 +14,11 @@ from lmforge.components.compression.distill import distill_variant
 from lmforge.components.compression.lora import lora_variant
 from lmforge.components.compression.lowrank import lowrank_variant
 from lmforge.components.compression.modules import LowRankLinear, count_params, is_int8_linear
-from lmforge.components.compression.projections import TIED, decoder_blocks, linearize, projections
 from lmforge.components.compression.prune import prune_channels_variant, prune_variant, sparsity
 from lmforge.components.compression.quantize import quantize_int8_variant
 from lmforge.components.compression.variant import load_variant, read_meta
 from lmforge.components.errors import UserError
+from lmforge.components.projections import TIED, decoder_blocks, linearize, projections
 from lmforge.components.sections.compression import (
     ChannelPruneConfig,
     DistillConfig,
