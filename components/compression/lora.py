@@ -19,56 +19,24 @@ from pathlib import Path
 
 from torch import nn
 
+from lmforge.components.adapters import adapter_targets, add_adapters, target_suffixes
 from lmforge.components.compression.finetune import Finetuner
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
-from lmforge.components.projections import Chosen, choose_targets, projections, select
+from lmforge.components.projections import Chosen
 from lmforge.components.sections.compression import LoraConfig
-
-DEFAULT_TARGETS = list(LoraConfig.model_fields["targets"].default)
-
-
-def target_suffixes(model: nn.Module, cfg: LoraConfig) -> list[str]:
-    """cfg.targets, except that the default names on a model without them mean [] (every projection in the blocks)."""
-    if list(cfg.targets) == DEFAULT_TARGETS and not select(projections(model), cfg.targets):
-        return []
-    return list(cfg.targets)
 
 
 def check_lora(model: nn.Module, cfg: LoraConfig, model_dir: object) -> Chosen:
     """The projections that get adapters, or a UserError when the config cannot apply to this model."""
-    chosen = choose_targets(model, target_suffixes(model, cfg), key="compression.lora.targets", model_dir=model_dir)
-    targets = chosen.targets
-    too_big = {n: min(p.in_features, p.out_features) for n, p in targets.items() if cfg.r > min(p.in_features, p.out_features)}
-    if too_big:
-        name, limit = min(too_big.items(), key=lambda kv: kv[1])
-        raise UserError("compression.lora.r", cfg.r, f"is larger than layer {name} allows ({limit})",
-                        f"Use r of at most {limit}")
-    return chosen
-
-
-def add_adapters(model: nn.Module, cfg: LoraConfig, model_dir: Path, *, seed: int = 0,
-                 chosen: Chosen | None = None) -> nn.Module:
-    """The peft model with adapters on the target modules (A random, B zero: outputs unchanged at first).
-    `chosen`: check_lora's answer for this model, when the caller has it already."""
-    import torch
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model
-
-    targets = (chosen or check_lora(model, cfg, model_dir)).targets
-    torch.manual_seed(seed)
-    # Full module names (peft matches a name exactly or as a suffix after "."), so exactly the chosen projections
-    # get adapters. peft reads a Conv1D's transposed weight right only with fan_in_fan_out=True.
-    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=sorted(targets),
-                              fan_in_fan_out=any(p.transposed for p in targets.values()), bias="none")
-    return get_peft_model(model, peft_cfg)
+    return adapter_targets(model, r=cfg.r, targets=cfg.targets, field="compression.lora.targets", where=model_dir)
 
 
 def lora_variant(model_dir: Path, out_dir: Path, cfg: LoraConfig, *, tuner: Finetuner | None, seed: int = 0) -> Path:
     model, parent = load_parent(model_dir)
     chosen = check_lora(model, cfg, model_dir)  # before peft wraps the projections
-    applied = target_suffixes(model, cfg)
-    peft_model = add_adapters(model, cfg, model_dir, seed=seed, chosen=chosen)
+    applied = target_suffixes(model, cfg.targets)
+    peft_model = add_adapters(model, chosen, r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout, seed=seed)
     if tuner is None:
         raise UserError("compression.lora", "enabled", "needs training data but none was given",
                         "Run the data stage first, or disable [compression.lora]")

@@ -3,7 +3,8 @@ import copy
 import pytest
 import torch
 
-from lmforge.components.compression.lora import add_adapters, lora_variant
+from lmforge.components.adapters import add_adapters
+from lmforge.components.compression.lora import check_lora, lora_variant
 from lmforge.components.compression.variant import load_variant, read_meta
 from lmforge.components.errors import UserError
 from lmforge.components.sections.compression import LoraConfig
@@ -14,7 +15,8 @@ from ._util import logits
 def test_merged_lora_equals_the_adapter_model(tiny_model_dir, tmp_path, tuner, ids):
     cfg = LoraConfig(r=4, steps=4, data_fraction=0.5)
     parent = load_variant(tiny_model_dir)
-    peft_model = add_adapters(copy.deepcopy(parent), cfg, tiny_model_dir)
+    model = copy.deepcopy(parent)
+    peft_model = add_adapters(model, check_lora(model, cfg, tiny_model_dir), r=cfg.r, alpha=cfg.alpha, dropout=cfg.dropout)
     tuner.run(peft_model, steps=cfg.steps, data_fraction=cfg.data_fraction)
     with_adapters = logits(peft_model, ids)
     assert not torch.allclose(with_adapters, logits(parent, ids), atol=1e-4)  # the adapters learned something
