@@ -7,6 +7,24 @@
     validate_lines([b'{"text": "ok"}', b"\\xff"], ValidationConfig())   # JSONL lines, for tests and tools
     judge(item, cfg.validation)   # one item: a Record, or a Quarantined entry (no duplicate_id check)
 
+A user record (JSONL line, CSV row, Parquet row) comes in one of three shapes; the field names
+are ValidationConfig's (text_field, prompt_field, completion_field, messages_field, ...):
+
+    {"text": "...", "prompt": "...", "reference": "..."}    a document; prompt and reference optional
+    {"prompt": "...", "completion": "..."}                    a supervised fine-tuning pair
+    {"messages": [{"role": "user", "content": "..."},         a chat: the roles are system, user and
+                  {"role": "assistant", "content": "..."}]}   assistant; the last turn is the assistant's
+
+A record with a text field is a document, whatever else it holds (an empty text cell of a CSV
+row that holds a completion or messages counts as no text field). Otherwise messages, then
+prompt + completion. A chat's completion is its last turn, which must be the assistant's, with
+at least one user turn before it; its prompt is the turns before the last: the content of the
+single user turn as is when that is all there is, else each turn as "<role>: <content>", joined
+with "\\n". A pair (either shape) becomes Record(signature=prompt, docstring=completion,
+summary=completion, text=prompt + "\\n" + completion); id and group as for a document. A CSV
+messages cell is the list as a JSON string (decoded here; not JSON: invalid_json); Parquet may
+hold the list itself.
+
 Reason codes: invalid_utf8, invalid_json, control_chars, empty, too_long, missing_field,
 wrong_type, duplicate_id, and from the readers blank_line, column_count, invalid_csv (a \\r outside
 quotes in a CSV row), unparseable_file.
@@ -145,9 +163,10 @@ def _optional_str(fields: dict[str, Any], name: str) -> str | None:
 
 
 def _document_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig) -> Record:
-    if fields.get(cfg.text_field) is None:
-        raise Bad("missing_field", f"no {cfg.text_field!r} field (has {sorted(fields)[:8]})")
-    text = fields[cfg.text_field]
+    text = fields.get(cfg.text_field)
+    if text is None or (text == "" and any(fields.get(f) not in (None, "") for f in (cfg.completion_field,
+                                                                                      cfg.messages_field))):
+        return _pair_record(fields, origin, cfg)
     if not isinstance(text, str):
         raise Bad("wrong_type", f"field {cfg.text_field!r} must be a string, not {type(text).__name__}")
     rid, prompt, reference, group = (_optional_str(fields, f) for f in
@@ -173,3 +192,88 @@ def _docstring_record(fields: dict[str, Any], cfg: ValidationConfig) -> Record:
     if len(record.text) > cfg.max_chars:
         raise Bad("too_long", f"text has {len(record.text)} characters, more than validation.max_chars={cfg.max_chars}")
     return record
+
+
+_ROLES = ("system", "user", "assistant")
+
+
+def _shapes(cfg: ValidationConfig) -> str:
+    return (f'a record needs {{"{cfg.text_field}": ...}}, {{"{cfg.prompt_field}": ..., "{cfg.completion_field}": ...}} '
+            f'or {{"{cfg.messages_field}": [{{"role": ..., "content": ...}}, ...]}}')
+
+
+def _pair_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig) -> Record:
+    """A supervised fine-tuning pair (a chat or a prompt and a completion) as a Record, or Bad."""
+    messages = fields.get(cfg.messages_field)
+    prompt, completion = _chat_pair(messages, cfg) if messages not in (None, "") else _prompt_completion(fields, cfg)
+    rid, group = _optional_str(fields, cfg.id_field), _optional_str(fields, cfg.group_field)
+    for name, value in ((cfg.id_field, rid), (cfg.group_field, group)):
+        if value is not None:
+            _check_text(name, value, cfg, required=False)
+    text = f"{prompt}\n{completion}"
+    if len(text) > cfg.max_chars:
+        raise Bad("too_long", f"prompt and completion have {len(text)} characters together, more than "
+                              f"validation.max_chars={cfg.max_chars}")
+    key = rid if rid is not None else stable_id(origin)
+    return Record(id=key, source=origin.rsplit(":", 1)[0], module=group if group is not None else key,
+                  qualname=key, signature=prompt, docstring=completion, summary=completion, text=text)
+
+
+def _prompt_completion(fields: dict[str, Any], cfg: ValidationConfig) -> tuple[str, str]:
+    """(prompt, completion) of a record with both fields, or Bad."""
+    prompt, completion = fields.get(cfg.prompt_field), fields.get(cfg.completion_field)
+    if prompt is None and completion is None:
+        raise Bad("missing_field", f"no {cfg.text_field!r}, {cfg.prompt_field!r} + {cfg.completion_field!r} or "
+                                   f"{cfg.messages_field!r} field (has {sorted(fields)[:8]}): {_shapes(cfg)}")
+    both: list[str] = []
+    for name, value, other in ((cfg.prompt_field, prompt, cfg.completion_field),
+                               (cfg.completion_field, completion, cfg.prompt_field)):
+        if value is None:
+            raise Bad("missing_field", f"field {other!r} without {name!r} (and no {cfg.text_field!r} or "
+                                       f"{cfg.messages_field!r}): {_shapes(cfg)}")
+        if not isinstance(value, str):
+            raise Bad("wrong_type", f"field {name!r} must be a string, not {type(value).__name__}")
+        _check_text(name, value, cfg, required=True)
+        both.append(value)
+    return both[0], both[1]
+
+
+def _chat_pair(messages: Any, cfg: ValidationConfig) -> tuple[str, str]:
+    """(prompt, completion) of a chat: the completion is the last turn (the assistant's); the prompt is the turns
+    before it: a lone user turn's content as is, else each turn as "<role>: <content>", joined with "\\n"."""
+    name = cfg.messages_field
+    if isinstance(messages, str):  # a CSV cell (or a JSON string in any format): the list as JSON
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as e:
+            raise Bad("invalid_json", f"field {name!r} is not a JSON list: {e.msg} at column {e.colno}") from None
+    if not isinstance(messages, list):
+        raise Bad("wrong_type", f"field {name!r} must be a list of {{role, content}} objects, not {type(messages).__name__}")
+    turns: list[tuple[str, str]] = []
+    for i, m in enumerate(messages):
+        where = f"{name}[{i}]"
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            what = f"an object with keys {sorted(m)[:8]}" if isinstance(m, dict) else type(m).__name__
+            raise Bad("wrong_type", f"{where} must be an object with 'role' and 'content', not {what}")
+        role, content = m["role"], m["content"]
+        if not isinstance(role, str) or role not in _ROLES:
+            raise Bad("wrong_type", f"{where} has role {role!r}; a role is one of {', '.join(_ROLES)}")
+        if not isinstance(content, str):
+            raise Bad("wrong_type", f"{where} content must be a string, not {type(content).__name__}")
+        _check_text(f"{where}.content", content, cfg, required=False)
+        turns.append((role, content))
+    if not turns or turns[-1][0] != "assistant":
+        last = f"its last message ({name}[{len(turns) - 1}]) is from {turns[-1][0]!r}" if turns else "it is empty"
+        raise Bad("missing_field", f"field {name!r} must end with the assistant's reply (the completion), but {last}")
+    *context, (_, completion) = turns
+    if not any(role == "user" for role, _ in context):
+        raise Bad("missing_field", f"field {name!r} has no 'user' message before the assistant's reply "
+                                   f"({name}[{len(turns) - 1}])")
+    if not completion.strip():
+        raise Bad("empty", f"{name}[{len(turns) - 1}] (the assistant's reply, the completion) is empty or only whitespace")
+    if not any(content.strip() for _, content in context):
+        raise Bad("empty", f"the messages before the assistant's reply in field {name!r} (the prompt) are empty "
+                           "or only whitespace")
+    if len(context) == 1:
+        return context[0][1], completion
+    return "\n".join(f"{role}: {content}" for role, content in context), completion

@@ -5,6 +5,7 @@
     max_docs = 400
     dedup.threshold = 0.85            # sub-tables may be written as dotted keys or [data.dedup]
     tokenizer.vocab_size = 1024
+    validation.completion_field = "answer"   # user records: {"text"}, {"prompt", "completion"} or {"messages": [...]}
 """
 
 from __future__ import annotations
@@ -17,13 +18,26 @@ from ._base import Section
 
 
 class ValidationConfig(Section):
-    """What makes a record bad enough to quarantine."""
+    """What makes a record bad enough to quarantine, and which fields of a user record mean what.
+
+    A user record is a document ({text}), a prompt-completion pair ({prompt, completion}) or a chat
+    ({messages: [{role, content}, ...]}, ending with the assistant's reply); components/data/validate.py
+    says how each becomes a Record.
+    """
 
     max_chars: int = Field(20_000, ge=16, description="a document longer than this (in characters) is quarantined as too_long")
     text_field: str = Field("text", min_length=1, description="user files: the field holding the document")
     id_field: str = Field("id", min_length=1, description="user files: the optional field holding a unique record id")
     prompt_field: str = Field("prompt", min_length=1,
-                              description="user files: optional generation prompt (becomes the record's signature)")
+                              description="user files: optional generation prompt (becomes the record's signature); "
+                                          "with completion_field and no text_field, the prompt of a fine-tuning pair")
+    completion_field: str = Field("completion", min_length=1,
+                                  description="user files: the completion of a prompt-completion pair, for records with "
+                                              "no text_field (becomes the record's docstring and summary)")
+    messages_field: str = Field("messages", min_length=1,
+                                description="user files: a chat, a list of {role, content} (system/user/assistant) "
+                                            "ending with the assistant's reply, for records with no text_field (CSV: "
+                                            "the list as a JSON string)")
     reference_field: str = Field("reference", min_length=1,
                                  description="user files: optional generation reference (becomes the record's summary)")
     group_field: str = Field("module", min_length=1,
