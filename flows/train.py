@@ -119,7 +119,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     run_dir.mkdir(parents=True, exist_ok=True)
     # seq_len: the context the model was trained at; evaluation never scores positions beyond it.
     meta = {"dataset_version": version, "config_hash": config_hash(tc), "strategy": tc.parallel.strategy,
-            "seq_len": tc.seq_len,
+            "seq_len": tc.seq_len, "objective": tc.objective,
+            **({"lora": tc.lora.model_dump(mode="json")} if tc.lora.r else {}),
             "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": source_commit(), "run_name": name}
     # A registry alias is not read again here: the data stage resolved it once and pinned the version in the
     # dataset's manifest (source.base), so the weights are the version whose tokenizer made this dataset, even
@@ -130,6 +131,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
                       run_dir=run_dir, resume=resume, meta=meta, base=base)
     console.print(f"hardware: {job.hardware.summary()}")
+    for note in job.notes:
+        console.print(note)
     if job.base is not None:
         # Lineage: which folder, with which content, the run started from (hashed once, here).
         job = job.with_meta(base=job.base.lineage())

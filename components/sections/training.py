@@ -187,11 +187,41 @@ class ParallelConfig(Section):
         return 0 if self.strategy == "ddp" else int(self.strategy[-1])
 
 
+class LoraTrainingConfig(Section):
+    """LoRA as a way to train: peft adapters on the base's projections learn, the base stays frozen.
+
+    Needs `training.model.init` (adapters on random weights learn nothing a full run would not).
+    Only the adapters' parameters reach the optimizer, so gradients and Adam states shrink to the
+    adapters' size; the run exports the merged weights (for serving) and the adapter (for lineage).
+    """
+
+    r: int = Field(0, ge=0, description="adapter rank; 0 = off (every weight trains)")
+    alpha: float = Field(16.0, gt=0, description="scaling numerator: the update is B @ A x alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
+    target_modules: list[str] = Field(["q_proj", "v_proj"],
+                                      description="module-name suffixes that get adapters; [] = every projection in the "
+                                                  "decoder blocks, which is also what the default means on a model that has "
+                                                  "no q_proj/v_proj (GPT-2, GPT-NeoX, Phi-3)")
+
+
+class SftConfig(Section):
+    """How supervised fine-tuning examples are laid out in a batch (components/training/sft.py)."""
+
+    batching: Literal["auto", "pack", "pad"] = Field(
+        "auto", description="pack: examples share rows (attention never crosses two); pad: one example a row; "
+                            "auto: whichever computes fewer tokens for this data")
+
+
 class TrainingConfig(Section):
-    """A LlamaForCausalLM trained from scratch with DeepSpeed on the dataset's training shards."""
+    """A causal LM trained with DeepSpeed: a preset from scratch, or a base fine-tuned in full or with LoRA."""
 
     seed: int = Field(0, description="seeds the weights and the data order (a function of seed, rank and step)")
     model: ModelConfig = ModelConfig()
+    objective: Literal["causal", "sft"] = Field(
+        "causal", description="causal: next-token loss on every token of the shards; sft: prompt/completion pairs from "
+                              "the dataset's records, loss on the completion only")
+    sft: SftConfig = SftConfig()
+    lora: LoraTrainingConfig = LoraTrainingConfig()
     parallel: ParallelConfig = ParallelConfig()
     num_ranks: int | None = Field(None, ge=1,
                                   description="local ranks for the deepspeed launcher; unset = every visible GPU on CUDA, 2 CPU "
@@ -224,3 +254,15 @@ class TrainingConfig(Section):
     run_name: Name | None = Field(
         None, description="the run's folder under runs/; unset = <config name>-<UTC time>; --resume picks the newest run")
     log_model_artifact: bool = Field(True, description="copy the exported model folder into MLflow as an artifact")
+
+    @model_validator(mode="after")
+    def _objective_and_adapters(self) -> "TrainingConfig":
+        split = self.parallel.pipeline.stages > 1 or self.parallel.tensor.autotp_size > 1
+        if self.lora.r and self.model.init is None:
+            raise ValueError("lora.r > 0 trains adapters on a pretrained base: set training.model.init to its folder (or a "
+                             "registry reference), or set lora.r = 0 to train every weight")
+        if (self.lora.r or self.objective == "sft") and split:
+            what = "LoRA" if self.lora.r else "objective = \"sft\""
+            raise ValueError(f"{what} runs data-parallel only (ddp, zero1, zero2, zero3): set parallel.pipeline.stages = 1 "
+                             "and parallel.tensor.autotp_size = 1")
+        return self

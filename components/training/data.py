@@ -23,6 +23,21 @@ from lmforge.components.data.shards import open_shard, read_index
 from lmforge.components.errors import UserError
 
 
+def epoch_order(n: int, *, seed: int, start: int, count: int) -> np.ndarray:
+    """Items at positions [start, start + count) of the endless order that visits n items once per epoch,
+    each epoch in the permutation seeded by (seed, epoch)."""
+    out = np.empty(count, dtype=np.int64)
+    pos, filled = start, 0
+    while filled < count:
+        epoch, offset = divmod(pos, n)
+        perm = np.random.default_rng([seed, epoch]).permutation(n)
+        take = min(n - offset, count - filled)
+        out[filled:filled + take] = perm[offset:offset + take]
+        filled += take
+        pos += take
+    return out
+
+
 @dataclass(frozen=True)
 class TokenWindows:
     tokens: np.ndarray
@@ -53,17 +68,7 @@ class TokenWindows:
 
     def window_ids(self, start: int, count: int) -> np.ndarray:
         """Window ids at positions [start, start + count) of the endless epoch-by-epoch order."""
-        out = np.empty(count, dtype=np.int64)
-        n = self.n_windows
-        pos, filled = start, 0
-        while filled < count:
-            epoch, offset = divmod(pos, n)
-            perm = np.random.default_rng([self.seed, epoch]).permutation(n)
-            take = min(n - offset, count - filled)
-            out[filled:filled + take] = perm[offset:offset + take]
-            filled += take
-            pos += take
-        return out
+        return epoch_order(self.n_windows, seed=self.seed, start=start, count=count)
 
     def batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         rows = np.stack([np.asarray(self.tokens[i * self.seq_len:i * self.seq_len + self.seq_len + 1], dtype=np.int64)

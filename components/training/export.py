@@ -17,6 +17,7 @@ The folder is built under a temporary name and renamed into place.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,13 @@ def gather_hf_state(engine: Any, *, zero_stage: int, tp: int, pp: int) -> dict[s
 
 
 def write_export(out_dir: Path, state: dict[str, torch.Tensor], config: Any, tokenizer: Any, *,
-                 dtype: torch.dtype, meta: dict[str, Any], tokenizer_dir: Path | None = None) -> Path:
+                 dtype: torch.dtype, meta: dict[str, Any], tokenizer_dir: Path | None = None,
+                 extra: dict[str, Path] | None = None) -> Path:
     """Weights as safetensors + config + generation config + tokenizer + lmforge.json, for any causal-LM config.
 
     With `tokenizer_dir` its tokenizer files are copied byte for byte (a base's tokenizer stays the
-    base's); without it the tokenizer is saved with save_pretrained.
+    base's); without it the tokenizer is saved with save_pretrained. `extra` folders are copied in under
+    their names (a LoRA run's `adapter/`).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -77,5 +80,7 @@ def write_export(out_dir: Path, state: dict[str, torch.Tensor], config: Any, tok
             from lmforge.components.basemodel import copy_tokenizer
 
             copy_tokenizer(Path(tokenizer_dir), tmp)
+        for name, folder in (extra or {}).items():
+            shutil.copytree(folder, tmp / name)
         atomic_write_json(tmp / "lmforge.json", meta)
     return out_dir

@@ -49,6 +49,7 @@ class Job:
     start_step: int
     hardware: "Hardware"
     base: BaseCheckpoint | None = None
+    notes: tuple[str, ...] = ()    # what was decided before launch and why (SFT batching, LoRA targets), to print
 
     def with_meta(self, **updates: Any) -> "Job":
         """The same job with `updates` merged into the meta its export records.
@@ -146,7 +147,10 @@ def check_base_dataset(cfg: TrainingConfig, tokenizer: Path,
 
 
 def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: Path, resume: bool,
-                meta: dict[str, Any], timeout_s: float | None = None, base: BaseCheckpoint | None = None) -> Job:
+                meta: dict[str, Any], timeout_s: float | None = None, base: BaseCheckpoint | None = None,
+                records: Path | None = None) -> Job:
+    """The checked job. `records`: the dataset's records folder, which objective = "sft" reads (default: beside
+    the tokenizer, as the data stage writes a dataset)."""
     tok = load_tokenizer(tokenizer)
     cfg, base = check_base_dataset(cfg, tokenizer, base)
     index = read_index(shards)
@@ -168,10 +172,35 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
         if start >= cfg.max_steps:
             raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
                             "Raise training.max_steps to train further")
+    notes: list[str] = []
+    sft_batching = None
+    if cfg.objective == "sft":
+        sft_batching = prepare_sft(cfg, tok, Path(records or Path(tokenizer).parent / "records"), Path(run_dir), resume, notes)
+    if cfg.lora.r:
+        from lmforge.components.training.lora import adapter_params, check_adapters
+        from lmforge.components.training.model import model_config
+
+        chosen = check_adapters(cfg, model_config(cfg.model, tok, seq_len=cfg.seq_len))
+        skipped = f"; left frozen: {', '.join(sorted(set(chosen.skipped.values())))}" if chosen.skipped else ""
+        notes.append(f"LoRA r={cfg.lora.r} on {len(chosen.targets)} projections, {adapter_params(chosen, cfg.lora.r):,} "
+                     f"trainable parameters{skipped}")
     ds = deepspeed_config(cfg, layout, device=hardware.device)
     request = RankRequest(training=cfg, layout=layout, ds_config=ds, run_dir=Path(run_dir), shards=Path(shards),
                           tokenizer=Path(tokenizer), resume=resume, meta=meta, attempt=next_attempt(run_dir),
-                          hardware=hardware.for_rank())
+                          hardware=hardware.for_rank(), sft_batching=sft_batching)
     req = LaunchRequest(run_dir=Path(run_dir), request=request, num_ranks=cfg.num_ranks, hostfile=cfg.hostfile,
                         master_port=cfg.master_port, timeout_s=timeout_s, gpus=hardware.gpus)
-    return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware, base=base)
+    return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware, base=base, notes=tuple(notes))
+
+
+def prepare_sft(cfg: TrainingConfig, tok: Any, records: Path, run_dir: Path, resume: bool, notes: list[str]) -> str:
+    """The run's SFT examples (<run>/sft, written once: a resume reads the same ones) and the batching they get."""
+    from lmforge.components.training.sft import SFT_DIR, choose_batching, write_examples
+
+    sft_dir = run_dir / SFT_DIR
+    if not (resume and (sft_dir / "made.json").is_file()):
+        notes.append(write_examples(records / "train.jsonl", tok, sft_dir, seq_len=cfg.seq_len).summary())
+    batching, why = choose_batching(sft_dir, setting=cfg.sft.batching, seq_len=cfg.seq_len, micro=cfg.micro_batch_size,
+                                    seed=cfg.seed)
+    notes.append(f"SFT batching: {batching} ({why})")
+    return batching

@@ -77,6 +77,7 @@ class RankRequest(BaseModel):
     resume: bool
     meta: dict[str, Any]                   # carried into the export's lmforge.json as is
     attempt: int = Field(ge=0)
+    sft_batching: Literal["pack", "pad"] | None = None   # objective = "sft": decided before launch (sft.py choose_batching)
 
 
 class RequestMismatch(RuntimeError):

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lmforge.components.errors import UserError
@@ -179,11 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     (run_dir / "ranks" / f"rank{rank}.pid").write_text(str(os.getpid()))
 
     tokenizer = load_tokenizer(req.tokenizer)
-    windows = TokenWindows.open(req.shards, seq_len=cfg.seq_len, seed=cfg.seed)
+    if req.sft_batching is not None:
+        from lmforge.components.training.sft import SFT_DIR, SftBatches
+
+        windows: Any = SftBatches.open(run_dir / SFT_DIR, seq_len=cfg.seq_len, seed=cfg.seed, batching=req.sft_batching,
+                                       pad_id=tokenizer.eos_token_id)
+    else:
+        windows = TokenWindows.open(req.shards, seq_len=cfg.seq_len, seed=cfg.seed)
     zero3 = layout.zero_stage == 3 and pp == 1
     model = build_model(cfg.model, tokenizer, seq_len=cfg.seq_len, seed=cfg.seed,
                         zero3_config=for_deepspeed(ds_config) if zero3 else None)
     n_params = count_params(model)
+    lora = cfg.lora.r > 0
+    if lora:
+        from lmforge.components.training.lora import with_adapters
+
+        model = with_adapters(model, cfg)  # the base frozen; only the adapters reach the optimizer below
     if pp > 1:
         net = build_pipeline(model, stages=pp, partition=ds_config["pipeline"]["partition"],
                              activation_checkpoint_interval=ds_config["pipeline"]["activation_checkpoint_interval"])
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     start = 0
     if req.resume:
         step, folder = ckpt.latest_complete(ckpt_dir)
-        _, client = engine.load_checkpoint(str(ckpt_dir), tag=folder.name)
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=folder.name, load_module_strict=not lora)
         assert client is not None and client["step"] == step, (client, step)
         restore_rng(client["rng"][rank])
         start = step
@@ -224,21 +236,32 @@ def main(argv: list[str] | None = None) -> int:
     # Measured (or looked up) once before the ranks started: see components/training/perf.py.
     peak = hw.peak_flops_per_device * devices_in_job(hw.device, world)
     token_flops = flops_per_token(cfg.model, model_config(cfg.model, tokenizer, seq_len=cfg.seq_len), seq_len=cfg.seq_len)
-    tokens_per_step = layout.global_batch * cfg.seq_len
+    if lora:
+        token_flops *= 2 / 3  # a frozen weight gets no weight gradient: forward 2N + backward 2N, not 6N
+
+    def step_tokens(step: int) -> int:
+        """Tokens the step trains on: every window's, or (SFT) the real examples' without padding."""
+        if req.sft_batching is None:
+            return layout.global_batch * cfg.seq_len
+        return windows.real_tokens(step, dp_size=dp_size, micro=layout.micro, accum=layout.accum)
     if rank == 0:
         print(f"model {n_params / 1e6:.2f}M params; layout {layout.model_dump_json()}; {hw.device} {hw.precision} "
               f"({hw.precision_reason}); peak {peak / 1e9:.0f} GFLOP/s ({hw.peak_source}); "
               f"compile {'on' if hw.compile else 'off'}", flush=True)
 
-    def place(step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def place(step: int) -> list[tuple[Any, torch.Tensor]]:
+        """The step's micro-batches on the device: (model inputs, labels); the pipeline engine takes (ids, labels)."""
         mbs = windows.micro_batches(step, dp_rank=dp_rank, dp_size=dp_size, micro=layout.micro, accum=layout.accum)
-        return [(to_device(x, device), to_device(y, device)) for x, y in mbs]
+        if pp > 1:
+            return [(to_device(x, device), to_device(y, device)) for x, y in mbs]
+        return [({k: to_device(v, device) for k, v in (x if isinstance(x, dict) else {"input_ids": x}).items()},
+                 to_device(y, device)) for x, y in mbs]
 
     loss_val = float("nan")
     state_mem: dict[str, int] | None = None  # model-state bytes: fixed once Adam's states exist (from step 2)
     state_mem_step = -1
     nxt = place(start) if start < cfg.max_steps else []
-    window_t0, window_steps = time.perf_counter(), 0
+    window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0
     for step in range(start, cfg.max_steps):
         lr = float(engine.get_lr()[0])  # the scheduler's host value: no device sync
         micro, done = nxt, step + 1
@@ -252,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             total = torch.zeros((), device=device)
             for i, (x, y) in enumerate(micro):
-                out = engine(input_ids=x)
+                out = engine(**x)
                 mb_loss = lm_loss(out.logits, y)
                 engine.backward(mb_loss)
                 if measure_mem and i == len(micro) - 1:
@@ -266,18 +289,19 @@ def main(argv: list[str] | None = None) -> int:
         if done < cfg.max_steps:
             nxt = place(done)  # the next batch is built and copied while the device still works on this one
         window_steps += 1
+        window_tokens += step_tokens(step)
         if logging_step:
             loss_val = comms.mean(loss)  # the step's one host sync; steps between logs never wait for the device
             now = time.perf_counter()
             dt = (now - window_t0) / window_steps
-            window_t0, window_steps = now, 0
+            tps = window_tokens / (now - window_t0)
+            window_t0, window_steps, window_tokens = now, 0, 0
             assert state_mem is not None
             idle_fraction = idle.idle_fraction(step_s) if idle is not None else 0.0
             mine = [state_mem["params"], state_mem["grads"], state_mem["optimizer"], state_mem["total"],
                     host_rss_bytes(), device_peak_bytes() or 0, idle_fraction]
             per_rank = memory_rows(comms.gather_floats([float(v) for v in mine]))
             if rank == 0:
-                tps = tokens_per_step / dt
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=token_flops, peak_flops=peak),
                                 "peak_flops": peak, "flops_per_token": token_flops,
@@ -287,14 +311,15 @@ def main(argv: list[str] | None = None) -> int:
         if done % cfg.save_every == 0 or done == cfg.max_steps:
             rngs = comms.gather_objects(rng_state())
             tag = ckpt.tag_for(done)
-            engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False,
+            # LoRA: the adapters and their optimizer states only; the frozen base is the init folder's.
+            engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False, exclude_frozen_parameters=lora,
                                    client_state={"step": done, "data_position": done * layout.global_batch, "rng": rngs})
             comms.barrier()
             if rank == 0:
                 ckpt.mark_complete(ckpt_dir, tag, step=done, world_size=world, extra={"layout": layout.to_dict()})
                 ckpt.prune(ckpt_dir, keep=cfg.keep_checkpoints)
             comms.barrier()
-            window_t0 = time.perf_counter()  # a save is not training time
+            window_t0, window_tokens = time.perf_counter(), 0  # a save is not training time
 
     _export(engine, req, layout, tokenizer, cfg, windows, dtype, loss_val, peak, n_params)
     comms.barrier()
@@ -311,7 +336,8 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
 
     rank = dist.get_rank()
     run_dir = req.run_dir
-    probe = windows.batch(windows.window_ids(0, 2))[0]
+    probe = windows.batch(np.arange(2))[0]
+    probe = probe["input_ids"] if isinstance(probe, dict) else probe
     if layout.pp == 1:
         # The engine's own logits on a fixed batch, so a test can check the export reproduces them.
         engine.eval()
@@ -323,11 +349,17 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
     state = gather_hf_state(engine, zero_stage=layout.zero_stage, tp=layout.tp, pp=layout.pp)
     if rank == 0:
         assert state is not None
+        extra = {}
+        if cfg.lora.r:
+            from lmforge.components.training.lora import ADAPTER_DIR, merge_adapters
+
+            state = merge_adapters(state, cfg, run_dir / ADAPTER_DIR)
+            extra[ADAPTER_DIR] = run_dir / ADAPTER_DIR
         meta = {**req.meta, "steps": cfg.max_steps, "final_loss": final_loss, "params": n_params,
                 "dtype": str(dtype).removeprefix("torch."), "layout": layout.to_dict(), "peak_flops": peak}
         # A base's tokenizer is the dataset's (training refused any other): its files go into the export as they are.
         write_export(run_dir / "export", state, model_config(cfg.model, tokenizer, seq_len=cfg.seq_len, dtype=dtype),
-                     tokenizer, dtype=dtype, meta=meta, tokenizer_dir=req.tokenizer if cfg.model.init else None)
+                     tokenizer, dtype=dtype, meta=meta, tokenizer_dir=req.tokenizer if cfg.model.init else None, extra=extra)
         print(f"exported {run_dir / 'export'}", flush=True)
 
 
