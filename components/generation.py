@@ -11,7 +11,10 @@ so the ROUGE/BLEU that gate a promotion are measured on exactly what is served.
 - Prompt: `generation_prompt(signature)` (records.py: the signature, then the docstring
   opening), tokenised without special tokens and preceded by the eos token, because every
   training document follows an eos. `prompt_text(prompt)` accepts either a bare
-  signature or an already templated prompt.
+  signature or an already templated prompt. A tokenizer with a chat template renders the
+  prompt as one user turn through that template instead (`encode_prompt`), as chat models
+  are trained to read it; supervised fine-tuning (components/training/sft.py) trains on
+  exactly these prompt ids.
 - Decoding: `model.generate` on left-padded rows (greedy unless `temperature > 0`, then
   seeded sampling), up to the largest `max_new_tokens` of the batch.
 - Stopping: a row ends at eos (not part of its tokens), at the token whose decoded text
@@ -61,11 +64,29 @@ def prompt_text(prompt: str) -> str:
     return prompt if prompt.endswith(DOC_OPEN) else generation_prompt(prompt.strip())
 
 
+def chat_turns(prompt: str) -> list[dict[str, str]]:
+    """The prompt as one user turn, for a tokenizer with a chat template: the bare prompt, without the docstring opening."""
+    return [{"role": "user", "content": prompt.removesuffix(DOC_OPEN).strip()}]
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
 def encode_prompt(tokenizer: Any, prompt: str, *, max_tokens: int | None = None) -> list[int]:
-    """[eos, *ids of the templated prompt], cut from the left to `max_tokens` when given."""
-    eos = tokenizer.eos_token_id
-    assert eos is not None, "the tokenizer defines an eos token"
-    ids = [eos, *tokenizer(prompt_text(prompt), add_special_tokens=False)["input_ids"]]
+    """The prompt's ids, cut from the left to `max_tokens` when given.
+
+    With a chat template (the tokenizer's own, as a chat model ships it): the template's rendering of
+    one user turn holding the prompt, and the assistant's opening. Without: [eos, *ids of the
+    templated prompt], since every training document follows an eos.
+    """
+    if has_chat_template(tokenizer):
+        text = tokenizer.apply_chat_template(chat_turns(prompt), add_generation_prompt=True, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        eos = tokenizer.eos_token_id
+        assert eos is not None, "the tokenizer defines an eos token"
+        ids = [eos, *tokenizer(prompt_text(prompt), add_special_tokens=False)["input_ids"]]
     return ids[-max_tokens:] if max_tokens else ids
 
 

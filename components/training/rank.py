@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             total = torch.zeros((), device=device)
             for i, (x, y) in enumerate(micro):
-                out = engine(**x)
+                out = engine(**x, use_cache=False)  # no cache: transformers reads packed rows from position_ids only then
                 mb_loss = lm_loss(out.logits, y)
                 engine.backward(mb_loss)
                 if measure_mem and i == len(micro) - 1:

@@ -6,9 +6,10 @@
         loss = lm_loss(model(**inputs).logits, labels)      # labels are IGNORE on prompt tokens and padding
 
 An example is what the one generation path (components/generation.py) gives the model,
-then the answer: `encode_prompt(tokenizer, record.signature)` (eos, the templated prompt),
-then the reference `record.summary`, the stop string and eos. The prompt is tokenised
-exactly as at generation time, so what is trained is what is served. A label is the next
+then the answer: `encode_prompt(tokenizer, record.signature)` (eos, the templated prompt;
+or the tokenizer's chat template around one user turn), then the reference
+`record.summary`, the stop string and eos (or the template's assistant turn). The prompt is
+tokenised exactly as at generation time, so what is trained is what is served. A label is the next
 token; it is IGNORE wherever that token is still the prompt's, so the prompt is read but
 never learnt. An example longer than seq_len + 1 tokens keeps its first seq_len + 1 (the
 completion is cut); one whose prompt alone fills them is dropped, and both are counted.
@@ -16,8 +17,9 @@ completion is cut); one whose prompt alone fills them is dropped, and both are c
 Two batchings, one config value (`training.sft.batching`):
 - `pack`: examples, in a seeded order, fill rows of seq_len tokens one after another. Each
   example's position ids restart at 0, and transformers builds a block-diagonal causal mask
-  from those restarts (masking_utils.find_packed_sequence_indices), so no token attends across
-  two examples. Rows are fixed once; every epoch visits them in a new seeded order.
+  from those restarts (masking_utils.find_packed_sequence_indices, which it does only with no
+  attention mask and no KV cache: the ranks call the model with use_cache=False), so no token
+  attends across two examples. Rows are fixed once; every epoch visits them in a new seeded order.
 - `pad`: one example a row, right-padded to the longest row of its micro-batch, with an
   attention mask.
 `auto` takes whichever computes fewer tokens for the same examples (`choose_batching`,
@@ -38,7 +40,7 @@ import torch
 
 from lmforge.components.data.records import DOC_CLOSE, read_records
 from lmforge.components.errors import UserError
-from lmforge.components.generation import encode_prompt
+from lmforge.components.generation import chat_turns, encode_prompt, has_chat_template
 from lmforge.components.training.data import epoch_order
 from lmforge.components.workspace import atomic_dir, atomic_write_json
 
@@ -49,9 +51,26 @@ Batching = Literal["pack", "pad"]
 
 
 def encode_example(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
-    """(prompt ids, completion ids): the generation path's encoded prompt, then the answer, the stop string and eos."""
-    answer = tokenizer(completion + DOC_CLOSE, add_special_tokens=False)["input_ids"]
-    return encode_prompt(tokenizer, prompt), [*answer, tokenizer.eos_token_id]
+    """(prompt ids, completion ids): the generation path's encoded prompt, then the answer.
+
+    Without a chat template the answer is the completion, the stop string and eos. With one, it is
+    what the template adds for an assistant turn holding the completion (its end-of-turn included),
+    found as the rendering of the whole conversation past the rendered prompt.
+    """
+    prompt_ids = encode_prompt(tokenizer, prompt)
+    eos = tokenizer.eos_token_id
+    if not has_chat_template(tokenizer):
+        return prompt_ids, [*tokenizer(completion + DOC_CLOSE, add_special_tokens=False)["input_ids"], eos]
+    turns = chat_turns(prompt)
+    opening = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": completion}], tokenize=False)
+    if not whole.startswith(opening):
+        raise UserError("tokenizer chat template", getattr(tokenizer, "name_or_path", ""),
+                        "renders an assistant turn that does not continue its own generation prompt",
+                        "Give the base a chat template whose add_generation_prompt output is a prefix of the full "
+                        "conversation (as the templates of Llama, Qwen and Mistral chat models are)")
+    answer = tokenizer(whole[len(opening):], add_special_tokens=False)["input_ids"]
+    return prompt_ids, answer if eos in answer else [*answer, eos]
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,13 @@ def choose_batching(sft_dir: Path, *, setting: str, seq_len: int, micro: int, se
     return chosen, f"auto: fewer tokens computed ({figures})"
 
 
+def sft_labels(targets: np.ndarray, prompt_len: int) -> np.ndarray:
+    """The next-token targets of an example with IGNORE wherever the target is still a prompt token."""
+    labels = np.array(targets, dtype=np.int64)
+    labels[:prompt_len - 1] = IGNORE
+    return labels
+
+
 @dataclass(frozen=True)
 class SftBatches:
     tokens: np.ndarray
@@ -164,11 +190,9 @@ class SftBatches:
         return cls(tokens, offsets, prompt_lens, rows, seq_len, seed, batching, pad_id)
 
     def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(inputs, labels) of example i: labels IGNORE where the next token is still the prompt's."""
+        """(inputs, labels) of example i."""
         ids = self.tokens[self.offsets[i]:self.offsets[i + 1]]
-        labels = ids[1:].copy()
-        labels[:self.prompt_lens[i] - 1] = IGNORE
-        return ids[:-1], labels
+        return ids[:-1], sft_labels(ids[1:], int(self.prompt_lens[i]))
 
     def _row(self, row: list[int], width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         x = np.full(width, self.pad_id, dtype=np.int64)

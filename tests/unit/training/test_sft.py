@@ -1,0 +1,148 @@
+"""SFT examples and batches: prompt targets carry no loss, packed examples never attend to each other,
+the batching choice follows the tokens each layout computes, and a chat template shapes the example."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lmforge.components.data.records import Record
+from lmforge.components.training.pipeline_model import lm_loss
+from lmforge.components.training.sft import (
+    IGNORE,
+    SftBatches,
+    choose_batching,
+    encode_example,
+    sft_labels,
+    write_examples,
+)
+
+PAIRS = [("def get_name(self):", "Return the name."), ("def set_size(self, n):", "Set the size to n."),
+         ("def reset(self):", "Reset every counter of the object to zero."), ("def close(self):", "Close it.")]
+
+
+def _records(path, pairs=PAIRS):
+    rows = [Record(id=str(i), source="t", module=str(i), qualname=str(i), signature=p, docstring=c, summary=c,
+                   text=f"{p}\n{c}").to_dict() for i, (p, c) in enumerate(pairs)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def llama(checkpoint):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = checkpoint("llama")
+    return AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def _grads(model, inputs, labels):
+    model.zero_grad()
+    lm_loss(model(input_ids=inputs).logits, labels).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]).clone()
+
+
+def test_changing_a_prompt_tokens_target_changes_no_gradient(llama):
+    model, tok = llama
+    prompt, answer = encode_example(tok, *PAIRS[2])
+    ids = np.array(prompt + answer)
+    inputs = torch.tensor(ids[:-1])[None]
+
+    def grads_with_targets(targets):
+        return _grads(model, inputs, torch.tensor(sft_labels(targets, len(prompt)))[None])
+
+    reference = grads_with_targets(ids[1:])
+    tampered = ids[1:].copy()
+    tampered[:len(prompt) - 1] = (tampered[:len(prompt) - 1] + 7) % len(tok)  # every prompt position's target
+    assert torch.equal(grads_with_targets(tampered), reference)
+    answer_changed = ids[1:].copy()
+    answer_changed[len(prompt)] = (answer_changed[len(prompt)] + 7) % len(tok)  # one completion target
+    assert not torch.allclose(grads_with_targets(answer_changed), reference)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_packed_example_sees_only_itself(kind, checkpoint, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = checkpoint(kind)
+    model, tok = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    write_examples(_records(tmp_path / "train.jsonl"), tok, tmp_path / "sft", seq_len=64)
+    packed = SftBatches.open(tmp_path / "sft", seq_len=64, seed=0, batching="pack", pad_id=tok.eos_token_id)
+    row = next(r for r in packed.rows if len(r) > 1)
+    inputs, labels = packed.batch(np.array([packed.rows.index(row)]))
+    with torch.no_grad():
+        together = model(**inputs, use_cache=False).logits[0]  # as the ranks run it: a cache hides the packing
+        at = 0
+        for i in row:
+            alone_ids, alone_labels = packed.example(i)
+            n = len(alone_ids)
+            alone = model(input_ids=torch.tensor(alone_ids)[None]).logits[0]
+            assert torch.allclose(together[at:at + n], alone, atol=1e-4), (kind, i, (together[at:at + n] - alone).abs().max())
+            assert torch.equal(labels[0, at:at + n], torch.tensor(alone_labels))
+            at += n
+    assert (labels[0, at:] == IGNORE).all()  # the row's padding is never learnt
+
+
+def test_padding_and_real_token_counts(llama, tmp_path):
+    _, tok = llama
+    made = write_examples(_records(tmp_path / "train.jsonl"), tok, tmp_path / "sft", seq_len=64)
+    assert made.examples == len(PAIRS) and made.truncated == made.dropped == 0
+    padded = SftBatches.open(tmp_path / "sft", seq_len=64, seed=0, batching="pad", pad_id=tok.eos_token_id)
+    inputs, labels = padded.batch(np.arange(len(PAIRS)))
+    real = int(inputs["attention_mask"].sum())
+    assert real == padded.real_tokens(0, dp_size=1, micro=len(PAIRS), accum=1)
+    assert (labels[inputs["attention_mask"] == 0] == IGNORE).all()
+    # every completion token is a label exactly once; no prompt token is
+    answers = sum(len(encode_example(tok, p, c)[1]) for p, c in PAIRS)
+    assert int((labels != IGNORE).sum()) == answers
+
+
+def test_an_example_longer_than_seq_len_is_cut_and_a_prompt_that_fills_it_dropped(llama, tmp_path):
+    _, tok = llama
+    pairs = [("def f(x):", "word " * 80), ("def " + "g" * 600 + "(x):", "Short."), *PAIRS]
+    made = write_examples(_records(tmp_path / "train.jsonl", pairs), tok, tmp_path / "sft", seq_len=64)
+    assert (made.examples, made.truncated, made.dropped) == (len(pairs) - 1, 1, 1)
+    lengths = np.diff(np.load(tmp_path / "sft" / "offsets.npy"))
+    assert lengths.max() == 65
+
+
+def test_auto_batching_takes_the_layout_that_computes_fewer_tokens(llama, tmp_path):
+    _, tok = llama
+    short = [(f"def f{i}(x):", "Ok.") for i in range(40)]
+    write_examples(_records(tmp_path / "a.jsonl", short), tok, tmp_path / "short", seq_len=256)
+    chosen, why = choose_batching(tmp_path / "short", setting="auto", seq_len=256, micro=8, seed=0)
+    assert chosen == "pad" and "auto" in why  # 40 short rows: packing 256-wide rows would compute mostly padding
+    mixed = [(f"def f{i}(x):", "Ok." if i % 8 else "word " * 40) for i in range(64)]
+    write_examples(_records(tmp_path / "b.jsonl", mixed), tok, tmp_path / "mixed", seq_len=64)
+    chosen, _ = choose_batching(tmp_path / "mixed", setting="auto", seq_len=64, micro=8, seed=0)
+    assert chosen == "pack"  # one long example per micro-batch would pad the seven short ones to its length
+    assert choose_batching(tmp_path / "mixed", setting="pad", seq_len=64, micro=8, seed=0)[0] == "pad"
+
+
+CHAT = ("{% for m in messages %}<bos>{{ m.role }}\n{{ m.content }}<eos>{% endfor %}"
+        "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
+
+
+def test_a_chat_template_shapes_the_prompt_and_the_answer(llama):
+    from lmforge.components.generation import encode_prompt
+
+    _, tok = llama
+    tok.chat_template = CHAT
+    prompt, answer = encode_example(tok, "def get_name(self):", "Return the name.")
+    assert prompt == encode_prompt(tok, "def get_name(self):")  # what generation gives the model
+    assert tok.decode(prompt) == "<bos>user\ndef get_name(self):<eos><bos>assistant\n"
+    assert tok.decode(answer) == "Return the name.<eos>" and answer[-1] == tok.eos_token_id
+
+
+def test_lora_and_sft_are_checked_before_launch():
+    from pydantic import ValidationError
+
+    from lmforge.components.sections.training import TrainingConfig
+
+    with pytest.raises(ValidationError, match="lora.r > 0 trains adapters on a pretrained base"):
+        TrainingConfig(lora={"r": 8})
+    with pytest.raises(ValidationError, match="runs data-parallel only"):
+        TrainingConfig(objective="sft", parallel={"strategy": "zero1", "pipeline": {"stages": 2}})
