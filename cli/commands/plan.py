@@ -3,13 +3,19 @@
     lmforge plan --model 7b --devices 8 --memory-gb 80            # 112 GB model state for DDP, 14 GB inference
     lmforge plan --model demo --devices 2 --memory-gb 8 --seq-len 128 --micro-batch 8
     lmforge plan --model 1b --devices 4 --memory-gb 24 --tp 2 --json
+    lmforge plan --model 7b --devices 1 --memory-gb 24 --lora-r 16          # LoRA: a frozen base plus adapter states
+    lmforge plan --model /models/qwen2-0.5b --devices 2 --memory-gb 16 --lora-r 8   # a base folder: its own config.json
 
---model is a preset of [training.model] (tiny, demo, 125m, 1b) or a size (7b, 13b, 350m, 1.3e9).
+--model is a preset of [training.model] (tiny, demo, 125m, 1b), a size (7b, 13b, 350m, 1.3e9), or
+a Hugging Face model folder (its config.json gives the parameters and the shape, and with
+--lora-r the exact adapter size on training.lora's default targets). For a size or a preset,
+--lora-r counts adapters on q_proj and v_proj as square hidden x hidden maps: 4 r hidden per layer.
 """
 
 from __future__ import annotations
 
 import enum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -42,11 +48,15 @@ def plan(
         "--activation-checkpointing", help="recompute activations in the backward pass (keeps one per layer)")] = False,
     pp: Annotated[int, typer.Option(help="pipeline stages", min=1)] = 1,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree", min=1)] = 1,
+    lora_r: Annotated[int, typer.Option("--lora-r", min=0, help="LoRA rank: only adapters train (0 = full)")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Per-device memory (weights, gradients, optimizer, activations) per strategy; recommends the cheapest that fits."""
     precision = Precision(precision).value
-    if model.lower() in PRESETS:
+    trainable: float | None = None
+    if Path(model, "config.json").is_file():
+        params, shape, trainable = base_size(Path(model), lora_r)
+    elif model.lower() in PRESETS:
         cfg = ModelConfig(preset=model.lower())
         s = cfg.sizes()
         params = float(param_count(cfg, vocab_size=vocab))
@@ -54,13 +64,16 @@ def plan(
     else:
         params = parse_size(model)
         shape = shape_for(model, params)
+    if lora_r and trainable is None:
+        trainable = 4.0 * lora_r * shape["hidden_size"] * shape["num_layers"]
     result = make_plan(PlanInput(params=params, devices=devices, memory_gb=memory_gb, precision=precision, seq_len=seq_len,
                                  micro_batch=micro_batch, activation_checkpointing=activation_checkpointing, pp=pp, tp=tp,
-                                 label=model, **shape))
+                                 label=model, trainable=trainable, **shape))
     if as_json:
         emit_json(result.to_dict())
         return
-    table = Table(title=f"{model}: {params / 1e9:.3g}B params on {devices} x {memory_gb:g} GB, {precision}, "
+    lora = f", LoRA r={lora_r}: {trainable / 1e6:.3g}M trainable" if trainable is not None else ""
+    table = Table(title=f"{model}: {params / 1e9:.3g}B params{lora} on {devices} x {memory_gb:g} GB, {precision}, "
                         f"seq {seq_len} x micro-batch {micro_batch}, pp {pp} x tp {tp} x dp {result.dp}")
     table.caption = "GB per device; host = offloaded to CPU memory per device"
     for col in ("strategy", "weights", "grads", "optim", "states", "activ", "total", "host", "fits"):
@@ -77,6 +90,27 @@ def plan(
         console.print(f"recommended: [bold]{result.recommended}[/bold] (the first that fits, in order of communication cost)")
     else:
         console.print("[red]nothing fits[/red]: add devices, use --tp/--pp, --activation-checkpointing or a smaller micro-batch")
+
+
+def base_size(folder: Path, lora_r: int) -> tuple[float, dict[str, int], float | None]:
+    """(parameters, shape, adapter parameters or None) of a Hugging Face model folder, from its config.json alone
+    (the model is built on the meta device: no weights are read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lmforge.components.sections.training import TrainingConfig
+    from lmforge.components.training.lora import adapter_params, check_adapters
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    with torch.device("meta"):
+        params = float(sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()))
+    text = config.get_text_config()
+    shape = {"hidden_size": text.hidden_size, "num_layers": text.num_hidden_layers, "num_heads": text.num_attention_heads,
+             "vocab_size": text.vocab_size}
+    if not lora_r:
+        return params, shape, None
+    cfg = TrainingConfig(model={"init": str(folder)}, lora={"r": lora_r})
+    return params, shape, float(adapter_params(check_adapters(cfg, config), lora_r))
 
 
 def register(app: typer.Typer) -> None:

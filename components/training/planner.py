@@ -17,6 +17,10 @@ weights are fp32 already):
     ZeRO-3  (P + G + K) Psi / N     = 16 Psi / N
 
 Optimizer offload moves the K part to host memory; parameter offload (ZeRO-3) moves P too.
+
+LoRA (`trainable` = the adapters' parameter count T): the frozen base keeps only its weights
+(P Psi, partitioned under ZeRO-3), and gradients and optimizer states exist for the adapters
+alone: G T and K T, partitioned as above. The adapters' own weights are counted with the base.
 Activations per decoder layer (Korthikanti et al., 2022): s b h (34 + 5 a s / h) bytes at 16
 bits, or 2 s b h with activation checkpointing (plus one layer recomputed), plus the logits.
 Pipeline and tensor parallelism divide the model first: Psi / (pp x tp) per device.
@@ -57,6 +61,7 @@ class PlanInput:
     pp: int = 1
     tp: int = 1
     label: str = ""
+    trainable: float | None = None   # LoRA: the adapters' parameters; None = every parameter trains
 
 
 @dataclass(frozen=True)
@@ -99,10 +104,14 @@ def bytes_per_param(precision: str, *, zero: bool = False) -> tuple[int, int, in
     return (4, 4, 12) if zero else (4, 4, 8)
 
 
-def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str) -> dict[str, float]:
-    """Device and host bytes of weights, gradients and optimizer states for one strategy (per device)."""
+def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str,
+                      trainable: float | None = None) -> dict[str, float]:
+    """Device and host bytes of weights, gradients and optimizer states for one strategy (per device).
+    With `trainable` (LoRA) only that many parameters have gradients and optimizer states."""
     stage = 0 if strategy.startswith("ddp") else int(strategy[4])
-    p, g, k = (b * params for b in bytes_per_param(precision, zero=stage > 0))
+    pb, gb, kb = bytes_per_param(precision, zero=stage > 0)
+    learnt = params if trainable is None else trainable
+    p, g, k = pb * params, gb * learnt, kb * learnt
     out = {"params": p / dp if stage >= 3 else p, "grads": g / dp if stage >= 2 else g,
            "optimizer": k / dp if stage >= 1 else k, "host": 0.0}
     if "offload_optimizer" in strategy:
@@ -130,10 +139,11 @@ def make_plan(inp: PlanInput) -> Plan:
                         "Use a multiple of pp x tp devices")
     dp = inp.devices // (inp.pp * inp.tp)
     local = inp.params / (inp.pp * inp.tp)
+    local_trainable = None if inp.trainable is None else inp.trainable / (inp.pp * inp.tp)
     act = activation_bytes(inp)
     rows = []
     for strategy in STRATEGIES:
-        st = model_state_bytes(local, strategy=strategy, dp=dp, precision=inp.precision)
+        st = model_state_bytes(local, strategy=strategy, dp=dp, precision=inp.precision, trainable=local_trainable)
         row = PlanRow(strategy, st["params"] / GB, st["grads"] / GB, st["optimizer"] / GB, act / GB, st["host"] / GB,
                       fits=False)
         rows.append(PlanRow(**{**asdict(row), "fits": row.total_gb <= inp.memory_gb}))

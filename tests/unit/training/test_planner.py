@@ -56,3 +56,25 @@ def test_plan_command_prints_the_table_and_json():
     assert plan["rows"][0]["model_states_gb"] == pytest.approx(112.0) and plan["inference_gb"] == pytest.approx(14.0)
     text = CliRunner().invoke(app, ["plan", "--model", "demo", "--devices", "2", "--memory-gb", "1", "--seq-len", "128"])
     assert text.exit_code == 0 and "recommended: ddp" in text.output
+
+
+def test_lora_keeps_the_frozen_base_weights_and_adapter_states_only():
+    full = {r.strategy: r for r in make_plan(PlanInput(params=7e9, devices=2, memory_gb=80)).rows}
+    lora = {r.strategy: r for r in make_plan(PlanInput(params=7e9, devices=2, memory_gb=80, trainable=8e6)).rows}
+    assert lora["ddp"].params_gb == pytest.approx(full["ddp"].params_gb)              # the base's bf16 weights, whole
+    assert lora["ddp"].grads_gb == pytest.approx(2 * 8e6 / 1e9)                       # bf16 gradients of the adapters
+    assert lora["zero2"].optimizer_gb == pytest.approx(12 * 8e6 / 2 / 1e9)            # their fp32 Adam states, halved
+    assert lora["zero3"].params_gb == pytest.approx(full["zero3"].params_gb)           # ZeRO-3 still partitions the base
+    assert lora["ddp"].model_states_gb < full["zero3"].model_states_gb
+
+
+def test_plan_reads_a_base_folder_and_counts_its_adapters_exactly(checkpoint):
+
+    from lmforge.cli.commands.plan import base_size
+
+    folder = checkpoint("qwen2")
+    params, shape, trainable = base_size(folder, 8)
+    assert shape["hidden_size"] == 64 and shape["num_layers"] == 2
+    # q_proj (64 -> 64) and v_proj (64 -> 32: 2 of 4 heads) on both blocks, A and B each
+    assert trainable == 2 * (8 * (64 + 64) + 8 * (64 + 32))
+    assert base_size(folder, 0)[2] is None and params > 0
