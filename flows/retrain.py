@@ -8,7 +8,10 @@ server, or this flow directly in the embedded default). The stages, as subflows:
 
 1. data: the served model's dataset (every split's records) plus the new traffic's
    domain, `monitoring.retrain_source` (a second corpus), written as one JSONL source;
-2. train; 3. evaluate, which registers the model and runs the gate;
+2. train: a fine-tune (training.model.init set) starts from the served version
+   (`models:/<name>/<version>`; for a compressed variant, the float version it came from), so
+   the retrain adapts what serves; a from-scratch model trains from scratch again;
+3. evaluate, which registers the model and runs the gate;
 4. compress; 5. deploy, through Triton's rollout gate (only when the gate promoted).
 
 A model serves only if it passed the gate; otherwise the old version keeps serving and
@@ -111,6 +114,17 @@ def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out
     return {"path": str(out), "old": old, "new": new, "source": source}
 
 
+def retrain_base(ws: Workspace, cfg: PipelineConfig, served_version: str) -> str | None:
+    """What a fine-tune retrains from: the version that serves, as a registry reference (a compressed variant
+    serves its float parent's weights: that parent); None for a model trained from scratch (it retrains so)."""
+    from lmforge.components.registry.store import version_tags
+
+    if cfg.training.model.init is None:
+        return None
+    start = version_tags(ws, cfg.registry.model_name, served_version).get("parent_version") or served_version
+    return f"models:/{cfg.registry.model_name}/{start}"
+
+
 def _record(ws: Workspace, result: dict[str, Any]) -> dict[str, Any]:
     append_record(ws.monitoring / JOURNAL, result)
     return result
@@ -150,6 +164,11 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
     corpus = retrain_corpus(ws, cfg, served.dataset_version,
                             ws.monitoring / "retrain" / started.replace(":", "") / "corpus.jsonl")
     run_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": corpus["path"]})})
+    base = retrain_base(ws, cfg, served.version)
+    if base is not None:
+        model = cfg.training.model.model_copy(update={"init": base})
+        run_cfg = run_cfg.model_copy(update={"training": cfg.training.model_copy(update={"model": model})})
+        corpus["base"] = base
     stages["corpus"] = corpus
     stages["data"] = stage_flow("data")(run_cfg)["summary"]
     stages["train"] = stage_flow("train")(run_cfg)["summary"]

@@ -151,3 +151,21 @@ def test_a_planted_pickle_is_never_loaded(workspace, tiny_model_dir, tmp_path):
     with pytest.raises(UserError, match="pickle-format"):
         register_model(workspace, cfg, local, metrics={}, tags={})
     assert not marker.exists()
+
+
+def test_a_fine_tunes_retrain_starts_from_the_served_version_or_the_float_version_a_variant_came_from(
+        workspace, tiny_model_dir, tiny_config):
+    from lmforge.components.basesource import resolve_base
+    from lmforge.flows.retrain import retrain_base
+
+    cfg = tiny_config.model_copy(update={"registry": RegistryConfig(model_name="served")})
+    float_v = register_model(workspace, cfg.registry, tiny_model_dir, metrics={"bpc": 3.0}, tags={})
+    variant = register_model(workspace, cfg.registry, tiny_model_dir, metrics={"bpc": 3.1}, tags={},
+                             parent_version=float_v)
+    assert retrain_base(workspace, cfg, float_v) is None  # trained from scratch: retrains from scratch
+    tuned = cfg.model_copy(update={"training": cfg.training.model_copy(update={
+        "model": cfg.training.model.model_copy(update={"init": str(tiny_model_dir)})})})
+    assert retrain_base(workspace, tuned, float_v) == f"models:/served/{float_v}"
+    assert retrain_base(workspace, tuned, variant) == f"models:/served/{float_v}"
+    # and the reference is one training can load: resolved, downloaded and checked as a base
+    assert resolve_base(workspace, retrain_base(workspace, tuned, variant)).version == float_v
