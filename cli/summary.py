@@ -35,7 +35,8 @@ def _features(r: dict) -> str:
 def _train(r: dict) -> str:
     s = r["summary"]
     resumed = f", resumed from step {s['resumed_from']}" if s.get("resumed_from") else ""
-    return (f"run {s['run']} ({s['strategy']}, {s['backend']}): {s['steps']} steps{resumed}, "
+    how = "".join([", sft" if s.get("objective") == "sft" else "", f", LoRA r={s['lora_r']}" if s.get("lora_r") else ""])
+    return (f"run {s['run']} ({s['strategy']}, {s['backend']}{how}): {s['steps']} steps{resumed}, "
             f"loss {s['first_loss']:.2f} -> {s['final_loss']:.2f}, {s['tokens_per_s']:.0f} tokens/s, MFU {s['mfu']:.0%}")
 
 

@@ -171,5 +171,5 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
                "tokens_per_s": round(sum(e["tokens_per_s"] for e in steps[-5:]) / min(5, len(steps)), 1),
                "mfu": round(sum(e["mfu"] for e in steps[-5:]) / min(5, len(steps)), 4),
                "seconds": round(launched["seconds"], 1), "backend": launched["backend"],
-               "precision": job.hardware.precision.name}
+               "precision": job.hardware.precision.name, "objective": tc.objective, "lora_r": tc.lora.r}
     return {"run": name, "export": str(export), "mlflow_run_id": info["mlflow_run_id"], "summary": summary}
