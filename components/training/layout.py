@@ -68,14 +68,8 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
     def broken(key: str, value: Any, rule: str, fix: str) -> UserError:
         return UserError(key, value, f"breaks the layout rule: {rule}", fix)
 
-    if cfg.model.init is not None:
-        # A base is a transformers model of any architecture; the pipeline stages (pipeline_model.py) and
-        # the AutoTP head checks are written for lmforge's own Llama, so a base trains data parallel only.
-        supported = "a base (training.model.init) trains data parallel only: ddp, zero1, zero2 or zero3, with offload"
-        if pp > 1:
-            raise broken("training.parallel.pipeline.stages", pp, supported, "Set pipeline.stages = 1, or unset init")
-        if tp > 1:
-            raise broken("training.parallel.tensor.autotp_size", tp, supported, "Set tensor.autotp_size = 1, or unset init")
+    if cfg.model.init is not None and (pp > 1 or tp > 1):
+        _check_base_split(cfg, pp=pp, tp=tp, broken=broken)
     if world_size % (pp * tp):
         raise broken("training.num_ranks", world_size,
                      f"world size must be divisible by pipeline stages x autotp_size = {pp} x {tp}",
@@ -98,6 +92,68 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
     assert vocab_size > 0
     return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
                   accum=accum, global_batch=global_batch, lr=lr, bf16=bf16)
+
+
+def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:
+    """Whether a base (training.model.init) can be split as asked, from its config.json and what its modules are
+    (a model built on the meta device: no weights are read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from lmforge.components.projections import projections
+    from lmforge.components.training.pipeline_model import unsplittable
+
+    config = AutoConfig.from_pretrained(cfg.model.init, trust_remote_code=False)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    text = config.get_text_config()
+    name = f"the base's {type(model).__name__}"
+    if tp > 1:
+        key = "training.parallel.tensor.autotp_size"
+        conv = sorted({p.name.rsplit(".", 1)[-1] for p in projections(model).values() if p.transposed})
+        if conv:
+            raise broken(key, tp, f"AutoTP splits nn.Linear layers, and {name}'s {', '.join(conv)} are GPT-2-style Conv1D",
+                         "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
+        emb = model.get_input_embeddings().weight
+        if any(p.weight is emb for p in model.modules() if isinstance(p, torch.nn.Linear)):
+            raise broken(key, tp, f"{name}'s output head is tied to its input embedding, and AutoTP shards the head "
+                                  "without the embedding (its logits come out a vocabulary shard wide)",
+                         "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
+        refused = _autotp_plan_refusal(model)
+        if refused:
+            raise broken(key, tp, f"DeepSpeed's AutoTP cannot split {name}: {refused}",
+                         "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
+        heads = text.num_attention_heads
+        kv = getattr(text, "num_key_value_heads", None) or heads
+        inter = getattr(text, "intermediate_size", None) or 4 * text.hidden_size
+        if heads % tp or kv % tp or inter % tp:
+            raise broken(key, tp, f"{name} has {heads} attention heads, {kv} key/value heads and an MLP width of {inter}, "
+                                  f"which the TP degree must each divide", "Use a TP degree that divides all three")
+    if pp > 1:
+        why = unsplittable(model, seq_len=cfg.seq_len)
+        if why is not None:
+            raise broken("training.parallel.pipeline.stages", pp, f"{name} cannot be split into pipeline stages: {why}",
+                         "Set pipeline.stages = 1 (data parallel: ddp, zero1-3)")
+        if pp > text.num_hidden_layers:
+            raise broken("training.parallel.pipeline.stages", pp,
+                         f"more pipeline stages than {name}'s decoder layers ({text.num_hidden_layers})",
+                         f"Use at most {text.num_hidden_layers} stages")
+
+
+def _autotp_plan_refusal(model: Any) -> str | None:
+    """What DeepSpeed's AutoTP would refuse about the model's own tensor-parallel plan (transformers'
+    `base_model_tp_plan`), asked of DeepSpeed's converter the way its engine asks it at initialize
+    (Phi-3's fused projections use a partition style it does not support)."""
+    from deepspeed.module_inject.tp_plan_converter import TPPlanConverter
+    from deepspeed.runtime.tensor_parallel.config import _get_hf_tp_plan  # the engine's own reading of the plan
+
+    plan = _get_hf_tp_plan(model)
+    try:
+        if plan:
+            TPPlanConverter.convert(plan)
+    except ValueError as e:
+        return str(e).split(". ")[0]
+    return None
 
 
 def _check_shape(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:

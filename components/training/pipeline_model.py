@@ -1,4 +1,4 @@
-"""The Llama model as a deepspeed.pipe.PipelineModule: embedding, decoder blocks, norm + head.
+"""A Llama-style decoder as a deepspeed.pipe.PipelineModule: embedding, decoder blocks, norm + head.
 
     pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock", loss_fn=lm_loss)
     loss = engine.train_batch(iter(micro_batches))          # 1F1B over the micro-batches
@@ -6,8 +6,9 @@
 
 Only hidden states travel between stages, so each decoder block carries its own rotary
 embedding and builds the position ids itself; attention is SDPA with `is_causal`, so no
-mask crosses a stage boundary. The blocks reuse the modules of a built LlamaForCausalLM,
-so a pipeline run starts from exactly the weights of the other strategies.
+mask crosses a stage boundary. The blocks reuse the modules of a built model (lmforge's
+Llama, or a base of any architecture `unsplittable` accepts), so a pipeline run starts from
+exactly the weights of the other strategies.
 """
 
 from __future__ import annotations
@@ -71,12 +72,43 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
-def pipeline_layers(model: Any) -> list[nn.Module]:
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+LLAMA_STYLE = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
 
+
+def unsplittable(model: Any, *, seq_len: int) -> str | None:
+    """Why the pipeline cannot split `model` (None when it can), by what the model is made of.
+
+    The stages below take a Llama-style decoder: `model.embed_tokens`, a ModuleList `model.layers`
+    of blocks called with rotary `position_embeddings`, `model.norm`, the model's own
+    `model.rotary_emb` and an `lm_head` of its own (Llama, Mistral, Qwen2, Phi-3 are built so;
+    GPT-2 and GPT-NeoX are not). A head tied to the embedding would sit on two stages, and a
+    sliding window shorter than seq_len needs a mask, which no stage boundary carries.
+    """
+    missing = [name for name in LLAMA_STYLE if not _has(model, name)]
+    if missing:
+        return (f"it is not a Llama-style decoder (it has no {', '.join(missing)}); the pipeline splits models made of "
+                f"{', '.join(LLAMA_STYLE)}, such as Llama, Mistral, Qwen2 and Phi-3")
+    if model.lm_head.weight is model.model.embed_tokens.weight:
+        return "its output head is tied to the input embedding, and a pipeline puts those on different stages"
+    window = getattr(model.config, "sliding_window", None)
+    if window and window < seq_len and getattr(model.config, "use_sliding_window", True):
+        return f"its attention is windowed ({window} tokens, shorter than seq_len {seq_len}), which needs a mask"
+    return None
+
+
+def _has(model: Any, dotted: str) -> bool:
+    try:
+        model.get_submodule(dotted)
+    except AttributeError:
+        return False
+    return True
+
+
+def pipeline_layers(model: Any) -> list[nn.Module]:
     inner = model.model
+    rotary = type(inner.rotary_emb)  # the architecture's own rotary embedding, one per block (buffers only)
     blocks: list[nn.Module] = [EmbedBlock(inner.embed_tokens)]
-    blocks += [DecoderBlock(layer, LlamaRotaryEmbedding(model.config), i) for i, layer in enumerate(inner.layers)]
+    blocks += [DecoderBlock(layer, rotary(config=model.config), i) for i, layer in enumerate(inner.layers)]
     blocks.append(NormHeadBlock(inner.norm, model.lm_head))
     return blocks
 

@@ -75,15 +75,6 @@ def test_size_keys_conflict_with_init_but_a_preset_is_ignored():
     assert TrainingConfig.model_validate_json(TrainingConfig(model=cfg).model_dump_json()).model.init == "/m"
 
 
-@pytest.mark.parametrize("parallel, key", [({"pipeline": {"stages": 2}, "strategy": "zero1"}, "pipeline.stages"),
-                                           ({"tensor": {"autotp_size": 2}}, "tensor.autotp_size")])
-def test_pipeline_and_autotp_are_refused_with_a_base_naming_what_works(parallel, key):
-    cfg = TrainingConfig.model_validate({"model": {"init": "/m"}, "parallel": parallel, "num_ranks": 2,
-                                         "max_steps": 10, "warmup_steps": 1})
-    with pytest.raises(UserError, match=rf"training\.parallel\.{key}: 2 .*ddp, zero1, zero2 or zero3"):
-        check_layout(cfg, vocab_size=512, world_size=2)
-
-
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
 def test_data_parallel_strategies_take_a_base(strategy):
     cfg = TrainingConfig.model_validate({"model": {"init": "/m"}, "parallel": {"strategy": strategy}, "num_ranks": 2,
