@@ -61,6 +61,12 @@ def world_size_of(cfg: TrainingConfig) -> int:
     return total
 
 
+# Measured: DeepSpeed's AutoTP shards a tied head without the embedding, and the loss then fails
+# ("Target ... is out of bounds"), for lmforge's preset and a base alike.
+TIED_HEAD_UNDER_AUTOTP = ("output head is tied to its input embedding, and AutoTP shards the head without the embedding "
+                          "(its logits come out a vocabulary shard wide)")
+
+
 def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_supported: bool = True) -> Layout:
     par = cfg.parallel
     pp, tp = par.pipeline.stages, par.tensor.autotp_size
@@ -116,8 +122,7 @@ def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> 
                          "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
         emb = model.get_input_embeddings().weight
         if any(p.weight is emb for p in model.modules() if isinstance(p, torch.nn.Linear)):
-            raise broken(key, tp, f"{name}'s output head is tied to its input embedding, and AutoTP shards the head "
-                                  "without the embedding (its logits come out a vocabulary shard wide)",
+            raise broken(key, tp, f"{name}'s {TIED_HEAD_UNDER_AUTOTP}",
                          "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
         refused = _autotp_plan_refusal(model)
         if refused:
@@ -168,6 +173,9 @@ def _check_shape(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:
         raise broken("training.model.num_kv_heads", kv_heads, f"attention heads {heads} must be divisible by the key/value heads",
                      "Pick a divisor of num_heads")
     if tp > 1:
+        if cfg.model.tie_embeddings:
+            raise broken("training.parallel.tensor.autotp_size", tp, f"the model's {TIED_HEAD_UNDER_AUTOTP}",
+                         "Set tie_embeddings = false for AutoTP runs, or tensor.autotp_size = 1")
         if heads % tp or kv_heads % tp:
             raise broken("training.parallel.tensor.autotp_size", tp,
                           f"attention heads ({heads}) and key/value heads ({kv_heads}) must be divisible by the TP degree",

@@ -25,6 +25,8 @@ def cfg(**kw) -> TrainingConfig:
     ({"global_batch_size": 16}, 2, "global batch = micro_batch_size x accumulation x data-parallel ranks = 4 x 1 x 2 = 8"),
     ({"model": {"preset": "tiny", "num_heads": 3}}, 2, "hidden_size 64 must be divisible by the heads"),
     ({"warmup_steps": 50}, 2, "warmup must not exceed max_steps (10)"),
+    ({"model": {"preset": "tiny", "tie_embeddings": True}, "parallel": {"strategy": "zero1", "tensor": {"autotp_size": 2}}},
+     2, "output head is tied to its input embedding, and AutoTP shards the head without the embedding"),
 ])
 def test_invalid_layouts_name_the_rule(training, world, rule):
     with pytest.raises(UserError) as e:
