@@ -120,9 +120,13 @@ def write_examples(records_path: Path, tokenizer: Any, out_dir: Path, *, seq_len
     return made
 
 
-def example_lengths(sft_dir: Path) -> np.ndarray:
+def input_lengths(offsets: np.ndarray) -> np.ndarray:
     """Input tokens per example (tokens - 1: the last token is only a label)."""
-    return np.diff(np.load(Path(sft_dir) / "offsets.npy")) - 1
+    return np.diff(offsets) - 1
+
+
+def example_lengths(sft_dir: Path) -> np.ndarray:
+    return input_lengths(np.load(Path(sft_dir) / "offsets.npy"))
 
 
 def pack_rows(lengths: np.ndarray, *, seq_len: int, seed: int) -> list[list[int]]:
@@ -177,6 +181,7 @@ class SftBatches:
     offsets: np.ndarray
     prompt_lens: np.ndarray
     rows: list[list[int]]
+    row_tokens: np.ndarray      # real input tokens per row (no padding)
     seq_len: int
     seed: int
     batching: Batching
@@ -185,9 +190,10 @@ class SftBatches:
     @classmethod
     def open(cls, sft_dir: Path, *, seq_len: int, seed: int, batching: Batching, pad_id: int) -> "SftBatches":
         tokens, offsets, prompt_lens = (np.load(Path(sft_dir) / name) for name in FILES)
-        lengths = np.diff(offsets) - 1
+        lengths = input_lengths(offsets)
         rows = pack_rows(lengths, seq_len=seq_len, seed=seed) if batching == "pack" else [[i] for i in range(len(lengths))]
-        return cls(tokens, offsets, prompt_lens, rows, seq_len, seed, batching, pad_id)
+        row_tokens = np.array([lengths[r].sum() for r in rows], dtype=np.int64)
+        return cls(tokens, offsets, prompt_lens, rows, row_tokens, seq_len, seed, batching, pad_id)
 
     def example(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(inputs, labels) of example i."""
@@ -210,16 +216,11 @@ class SftBatches:
 
     def batch(self, row_ids: np.ndarray) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         rows = [self.rows[int(r)] for r in row_ids]
-        width = self.seq_len if self.batching == "pack" else max(int(self.offsets[r[0] + 1] - self.offsets[r[0]]) - 1
-                                                                   for r in rows)
+        width = self.seq_len if self.batching == "pack" else int(self.row_tokens[row_ids].max())
         x, y, pos, mask = (torch.from_numpy(np.stack(a)) for a in zip(*(self._row(r, width) for r in rows)))
         if self.batching == "pack":
             return {"input_ids": x, "position_ids": pos}, y
         return {"input_ids": x, "attention_mask": mask}, y
-
-    @property
-    def n_windows(self) -> int:
-        return len(self.rows)
 
     def micro_batches(self, step: int, *, dp_rank: int, dp_size: int, micro: int, accum: int
                       ) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
@@ -232,5 +233,4 @@ class SftBatches:
         """Input tokens of real examples (no padding) in global batch `step`, over every rank."""
         count = micro * accum * dp_size
         ids = epoch_order(len(self.rows), seed=self.seed, start=step * count, count=count)
-        lengths = np.diff(self.offsets) - 1
-        return int(sum(lengths[i] for r in ids for i in self.rows[int(r)]))
+        return int(self.row_tokens[ids].sum())
