@@ -20,8 +20,9 @@ from torch import nn
 
 from lmforge.components.errors import UserError
 from lmforge.components.projections import Chosen, choose_targets, projections, select
+from lmforge.components.sections.compression import DEFAULT_LORA_TARGETS
 
-DEFAULT_TARGETS = ["q_proj", "v_proj"]
+DEFAULT_TARGETS = list(DEFAULT_LORA_TARGETS)  # compression.lora.targets' and training.lora.target_modules' default
 
 
 def target_suffixes(model: nn.Module, targets: list[str]) -> list[str]:

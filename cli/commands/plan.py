@@ -95,22 +95,24 @@ def plan(
 def base_size(folder: Path, lora_r: int) -> tuple[float, dict[str, int], float | None]:
     """(parameters, shape, adapter parameters or None) of a Hugging Face model folder, from its config.json alone
     (the model is built on the meta device: no weights are read)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from lmforge.components.sections.training import TrainingConfig
-    from lmforge.components.training.lora import adapter_params, check_adapters
+    from lmforge.components.adapters import adapter_targets
+    from lmforge.components.sections.training import LoraTrainingConfig
+    from lmforge.components.training.lora import FIELD, adapter_params
+    from lmforge.components.training.model import meta_model
 
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
-    with torch.device("meta"):
-        params = float(sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()))
+    model = meta_model(config)
+    params = float(sum(p.numel() for p in model.parameters()))
     text = config.get_text_config()
     shape = {"hidden_size": text.hidden_size, "num_layers": text.num_hidden_layers, "num_heads": text.num_attention_heads,
              "vocab_size": text.vocab_size}
     if not lora_r:
         return params, shape, None
-    cfg = TrainingConfig(model={"init": str(folder)}, lora={"r": lora_r})
-    return params, shape, float(adapter_params(check_adapters(cfg, config), lora_r))
+    targets = LoraTrainingConfig().target_modules  # training.lora's default targets
+    return params, shape, float(adapter_params(adapter_targets(model, r=lora_r, targets=targets, field=FIELD, where=folder),
+                                               lora_r))
 
 
 def register(app: typer.Typer) -> None:

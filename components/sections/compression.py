@@ -89,6 +89,11 @@ class LowRankConfig(Section):
                                "(nn.Linear, GPT-2's Conv1D) inside the decoder blocks, never a tied head")
 
 
+# Llama's attention query and value projections, as in the LoRA paper; components/adapters.py reads this
+# default on a model without them as every projection in the decoder blocks.
+DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
+
+
 class LoraConfig(Section):
     """Fine-tune LoRA adapters with peft on a slice of the training data, then merge them."""
 
@@ -96,7 +101,7 @@ class LoraConfig(Section):
     r: int = Field(8, ge=1, description="adapter rank")
     alpha: int = Field(16, ge=1, description="adapter scaling numerator (scale = alpha / r)")
     dropout: float = Field(0.0, ge=0, lt=1, description="adapter dropout")
-    targets: list[str] = Field(["q_proj", "v_proj"], description="module-name suffixes that get adapters")
+    targets: list[str] = Field(list(DEFAULT_LORA_TARGETS), description="module-name suffixes that get adapters")
     data_fraction: float = Field(0.25, gt=0, le=1, description="leading share of the train tokens used")
     steps: int = Field(30, ge=1, description="fine-tune steps")
 

@@ -30,6 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from ._base import NAME_PATTERN, NAME_RULE, Name, Section
+from .compression import DEFAULT_LORA_TARGETS
 
 PRESETS: dict[str, dict[str, int]] = {
     # hidden, layers, heads, kv heads, MLP width; the vocabulary comes from the dataset's tokenizer
@@ -198,7 +199,7 @@ class LoraTrainingConfig(Section):
     r: int = Field(0, ge=0, description="adapter rank; 0 = off (every weight trains)")
     alpha: float = Field(16.0, gt=0, description="scaling numerator: the update is B @ A x alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input")
-    target_modules: list[str] = Field(["q_proj", "v_proj"],
+    target_modules: list[str] = Field(list(DEFAULT_LORA_TARGETS),
                                       description="module-name suffixes that get adapters; [] = every projection in the "
                                                   "decoder blocks, which is also what the default means on a model that has "
                                                   "no q_proj/v_proj (GPT-2, GPT-NeoX, Phi-3)")

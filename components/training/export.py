@@ -56,10 +56,11 @@ def write_export(out_dir: Path, state: dict[str, torch.Tensor], config: Any, tok
     base's); without it the tokenizer is saved with save_pretrained. `extra` folders are copied in under
     their names (a LoRA run's `adapter/`).
     """
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    from lmforge.components.training.model import meta_model
+
+    model = meta_model(config)
     state = {k: v.to(dtype) for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     _, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):

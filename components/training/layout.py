@@ -103,25 +103,24 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
 def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:
     """Whether a base (training.model.init) can be split as asked, from its config.json and what its modules are
     (a model built on the meta device: no weights are read)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from lmforge.components.projections import projections
+    from lmforge.components.training.model import meta_model
     from lmforge.components.training.pipeline_model import unsplittable
 
     config = AutoConfig.from_pretrained(cfg.model.init, trust_remote_code=False)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_model(config)
     text = config.get_text_config()
     name = f"the base's {type(model).__name__}"
     if tp > 1:
         key = "training.parallel.tensor.autotp_size"
-        conv = sorted({p.name.rsplit(".", 1)[-1] for p in projections(model).values() if p.transposed})
+        view = projections(model).values()
+        conv = sorted({p.name.rsplit(".", 1)[-1] for p in view if p.transposed})
         if conv:
             raise broken(key, tp, f"AutoTP splits nn.Linear layers, and {name}'s {', '.join(conv)} are GPT-2-style Conv1D",
                          "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
-        emb = model.get_input_embeddings().weight
-        if any(p.weight is emb for p in model.modules() if isinstance(p, torch.nn.Linear)):
+        if any(p.tied for p in view):
             raise broken(key, tp, f"{name}'s {TIED_HEAD_UNDER_AUTOTP}",
                          "Set tensor.autotp_size = 1 (data parallel, ZeRO-3 to partition the weights)")
         refused = _autotp_plan_refusal(model)

@@ -34,11 +34,9 @@ def _targets(model: torch.nn.Module, cfg: TrainingConfig) -> Chosen:
 
 def check_adapters(cfg: TrainingConfig, config: Any) -> Chosen:
     """The projections that will get adapters, found on the model built from `config` on the meta device (no weights)."""
-    from transformers import AutoModelForCausalLM
+    from lmforge.components.training.model import meta_model
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return _targets(model, cfg)
+    return _targets(meta_model(config), cfg)
 
 
 def adapter_params(chosen: Chosen, r: int) -> int:

@@ -158,6 +158,14 @@ def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) ->
     return 6.0 * n + 12.0 * s["num_layers"] * h * seq_len
 
 
+def meta_model(config: Any) -> Any:
+    """The causal LM transformers builds for `config`, on the meta device: its modules and shapes, no memory, no weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
 def hf_train_flops_per_token(config: Any, *, seq_len: int) -> float:
     """Forward + backward FLOPs per token of any transformers causal LM, from its config: 6N plus attention.
 
@@ -169,12 +177,9 @@ def hf_train_flops_per_token(config: Any, *, seq_len: int) -> float:
     sliding window shorter than seq_len, and the experts a mixture-of-experts model leaves idle
     (it counts every expert), so for those the MFU reads high.
     """
-    from transformers import AutoModelForCausalLM
-
     from lmforge.components.modelload import projection_dims  # the one test of "a linear-like layer"
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = meta_model(config)
     n = sum(m.weight.numel() for m in model.modules() if projection_dims(m) is not None)
     text = config.get_text_config()
     heads = text.num_attention_heads
