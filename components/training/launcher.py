@@ -208,6 +208,8 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     where = (f"rank {rank} died without a traceback (killed by a signal or out of memory?)" if silent
              else f"rank {rank} failed" if rank is not None else "a rank failed (which one is unclear)")
     quoted = "\n".join(f"  [rank{'?' if rank is None else rank}] {line}" for line in last[-12:])
+    if rank is None:  # no rank says why: the launcher's own lines name the return code of the one that exited
+        quoted += "\n" + "\n".join(f"  [launcher] {line}" for line in list(launcher_tail.last)[-6:])
     raise LaunchFailed(f"training failed: {where}; launcher exit code {rc}. Its last lines:\n{quoted}\n"
                        f"(all rank logs: {log_dir})", rank, last, rc)
 

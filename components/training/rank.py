@@ -191,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model(cfg.model, tokenizer, seq_len=cfg.seq_len, seed=cfg.seed,
                         zero3_config=for_deepspeed(ds_config) if zero3 else None)
     n_params = count_params(model)
+    moe = None
+    if cfg.model.moe.num_experts:
+        from lmforge.components.training.moe import MoeRun, optimizer_groups
+
+        moe = MoeRun.attach(model, cfg.model.moe, ep_size=cfg.parallel.expert_parallel, rank=rank)
     lora = cfg.lora.r > 0
     if lora:
         from lmforge.components.training.lora import with_adapters
@@ -198,13 +203,17 @@ def main(argv: list[str] | None = None) -> int:
         model = with_adapters(model, cfg)  # the base frozen; only the adapters reach the optimizer below
     if pp > 1:
         net = build_pipeline(model, stages=pp, partition=ds_config["pipeline"]["partition"],
-                             activation_checkpoint_interval=ds_config["pipeline"]["activation_checkpoint_interval"])
+                             activation_checkpoint_interval=ds_config["pipeline"]["activation_checkpoint_interval"],
+                             tensor_parallel=ds_config["pipeline"].get("tensor_parallel", 1))
     else:
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         net = model
-    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=[p for p in net.parameters() if p.requires_grad],
+    params: list[Any] = [p for p in net.parameters() if p.requires_grad]
+    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=optimizer_groups(params) if moe else params,
                                            config=for_deepspeed(ds_config))
+    if moe:
+        moe.check_groups(rank)
     if hw.compile:
         engine.compile()
     if pp > 1:
@@ -274,10 +283,12 @@ def main(argv: list[str] | None = None) -> int:
                 state_mem, state_mem_step = model_state_bytes(engine), done
         else:
             total = torch.zeros((), device=device)
+            if moe:
+                moe.start_step(device)
             for i, (x, y) in enumerate(micro):
                 out = engine(**x, use_cache=False)  # no cache: transformers reads packed rows from position_ids only then
-                mb_loss = lm_loss(out.logits, y)
-                engine.backward(mb_loss)
+                mb_loss = lm_loss(out.logits, y)  # logged as the loss; MoE's auxiliary loss is trained on, logged apart
+                engine.backward(mb_loss + moe.loss_term() if moe else mb_loss)
                 if measure_mem and i == len(micro) - 1:
                     # Measured between the last backward and the step: gradients are all alive here,
                     # which is the moment the ZeRO paper's model-state count describes.
@@ -301,11 +312,12 @@ def main(argv: list[str] | None = None) -> int:
             mine = [state_mem["params"], state_mem["grads"], state_mem["optimizer"], state_mem["total"],
                     host_rss_bytes(), device_peak_bytes() or 0, idle_fraction]
             per_rank = memory_rows(comms.gather_floats([float(v) for v in mine]))
+            moe_fields = moe.event(comms.gather_floats) if moe else {}
             if rank == 0:
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=token_flops, peak_flops=peak),
                                 "peak_flops": peak, "flops_per_token": token_flops,
-                                "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps})
+                                "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps, **moe_fields})
         elif idle is not None:
             idle.idle_fraction(step_s)
         if done % cfg.save_every == 0 or done == cfg.max_steps:
@@ -323,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
 
     _export(engine, req, layout, tokenizer, cfg, windows, dtype, loss_val, peak, n_params)
     comms.barrier()
+    # Torn down while every peer is still connected: a gloo group left to the interpreter's exit can
+    # abort one rank after the run has finished (seen once in CI: both ranks silent, launcher exit non-zero).
+    dist.destroy_process_group()
     return 0
 
 
@@ -347,6 +362,10 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
         if rank == 0:
             save_file({"input_ids": probe, "logits": logits.contiguous()}, str(run_dir / "probe.safetensors"))
     state = gather_hf_state(engine, zero_stage=layout.zero_stage, tp=layout.tp, pp=layout.pp)
+    if cfg.model.moe.num_experts:
+        from lmforge.components.training.moe import with_all_experts
+
+        state = with_all_experts(state, engine.module, cfg.model.moe.num_experts)  # the experts of every rank
     if rank == 0:
         assert state is not None
         extra = {}
