@@ -9,7 +9,8 @@ One MLflow run per training run in experiment `training` (a resume continues it)
 resolved config, the generated DeepSpeed config, the dataset manifest hash, the base folder
 and its content hash when training.model.init is set (also in the export's lmforge.json; for a
 registry reference also the reference and the version the dataset pinned), per-step loss,
-lr, tokens/s, MFU and per-rank memory, the loss curve and the exported folder. Training
+lr, tokens/s, MFU and per-rank memory (with MoE also moe_aux_loss, expert_tokens_e<i> and
+moe_dropped_fraction), the loss curve and the exported folder. Training
 never caches and never retries: a failed launch names the rank and its last lines.
 """
 
@@ -79,6 +80,9 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
             for r, mem in enumerate(ev["memory"]):
                 values[f"model_state_mb_rank{r}"] = mem["total"] / 2 ** 20
                 values[f"rss_mb_rank{r}"] = mem["rss"] / 2 ** 20
+            if "expert_tokens" in ev:  # MoE: the auxiliary loss, each expert's load and the routes capacity dropped
+                values["moe_aux_loss"], values["moe_dropped_fraction"] = ev["moe_aux_loss"], ev["moe_dropped_fraction"]
+                values.update({f"expert_tokens_e{i}": n for i, n in enumerate(ev["expert_tokens"])})
             ts = int(dt.datetime.now().timestamp() * 1000)
             client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in values.items()])
 

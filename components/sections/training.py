@@ -90,6 +90,32 @@ def parse_registry_ref(init: str) -> RegistryRef | None:
     return RegistryRef(name=name, alias=alias)
 
 
+class MoeConfig(Section):
+    """Mixture of Experts on a preset: every `every`-th decoder layer's MLP becomes `num_experts` experts and a router.
+
+    The model is transformers' Qwen3MoeForCausalLM (what the export loads as); on the ranks each
+    sparse block runs as deepspeed.moe.layer.MoE (components/training/moe.py), its experts spread
+    over `training.parallel.expert_parallel` ranks.
+    """
+
+    num_experts: int = Field(0, ge=0, description="experts per MoE layer; 0 = a dense model")
+    top_k: int = Field(1, ge=1, description="experts each token is routed to")
+    capacity_factor: float = Field(1.25, gt=0, description="training capacity per expert, as a multiple of its even share "
+                                                           "of the tokens (x top_k); tokens past it are dropped")
+    aux_loss_coef: float = Field(0.01, ge=0, description="weight of the load-balancing loss added to the LM loss")
+    every: int = Field(1, ge=1, description="every Nth decoder layer gets experts (layer i when (i + 1) % every == 0)")
+    expert_size: int | None = Field(None, ge=8, description="each expert's MLP width; unset = the preset's intermediate_size")
+
+    @model_validator(mode="after")
+    def _routing(self) -> "MoeConfig":
+        if self.num_experts and self.top_k > self.num_experts:
+            raise ValueError(f"top_k = {self.top_k} routes each token to more experts than there are "
+                             f"(num_experts = {self.num_experts}): use a top_k of at most num_experts")
+        if self.num_experts == 1:
+            raise ValueError("num_experts = 1 is a dense MLP with a router in front: use 0 for a dense model, or 2 or more")
+        return self
+
+
 class ModelConfig(Section):
     """A LlamaForCausalLM from a preset (optionally with some sizes overridden), or a local checkpoint to fine-tune.
 
@@ -113,6 +139,7 @@ class ModelConfig(Section):
     intermediate_size: int | None = Field(None, ge=8, description="overrides the preset's MLP width")
     rope_theta: float = Field(10000.0, gt=0, description="rotary embedding base")
     tie_embeddings: bool = Field(False, description="share the input embedding with the output head")
+    moe: MoeConfig = MoeConfig()
 
     @field_validator("init")
     @classmethod
@@ -134,6 +161,10 @@ class ModelConfig(Section):
                                  f"the architecture; remove them, or unset init to train a preset from scratch")
             if not self.init.strip():
                 raise ValueError("init is empty: set it to a local model folder, or leave it out")
+            if self.moe.num_experts:
+                raise ValueError(f"moe.num_experts = {self.moe.num_experts} builds experts into a preset trained from "
+                                 "scratch, and init sets a base: a MoE base (Qwen3-MoE, Mixtral) fine-tunes like any base, "
+                                 "with its own experts; set moe.num_experts = 0 with init, or unset init")
         return self
 
     def sizes(self) -> dict[str, int]:
@@ -146,11 +177,17 @@ class ModelConfig(Section):
 
 
 class PipelineParallelConfig(Section):
-    """deepspeed.pipe: the decoder split into stages, run with the 1F1B schedule."""
+    """The decoder split into stages: DeepSpeed's 1F1B engine, or a torch.distributed.pipelining schedule."""
 
     stages: int = Field(1, ge=1, description="pipeline stages; 1 = no pipeline")
     micro_batches: int | None = Field(None, ge=1, description="micro-batches per step (the 1F1B depth); unset = grad_accum_steps")
-    partition: str = Field("type:DecoderBlock", description="deepspeed partition_method: parameters | uniform | type:<regex>")
+    partition: str = Field("type:DecoderBlock", description="deepspeed partition_method: parameters | uniform | type:<regex> "
+                                                            "(schedule 1f1b; the torch schedules partition by measured cost)")
+    schedule: Literal["1f1b", "interleaved-1f1b", "zero-bubble", "dualpipev"] = Field(
+        "1f1b", description="1f1b: DeepSpeed's PipelineEngine; interleaved-1f1b, zero-bubble (ZB-V), dualpipev: "
+                            "torch.distributed.pipelining (components/training/schedules.py)")
+    virtual_stages: int = Field(1, ge=1, description="model chunks per rank: 1 for 1f1b, 2 or more for interleaved-1f1b, "
+                                                     "exactly 2 for zero-bubble and dualpipev")
 
 
 class TensorParallelConfig(Section):
@@ -167,6 +204,9 @@ class ParallelConfig(Section):
     offload_param: bool = Field(False, description="parameters on the host between uses (zero3)")
     pipeline: PipelineParallelConfig = PipelineParallelConfig()
     tensor: TensorParallelConfig = TensorParallelConfig()
+    expert_parallel: int = Field(1, ge=1, description="expert-parallel degree: each MoE layer's experts are spread over "
+                                                      "this many ranks; must divide model.moe.num_experts and the "
+                                                      "data-parallel ranks")
 
     @model_validator(mode="after")
     def _combinations(self) -> "ParallelConfig":
@@ -179,8 +219,6 @@ class ParallelConfig(Section):
             raise ValueError(f"pipeline parallelism runs with ddp or zero1, not {self.strategy}")
         if self.tensor.autotp_size > 1 and stage > 2:
             raise ValueError(f"AutoTP runs with ddp, zero1 or zero2, not {self.strategy}")
-        if self.tensor.autotp_size > 1 and self.pipeline.stages > 1:
-            raise ValueError("pipeline and AutoTP together are not supported by DeepSpeed's pipeline engine")
         return self
 
     @property
@@ -266,4 +304,28 @@ class TrainingConfig(Section):
             what = "LoRA" if self.lora.r else "objective = \"sft\""
             raise ValueError(f"{what} runs data-parallel only (ddp, zero1, zero2, zero3): set parallel.pipeline.stages = 1 "
                              "and parallel.tensor.autotp_size = 1")
+        self._moe_combinations()
         return self
+
+    def _moe_combinations(self) -> None:
+        """What MoE runs with: DeepSpeed's MoE layer under DDP or ZeRO-1/2 on a preset, full causal training."""
+        experts, ep, par = self.model.moe.num_experts, self.parallel.expert_parallel, self.parallel
+        if not experts:
+            if ep > 1:
+                raise ValueError(f"parallel.expert_parallel = {ep} spreads experts over ranks, and the model has none "
+                                 "(model.moe.num_experts = 0): set model.moe.num_experts, or expert_parallel = 1")
+            return
+        if experts % ep:
+            raise ValueError(f"parallel.expert_parallel = {ep} must divide model.moe.num_experts = {experts} (each rank "
+                             "of an expert-parallel group holds the same number of experts): use a divisor")
+        if par.zero_stage == 3:
+            raise ValueError("MoE runs with ddp, zero1 or zero2, not zero3: DeepSpeed 0.19.8 refuses its MoE layer under "
+                             "ZeRO stage 3 ('Native DeepSpeed MoE is not supported with ZeRO Stage 3'); use zero2")
+        if par.pipeline.stages > 1 or par.tensor.autotp_size > 1:
+            raise ValueError("MoE runs data- and expert-parallel only: lmforge's pipeline stages and AutoTP split "
+                             "dense decoder blocks, not DeepSpeed MoE layers; set pipeline.stages = 1 and "
+                             "tensor.autotp_size = 1")
+        if self.lora.r or self.objective == "sft":
+            raise ValueError("MoE trains a preset from scratch with the causal objective: LoRA and objective = \"sft\" "
+                             "fine-tune a base (training.model.init), and a MoE base fine-tunes like any base; set "
+                             "model.moe.num_experts = 0 for them")

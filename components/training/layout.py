@@ -83,6 +83,12 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
     if cfg.model.init is None:
         _check_shape(cfg, pp=pp, tp=tp, broken=broken)
     dp = world_size // (pp * tp)
+    ep = par.expert_parallel
+    if dp % ep:
+        raise broken("training.parallel.expert_parallel", ep,
+                     f"the expert-parallel degree must divide the data-parallel ranks ({dp}): each expert-parallel "
+                     "group is that many data-parallel ranks sharing one set of experts",
+                     f"Use an expert_parallel that divides {dp}, or a multiple of {ep} ranks")
     accum = par.pipeline.micro_batches if pp > 1 and par.pipeline.micro_batches else cfg.grad_accum_steps
     global_batch = cfg.micro_batch_size * accum * dp
     if cfg.global_batch_size is not None and cfg.global_batch_size != global_batch:
@@ -95,6 +101,8 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
                      "Lower warmup_steps")
     lr = cfg.lr * global_batch / cfg.reference_batch_size if cfg.lr_scaling else cfg.lr
     bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported)
+    if pp > 1 or par.pipeline.schedule != "1f1b":
+        _check_schedule(cfg, pp=pp, micro_batches=accum, bf16=bf16, broken=broken)
     assert vocab_size > 0
     return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
                   accum=accum, global_batch=global_batch, lr=lr, bf16=bf16)
@@ -142,6 +150,42 @@ def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> 
             raise broken("training.parallel.pipeline.stages", pp,
                          f"more pipeline stages than {name}'s decoder layers ({text.num_hidden_layers})",
                          f"Use at most {text.num_hidden_layers} stages")
+
+
+def _check_schedule(cfg: TrainingConfig, *, pp: int, micro_batches: int, bf16: bool, broken: Any) -> None:
+    """The pipeline schedule's own rules (components/training/schedules.py schedule_rule) and what the torch
+    schedules run with."""
+    from lmforge.components.training.schedules import schedule_rule
+
+    pipe = cfg.parallel.pipeline
+    key = "training.parallel.pipeline.schedule"
+    if pp == 1:
+        raise broken(key, pipe.schedule, "a schedule orders the micro-batches of pipeline stages, and stages = 1",
+                     "Set pipeline.stages = 2 or more, or leave schedule at \"1f1b\"")
+    if cfg.model.init is not None:
+        from transformers import AutoConfig
+
+        layers = AutoConfig.from_pretrained(cfg.model.init).get_text_config().num_hidden_layers
+    else:
+        layers = cfg.model.sizes()["num_layers"]
+    rule = schedule_rule(pipe.schedule, stages=pp, virtual_stages=pipe.virtual_stages, micro_batches=micro_batches,
+                         blocks=layers + 2)
+    if rule is not None:
+        raise broken(*rule)
+    if pipe.schedule == "1f1b":
+        return
+    if cfg.parallel.zero_stage:
+        raise broken("training.parallel.strategy", cfg.parallel.strategy,
+                     f"the {pipe.schedule} schedule runs on torch.distributed.pipelining with ddp (ZeRO-1's optimizer "
+                     "sharding is DeepSpeed's pipeline engine's)", "Set strategy = \"ddp\", or schedule = \"1f1b\"")
+    if bf16:
+        raise broken("training.precision", cfg.precision,
+                     f"not yet: the {pipe.schedule} schedule trains in fp32 (DeepSpeed's bf16 keeps fp32 master weights, "
+                     "which the torch schedules do not reproduce yet)", "Set training.precision = \"fp32\"")
+    if cfg.activation_checkpointing:
+        raise broken("training.activation_checkpointing", True,
+                     f"not yet: the {pipe.schedule} schedule does not recompute activations",
+                     "Set activation_checkpointing = false, or schedule = \"1f1b\"")
 
 
 def _autotp_plan_refusal(model: Any) -> str | None:

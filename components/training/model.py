@@ -1,5 +1,9 @@
 """The model a run trains: a Hugging Face LlamaForCausalLM from the [training.model] preset, or a base folder.
 
+With `[training.model.moe] num_experts` > 0 the preset is a Qwen3MoeForCausalLM instead (its
+sparse layers' experts stored as fused 3D tensors); the ranks swap those blocks for DeepSpeed's
+MoE layer (components/training/moe.py) and the export is Qwen3-MoE again.
+
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
     model = build_model(cfg.training.model, tok, seq_len=cfg.training.seq_len, seed=cfg.training.seed)
     model = build_model(..., zero3_config=ds_config)   # ZeRO-3: built partitioned, under deepspeed.zero.Init
@@ -55,10 +59,52 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch
     )
 
 
+def moe_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
+    """The preset's shape as a Qwen3MoeConfig: every `moe.every`-th layer sparse, no layer forced dense.
+
+    norm_topk_prob is on for top_k > 1 only, as DeepSpeed's gates do it: top-1 weights a token by
+    its expert's softmax probability, top-2 and top-k renormalise the chosen probabilities to 1.
+    """
+    from transformers import Qwen3MoeConfig
+
+    s, moe = cfg.sizes(), cfg.moe
+    return Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=s["hidden_size"],
+        intermediate_size=s["intermediate_size"],
+        num_hidden_layers=s["num_layers"],
+        num_attention_heads=s["num_heads"],
+        num_key_value_heads=s["num_kv_heads"],
+        head_dim=s["hidden_size"] // s["num_heads"],
+        max_position_embeddings=max(seq_len, 256),
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_embeddings,
+        num_experts=moe.num_experts,
+        num_experts_per_tok=moe.top_k,
+        moe_intermediate_size=moe.expert_size or s["intermediate_size"],
+        decoder_sparse_step=moe.every,
+        mlp_only_layers=[],
+        norm_topk_prob=moe.top_k > 1,
+        router_aux_loss_coef=moe.aux_loss_coef,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        attn_implementation="sdpa",
+        use_cache=False,
+        dtype=str(dtype).removeprefix("torch."),
+    )
+
+
+def preset_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
+    """The preset's transformers config: a LlamaConfig, or a Qwen3MoeConfig when it has experts."""
+    make = moe_config if cfg.moe.num_experts else llama_config
+    return make(cfg, tokenizer, seq_len=seq_len, dtype=dtype)
+
+
 def model_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
-    """The transformers config of the trained model: the base's config.json (with init), else the preset's LlamaConfig."""
+    """The transformers config of the trained model: the base's config.json (with init), else the preset's config."""
     if cfg.init is None:
-        return llama_config(cfg, tokenizer, seq_len=seq_len, dtype=dtype)
+        return preset_config(cfg, tokenizer, seq_len=seq_len, dtype=dtype)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(cfg.init, trust_remote_code=False)
@@ -98,9 +144,10 @@ def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, ze
     """
     if cfg.init is not None:
         return load_base(cfg.init, seed=seed, zero3_config=zero3_config)
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    config = llama_config(cfg, tokenizer, seq_len=seq_len)
+    config = preset_config(cfg, tokenizer, seq_len=seq_len)
+    model_class = AutoModelForCausalLM._model_mapping[type(config)]  # LlamaForCausalLM, or Qwen3MoeForCausalLM
     torch.manual_seed(seed)
     if zero3_config is None:
         # Built without weight init, then initialised from the seed: the same draws, in the same
@@ -108,7 +155,7 @@ def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, ze
         from transformers.initialization import no_init_weights
 
         with no_init_weights():
-            model = LlamaForCausalLM(config)
+            model = model_class(config)
         torch.manual_seed(seed)
         model.initialize_weights()
         model.tie_weights()
@@ -118,7 +165,7 @@ def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, ze
     # transformers reads ZeRO-3 from this object while it lives; dropped after, so that the export's
     # save_pretrained and from_pretrained later in this process run as usual.
     hf_ds = HfDeepSpeedConfig(zero3_config)
-    model = LlamaForCausalLM._from_config(config, dtype=torch.float32)
+    model = model_class._from_config(config, dtype=torch.float32)
     del hf_ds
     return model
 
@@ -128,16 +175,28 @@ def count_params(model: torch.nn.Module) -> int:
     return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
 
 
-def param_count(cfg: ModelConfig, *, vocab_size: int) -> int:
-    """Parameters of the configured model, from its sizes (no model built)."""
-    s = cfg.sizes()
+def param_count(cfg: ModelConfig, *, vocab_size: int, active: bool = False) -> int:
+    """Parameters of the configured model, from its sizes (no model built).
+
+    With experts, a sparse layer holds a router (experts x hidden) and num_experts SwiGLU MLPs of
+    expert_size, and its attention normalises q and k per head (Qwen3-MoE's q_norm, k_norm).
+    `active`: the parameters one token uses, which counts top_k experts per sparse layer, not all.
+    """
+    s, moe = cfg.sizes(), cfg.moe
     h, layers, inter = s["hidden_size"], s["num_layers"], s["intermediate_size"]
     kv = h // s["num_heads"] * s["num_kv_heads"]
     attn = 2 * h * h + 2 * h * kv
     mlp = 3 * h * inter
     per_layer = attn + mlp + 2 * h
     head = 0 if cfg.tie_embeddings else vocab_size * h
-    return vocab_size * h + layers * per_layer + h + head
+    dense = vocab_size * h + layers * per_layer + h + head
+    if not moe.num_experts:
+        return dense
+    sparse = layers // moe.every  # layer i is sparse when (i + 1) % every == 0
+    experts = moe.top_k if active else moe.num_experts
+    expert_mlp = 3 * h * (moe.expert_size or inter)
+    norms = 2 * (h // s["num_heads"]) * layers
+    return dense + norms + sparse * (moe.num_experts * h + experts * expert_mlp - mlp)
 
 
 def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) -> float:
@@ -152,7 +211,8 @@ def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) ->
     """
     s = cfg.sizes()
     h = s["hidden_size"]
-    n = param_count(cfg, vocab_size=vocab_size) - vocab_size * h  # the embedding lookup is no matmul
+    # The embedding lookup is no matmul; a MoE layer multiplies each token by its top_k experts only.
+    n = param_count(cfg, vocab_size=vocab_size, active=True) - vocab_size * h
     if cfg.tie_embeddings:
         n += vocab_size * h  # param_count counts a shared weight once; the head's matmul runs anyway
     return 6.0 * n + 12.0 * s["num_layers"] * h * seq_len
