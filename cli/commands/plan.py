@@ -5,26 +5,30 @@
     lmforge plan --model 1b --devices 4 --memory-gb 24 --tp 2 --json
     lmforge plan --model 7b --devices 1 --memory-gb 24 --lora-r 16          # LoRA: a frozen base plus adapter states
     lmforge plan --model /models/qwen2-0.5b --devices 2 --memory-gb 16 --lora-r 8   # a base folder: its own config.json
+    lmforge plan --model demo --devices 4 --memory-gb 8 --experts 8 --top-k 2 --ep 4   # MoE: experts spread over 4 ranks
 
 --model is a preset of [training.model] (tiny, demo, 125m, 1b), a size (7b, 13b, 350m, 1.3e9), or
 a Hugging Face model folder (its config.json gives the parameters and the shape, and with
 --lora-r the exact adapter size on training.lora's default targets). For a size or a preset,
 --lora-r counts adapters on q_proj and v_proj as square hidden x hidden maps: 4 r hidden per layer.
+--experts (a preset only, as [training.model.moe] builds it) counts every expert in the model
+and top_k of them in the active parameters; --ep divides the experts' states over the ranks.
 """
 
 from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from lmforge.cli.output import emit_json
+from lmforge.components.errors import UserError
 from lmforge.components.sections.training import PRESETS, ModelConfig
-from lmforge.components.training.model import param_count
+from lmforge.components.training.model import expert_param_count, param_count
 from lmforge.components.training.planner import PlanInput, make_plan, parse_size, shape_for
 
 console = Console()
@@ -49,17 +53,29 @@ def plan(
     pp: Annotated[int, typer.Option(help="pipeline stages", min=1)] = 1,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree", min=1)] = 1,
     lora_r: Annotated[int, typer.Option("--lora-r", min=0, help="LoRA rank: only adapters train (0 = full)")] = 0,
+    experts: Annotated[int, typer.Option("--experts", min=0, help="MoE experts per sparse layer (a preset; 0 = dense)")] = 0,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="MoE: experts each token uses")] = 1,
+    ep: Annotated[int, typer.Option("--ep", min=1, help="MoE: expert-parallel degree")] = 1,
+    expert_size: Annotated[int | None, typer.Option("--expert-size", min=8,
+                                                    help="MoE: each expert's MLP width; unset = the preset's")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Per-device memory (weights, gradients, optimizer, activations) per strategy; recommends the cheapest that fits."""
     precision = Precision(precision).value
     trainable: float | None = None
+    moe: dict[str, float] = {}
+    if experts and model.lower() not in PRESETS:
+        raise UserError("--experts", experts, f"needs a preset (tiny, demo, 125m, 1b), and --model is {model}",
+                        "Use --model <preset>, as [training.model.moe] builds experts into a preset")
     if Path(model, "config.json").is_file():
         params, shape, trainable = base_size(Path(model), lora_r)
     elif model.lower() in PRESETS:
-        cfg = ModelConfig(preset=model.lower())
+        cfg = ModelConfig(preset=model.lower(), moe=moe_section(experts, top_k, expert_size))
         s = cfg.sizes()
         params = float(param_count(cfg, vocab_size=vocab))
+        if experts:
+            moe = {"expert_params": float(expert_param_count(cfg)), "ep": ep,
+                   "active_params": float(param_count(cfg, vocab_size=vocab, active=True))}
         shape = {"hidden_size": s["hidden_size"], "num_layers": s["num_layers"], "num_heads": s["num_heads"], "vocab_size": vocab}
     else:
         params = parse_size(model)
@@ -68,7 +84,7 @@ def plan(
         trainable = 4.0 * lora_r * shape["hidden_size"] * shape["num_layers"]
     result = make_plan(PlanInput(params=params, devices=devices, memory_gb=memory_gb, precision=precision, seq_len=seq_len,
                                  micro_batch=micro_batch, activation_checkpointing=activation_checkpointing, pp=pp, tp=tp,
-                                 label=model, trainable=trainable, **shape))
+                                 label=model, trainable=trainable, **moe, **shape))
     if as_json:
         emit_json(result.to_dict())
         return
@@ -84,12 +100,29 @@ def plan(
                                              r.activations_gb, r.total_gb, r.host_gb)),
                       "[green]yes[/green]" if r.fits else "[red]no[/red]")
     console.print(table)
+    if experts:
+        console.print(f"MoE: {experts} experts, top-{top_k}, ep {ep}: {result.params_per_device / 1e6:.3g}M params held per "
+                      f"device (experts / ep), {result.active_params / 1e6:.3g}M active per token; ZeRO-3 left out "
+                      f"(DeepSpeed's MoE layer refuses it)")
     console.print(f"inference (bf16 weights, 2 bytes/param): {result.inference_gb:.2f} GB in total, "
                   f"{result.inference_gb / (pp * tp):.2f} GB per device over pp x tp = {pp * tp}")
     if result.recommended:
         console.print(f"recommended: [bold]{result.recommended}[/bold] (the first that fits, in order of communication cost)")
     else:
         console.print("[red]nothing fits[/red]: add devices, use --tp/--pp, --activation-checkpointing or a smaller micro-batch")
+
+
+def moe_section(experts: int, top_k: int, expert_size: int | None) -> Any:
+    """[training.model.moe] for the flags, its own checks applied (a bad combination is a usage error)."""
+    from pydantic import ValidationError
+
+    from lmforge.components.sections.training import MoeConfig
+
+    try:
+        return MoeConfig(num_experts=experts, top_k=top_k, expert_size=expert_size)
+    except ValidationError as e:
+        raise UserError("--experts/--top-k", f"{experts}/{top_k}", e.errors()[0]["msg"].removeprefix("Value error, "),
+                        "Change --experts or --top-k") from None
 
 
 def base_size(folder: Path, lora_r: int) -> tuple[float, dict[str, int], float | None]:

@@ -192,11 +192,20 @@ def param_count(cfg: ModelConfig, *, vocab_size: int, active: bool = False) -> i
     dense = vocab_size * h + layers * per_layer + h + head
     if not moe.num_experts:
         return dense
-    sparse = layers // moe.every  # layer i is sparse when (i + 1) % every == 0
     experts = moe.top_k if active else moe.num_experts
-    expert_mlp = 3 * h * (moe.expert_size or inter)
     norms = 2 * (h // s["num_heads"]) * layers
-    return dense + norms + sparse * (moe.num_experts * h + experts * expert_mlp - mlp)
+    sparse = layers // moe.every  # layer i is sparse when (i + 1) % every == 0
+    per_expert = expert_param_count(cfg) // (sparse * moe.num_experts)
+    return dense + norms + sparse * (moe.num_experts * h + experts * per_expert - mlp)
+
+
+def expert_param_count(cfg: ModelConfig) -> int:
+    """Parameters of every expert of every sparse layer (the part expert parallelism divides); 0 for a dense model."""
+    s, moe = cfg.sizes(), cfg.moe
+    if not moe.num_experts:
+        return 0
+    sparse = s["num_layers"] // moe.every
+    return sparse * moe.num_experts * 3 * s["hidden_size"] * (moe.expert_size or s["intermediate_size"])
 
 
 def train_flops_per_token(cfg: ModelConfig, *, vocab_size: int, seq_len: int) -> float:

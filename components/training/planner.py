@@ -24,6 +24,13 @@ alone: G T and K T, partitioned as above. The adapters' own weights are counted 
 Activations per decoder layer (Korthikanti et al., 2022): s b h (34 + 5 a s / h) bytes at 16
 bits, or 2 s b h with activation checkpointing (plus one layer recomputed), plus the logits.
 Pipeline and tensor parallelism divide the model first: Psi / (pp x tp) per device.
+
+Mixture of Experts (`expert_params` = E, the experts' share of Psi, over `ep` expert-parallel
+ranks): the dense part (Psi - E) is replicated and ZeRO-partitioned over the dp ranks as above;
+each rank holds E / ep of the experts, whose ZeRO partitions span the dp / ep ranks that hold
+the same experts (DeepSpeed's expert-data-parallel group). ZeRO-3 is left out: DeepSpeed's MoE
+layer refuses it. `active_params` is what one token computes with (top_k experts per layer),
+the N of 6N FLOPs per token.
 """
 
 from __future__ import annotations
@@ -62,6 +69,9 @@ class PlanInput:
     tp: int = 1
     label: str = ""
     trainable: float | None = None   # LoRA: the adapters' parameters; None = every parameter trains
+    expert_params: float = 0.0       # MoE: the experts' parameters (all of them, part of `params`); 0 = dense
+    ep: int = 1                      # MoE: expert-parallel degree
+    active_params: float | None = None   # MoE: parameters one token uses; None = params
 
 
 @dataclass(frozen=True)
@@ -90,10 +100,13 @@ class Plan:
     rows: list[PlanRow] = field(default_factory=list)
     inference_gb: float = 0.0
     recommended: str | None = None
+    params_per_device: float = 0.0   # parameters a device holds (before ZeRO-3 partitions them): experts / ep
+    active_params: float = 0.0       # parameters one token computes with
 
     def to_dict(self) -> dict[str, Any]:
         return {"input": asdict(self.input), "dp": self.dp, "inference_gb": self.inference_gb,
-                "recommended": self.recommended,
+                "recommended": self.recommended, "params_per_device": self.params_per_device,
+                "active_params": self.active_params,
                 "rows": [{**asdict(r), "model_states_gb": r.model_states_gb, "total_gb": r.total_gb} for r in self.rows]}
 
 
@@ -133,22 +146,50 @@ def activation_bytes(inp: PlanInput) -> float:
     return (per_layer * layers_held + recompute) / inp.tp + logits / inp.tp
 
 
+def _check_experts(inp: PlanInput, dp: int) -> None:
+    if inp.ep > 1 and not inp.expert_params:
+        raise UserError("--ep", inp.ep, "spreads experts over devices, and the model has none", "Add --experts N, or drop --ep")
+    if not inp.expert_params:
+        return
+    if inp.pp > 1 or inp.tp > 1 or inp.trainable is not None:
+        raise UserError("--experts", inp.expert_params, "MoE trains data- and expert-parallel, from scratch, in lmforge",
+                        "Drop --pp, --tp and --lora-r with --experts")
+    if dp % inp.ep:
+        raise UserError("--ep", inp.ep, f"must divide the data-parallel devices ({dp})", f"Use a divisor of {dp}")
+
+
+def moe_state_bytes(inp: PlanInput, *, strategy: str, dp: int) -> dict[str, float]:
+    """Model states per device with experts: the dense part over dp, this device's E / ep experts over dp / ep."""
+    dense = model_state_bytes(inp.params - inp.expert_params, strategy=strategy, dp=dp, precision=inp.precision)
+    experts = model_state_bytes(inp.expert_params / inp.ep, strategy=strategy, dp=dp // inp.ep, precision=inp.precision)
+    return {k: dense[k] + experts[k] for k in dense}
+
+
 def make_plan(inp: PlanInput) -> Plan:
     if inp.devices % (inp.pp * inp.tp):
         raise UserError("--devices", inp.devices, f"is not divisible by pp x tp = {inp.pp * inp.tp}",
                         "Use a multiple of pp x tp devices")
     dp = inp.devices // (inp.pp * inp.tp)
+    _check_experts(inp, dp)
     local = inp.params / (inp.pp * inp.tp)
     local_trainable = None if inp.trainable is None else inp.trainable / (inp.pp * inp.tp)
     act = activation_bytes(inp)
     rows = []
     for strategy in STRATEGIES:
-        st = model_state_bytes(local, strategy=strategy, dp=dp, precision=inp.precision, trainable=local_trainable)
+        if inp.expert_params and strategy.startswith("zero3"):
+            continue  # DeepSpeed's MoE layer refuses ZeRO-3
+        if inp.expert_params:
+            st = moe_state_bytes(inp, strategy=strategy, dp=dp)
+        else:
+            st = model_state_bytes(local, strategy=strategy, dp=dp, precision=inp.precision, trainable=local_trainable)
         row = PlanRow(strategy, st["params"] / GB, st["grads"] / GB, st["optimizer"] / GB, act / GB, st["host"] / GB,
                       fits=False)
         rows.append(PlanRow(**{**asdict(row), "fits": row.total_gb <= inp.memory_gb}))
     recommended = next((r.strategy for r in rows if r.fits), None)
-    return Plan(inp, dp, rows, inference_gb=2 * inp.params / GB, recommended=recommended)
+    held = local - inp.expert_params + inp.expert_params / inp.ep
+    active = inp.params if inp.active_params is None else inp.active_params
+    return Plan(inp, dp, rows, inference_gb=2 * inp.params / GB, recommended=recommended, params_per_device=held,
+                active_params=active)
 
 
 def parse_size(text: str) -> float:
