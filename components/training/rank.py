@@ -201,7 +201,13 @@ def main(argv: list[str] | None = None) -> int:
         from lmforge.components.training.lora import with_adapters
 
         model = with_adapters(model, cfg)  # the base frozen; only the adapters reach the optimizer below
-    if pp > 1:
+    # interleaved-1f1b, zero-bubble, dualpipev: torch.distributed.pipelining behind the same engine calls
+    torch_pp = pp > 1 and cfg.parallel.pipeline.schedule != "1f1b"
+    if torch_pp:
+        from lmforge.components.training.schedules import build_engine
+
+        engine: Any = build_engine(model, req, windows, log=lambda s: print(s, flush=True) if rank == 0 else None)
+    elif pp > 1:
         net = build_pipeline(model, stages=pp, partition=ds_config["pipeline"]["partition"],
                              activation_checkpoint_interval=ds_config["pipeline"]["activation_checkpoint_interval"],
                              tensor_parallel=ds_config["pipeline"].get("tensor_parallel", 1))
@@ -209,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         net = model
-    params: list[Any] = [p for p in net.parameters() if p.requires_grad]
-    engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=optimizer_groups(params) if moe else params,
-                                           config=for_deepspeed(ds_config))
+    if not torch_pp:
+        params: list[Any] = [p for p in net.parameters() if p.requires_grad]
+        engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=optimizer_groups(params) if moe else params,
+                                               config=for_deepspeed(ds_config))
     if moe:
         moe.check_groups(rank)
     if hw.compile:
@@ -225,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     assert dp_size == layout.dp, (dp_size, layout)
     device = engine.device
     comms = DeviceCollectives(device, world=world)
-    idle = IdleClock.attach(engine) if pp > 1 else None
+    idle = (engine.clock if torch_pp else IdleClock.attach(engine)) if pp > 1 else None
     t_engine = time.perf_counter()
     if rank == 0:
         print(f"startup: imports {t_import - t_start:.1f}s, process group {t_init - t_import:.1f}s, "
@@ -312,12 +319,17 @@ def main(argv: list[str] | None = None) -> int:
             mine = [state_mem["params"], state_mem["grads"], state_mem["optimizer"], state_mem["total"],
                     host_rss_bytes(), device_peak_bytes() or 0, idle_fraction]
             per_rank = memory_rows(comms.gather_floats([float(v) for v in mine]))
+            if pp > 1:  # the measured bubble beside the schedule's formula (components/training/schedules.py)
+                from lmforge.components.training.schedules import bubble_event
+
+                bubble = bubble_event(engine if torch_pp else None, per_rank, pp=pp, m=layout.accum, gather=comms.gather_objects)
             moe_fields = moe.event(comms.gather_floats) if moe else {}
             if rank == 0:
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=token_flops, peak_flops=peak),
                                 "peak_flops": peak, "flops_per_token": token_flops,
-                                "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps, **moe_fields})
+                                "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps, **moe_fields,
+                                **({"bubble": bubble} if pp > 1 else {})})
         elif idle is not None:
             idle.idle_fraction(step_s)
         if done % cfg.save_every == 0 or done == cfg.max_steps:

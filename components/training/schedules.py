@@ -1,0 +1,627 @@
+"""Pipeline schedules past 1F1B on torch.distributed.pipelining: interleaved 1F1B, zero bubble (ZB-V), DualPipeV.
+
+    broken = schedule_rule(pipeline_cfg, micro_batches=8, blocks=6)      # before launch: None or (key, rule, fix)
+    engine = TorchPipelineEngine.build(model, req, layout, device)      # on each rank (components/training/rank.py)
+    loss = engine.train_batch(iter(micro_batches))                     # one optimizer step over m micro-batches
+    engine.clock.last                                                  # this step's F/I/W/B seconds per stage
+    bubble = bubble_report("dualpipev", per_rank_stats, p=2, v=2, m=8) # measured bubble next to its formula
+
+The model is cut into the same blocks as DeepSpeed's pipeline (pipeline_model.pipeline_layers:
+EmbedBlock, DecoderBlock..., NormHeadBlock), so the weights are exactly the other strategies'.
+The block sequence is split into p x v contiguous chunks by measured cost (`measure_block_costs`
+on rank 0, broadcast, then `partition_by_cost` minimises the slowest chunk); each rank holds v
+chunks, placed in a loop (stage s on rank s mod p: interleaved 1F1B) or a V (rank r holds
+stages r and 2p-1-r: ZB-V and DualPipeV). "zero-bubble" runs ScheduleZBVZeroBubble rather than
+ScheduleInterleavedZeroBubble: with the V placement its last stage shares a rank with the first,
+two of the four chunk boundaries are local hand-offs instead of point-to-point messages, and
+it is the paper's schedule whose bubble reaches zero at 1F1B's activation memory (ZB-H2 needs
+about twice that).
+
+The optimizer step is the DeepSpeed path's: torch AdamW with the same hyperparameters,
+DeepSpeed's WarmupCosineLR for the same learning-rate curve, gradients averaged over the
+micro-batches (the schedule scales them by 1/m) and over the data-parallel group, then clipped
+by the global norm across stages (one all-reduce of the squared norms over the pipeline group).
+
+Bubble: every stage's forward, input-backward, weight-backward and full-backward calls are
+timed (TimedStage); idle = the schedule's wall time - that compute. `bubble_report` gives
+idle / compute (what the formulas describe) and idle / schedule time, beside the schedule's
+formula evaluated with the measured per-chunk times (see `bubble_formula`) and beside the bubble
+the schedule's own action list gives with those times and free communication (`simulate_bubble`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "dualpipev")
+# schedule -> (torch class, stage placement)
+TORCH_SCHEDULES = {"interleaved-1f1b": ("ScheduleInterleaved1F1B", "loop"),
+                   "zero-bubble": ("ScheduleZBVZeroBubble", "v"),
+                   "dualpipev": ("ScheduleDualPipeV", "v")}
+PARTITION_FILE = "pipeline_partition.json"
+KINDS = ("F", "I", "W", "B")   # forward, input backward, weight backward, full backward
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Before launch: each schedule's rules (read in torch/distributed/pipelining/schedules.py, torch 2.13)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def schedule_rule(schedule: str, *, stages: int, virtual_stages: int, micro_batches: int, blocks: int
+                  ) -> tuple[str, Any, str, str] | None:
+    """The first rule the schedule's settings break, as (key, value, rule, fix); None when they keep them all.
+
+    `blocks` is the pipeline's block count (embedding + decoder layers + norm/head), which the
+    p x v chunks must each get at least one of.
+    """
+    key_v, key_m = "training.parallel.pipeline.virtual_stages", "training.parallel.pipeline.micro_batches"
+    p, v, m = stages, virtual_stages, micro_batches
+    if schedule == "1f1b":
+        if v != 1:
+            return (key_v, v, "the 1f1b schedule (DeepSpeed's PipelineEngine) holds one chunk per rank",
+                    "Set virtual_stages = 1, or schedule = \"interleaved-1f1b\" for several chunks per rank")
+        return None
+    if schedule == "interleaved-1f1b":
+        if v < 2:
+            return (key_v, v, "interleaved 1F1B holds at least 2 chunks per rank (with 1 it is plain 1F1B)",
+                    "Set virtual_stages = 2 or more, or schedule = \"1f1b\"")
+        rounds = max(1, m // p)
+        if m % rounds:
+            return (key_m, m, f"interleaved 1F1B runs the micro-batches in rounds of p: m must be a multiple of "
+                              f"max(1, m // p) = {rounds} (torch's ScheduleInterleaved1F1B)",
+                    f"Use a multiple of {p} micro-batches (or fewer than {2 * p})")
+    if schedule in ("zero-bubble", "dualpipev") and v != 2:
+        name = "ZB-V (ScheduleZBVZeroBubble)" if schedule == "zero-bubble" else "DualPipeV (ScheduleDualPipeV)"
+        return (key_v, v, f"{name} places exactly 2 chunks per rank, in a V", "Set virtual_stages = 2")
+    if schedule == "dualpipev" and m < p * v:
+        return (key_m, m, f"DualPipeV needs at least as many micro-batches as stages (p x v = {p * v})",
+                f"Use at least {p * v} micro-batches")
+    if p * v > blocks:
+        return ("training.parallel.pipeline.virtual_stages", v,
+                f"p x v = {p * v} chunks, and the model has {blocks} blocks (embedding, decoder layers, head) to share out",
+                f"Use fewer stages or virtual_stages, or more layers (at most {blocks} chunks)")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Partition by measured cost
+# ---------------------------------------------------------------------------------------------------------------------
+
+def partition_by_cost(costs: list[float], parts: int) -> list[int]:
+    """Boundaries [0, b1, ..., n] splitting `costs` into `parts` non-empty contiguous chunks with the smallest
+    possible slowest chunk (exact: dynamic programming over split points). Ties go to the earliest boundaries."""
+    n = len(costs)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot split {n} blocks into {parts} non-empty chunks")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = float("inf")
+    # best[k][i]: the smallest slowest chunk splitting the first i blocks into k chunks; cut[k][i] its last boundary.
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n - (parts - k) + 1):
+            for j in range(k - 1, i):
+                cand = max(best[k - 1][j], prefix[i] - prefix[j])
+                if cand < best[k][i] - 1e-12:
+                    best[k][i], cut[k][i] = cand, j
+    bounds = [n]
+    for k in range(parts, 0, -1):
+        bounds.append(cut[k][bounds[-1]])
+    return bounds[::-1]
+
+
+def measure_block_costs(blocks: list[Any], input_ids: Any, labels: Any, *, repeats: int = 3) -> list[float]:
+    """Seconds of forward + backward of each block on one micro-batch (median of `repeats` after a warm-up).
+
+    Each block runs on the previous block's (detached) output, so a block's time is its own; the
+    last block's backward starts from the LM loss, as in training. Gradients made here are dropped.
+    """
+    import torch
+
+    from lmforge.components.training.pipeline_model import lm_loss
+
+    def sync() -> None:
+        if input_ids.device.type == "cuda":
+            torch.cuda.synchronize(input_ids.device)
+
+    samples: list[list[float]] = [[] for _ in blocks]
+    for rep in range(repeats + 1):
+        x = input_ids
+        for i, block in enumerate(blocks):
+            inp = x.detach().requires_grad_(x.is_floating_point())
+            sync()
+            t0 = time.perf_counter()
+            out = block(inp)
+            loss = lm_loss(out, labels) if i == len(blocks) - 1 else out.float().pow(2).mean()
+            loss.backward()
+            sync()
+            if rep:
+                samples[i].append(time.perf_counter() - t0)
+            x = out
+    for block in blocks:
+        for p in block.parameters():
+            p.grad = None
+    return [sorted(s)[len(s) // 2] for s in samples]
+
+
+def stage_to_rank(stage: int, *, p: int, placement: str) -> int:
+    """The pipeline rank holding `stage`: a loop (s mod p) or a V (s < p: s; else 2p - 1 - s)."""
+    if placement == "loop":
+        return stage % p
+    return stage if stage < p else 2 * p - 1 - stage
+
+
+def describe_partition(bounds: list[int], costs: list[float], names: list[str], *, p: int, placement: str) -> str:
+    """One line per chunk: its stage, rank, blocks and measured cost."""
+    lines = []
+    for s in range(len(bounds) - 1):
+        lo, hi = bounds[s], bounds[s + 1]
+        cost = sum(costs[lo:hi])
+        lines.append(f"stage {s} (rank {stage_to_rank(s, p=p, placement=placement)}): blocks {lo}-{hi - 1} "
+                     f"[{', '.join(names[lo:hi])}] {cost * 1e3:.2f} ms")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Bubble: formulas, simulation from the action list, measurement
+# ---------------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    """Mean seconds per micro-batch per chunk: forward, input backward, weight backward, full backward (I + W)."""
+
+    f: float
+    i: float
+    w: float
+    b: float
+
+
+FORMULAS = {
+    "1f1b": "(p-1)/m",
+    "interleaved-1f1b": "(p-1)/(v*m)",
+    "zero-bubble": "max(0, (p-1)(t_F+t_I-2t_W)) / (m*v*(t_F+t_I+t_W))  [ZB-H2 / ZB-V, Qi et al. 2023]",
+    "dualpipev": "max(0, (PP/2-1)(t_F&B+t_B-3t_W)) / (m*v*(t_F+t_B)), PP = p*v stages, t_F&B = t_F+t_B  "
+                 "[DeepSeek-V3 report / DualPipe README]",
+}
+
+
+def bubble_formula(schedule: str, *, p: int, v: int, m: int, t: ChunkTimes | None = None) -> float:
+    """The schedule's bubble as a fraction of a rank's compute (idle / compute), in per-chunk times.
+
+    1F1B: (p-1)(t_F+t_B) idle against m(t_F+t_B) compute = (p-1)/m; interleaved: (p-1)/(v*m).
+    Zero bubble (ZB-V, the ZB-H2 expression of Qi et al. 2023 with t_B the input backward):
+    (p-1)(t_F+t_I-2t_W), floored at 0, against m*v*(t_F+t_I+t_W). DualPipeV (DeepSeek-V3 report,
+    table 2, and the DualPipe README, where B is a full backward chunk and PP the stages of the
+    V, p*v): (PP/2-1)(t_F&B+t_B-3t_W), floored at 0, against m*v*(t_F+t_B); on the CPU a rank
+    runs the overlapped F and B of torch's OVERLAP_F_B one after the other, so t_F&B = t_F + t_B.
+    """
+    if schedule == "1f1b":
+        return (p - 1) / m
+    if schedule == "interleaved-1f1b":
+        return (p - 1) / (v * m)
+    assert t is not None, "the zero-bubble and DualPipe formulas need the measured F/I/W times"
+    if schedule == "zero-bubble":
+        compute = m * v * (t.f + t.i + t.w)
+        return max(0.0, (p - 1) * (t.f + t.i - 2 * t.w)) / compute if compute > 0 else float("nan")
+    if schedule == "dualpipev":
+        compute = m * v * (t.f + t.b)
+        stages = p * v
+        return max(0.0, (stages / 2 - 1) * ((t.f + t.b) + t.b - 3 * t.w)) / compute if compute > 0 else float("nan")
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def _deps(action: Any, n_stages: int) -> list[tuple[int, str, int]]:
+    s, kind, mb = action.stage_index, action.computation_type.value, action.microbatch_index
+    if kind == "F":
+        return [(s - 1, "F", mb)] if s > 0 else []
+    if kind in ("I", "B"):
+        out = [(s, "F", mb)]
+        if s < n_stages - 1:
+            out.append((s + 1, "IB", mb))
+        return out
+    if kind == "W":
+        return [(s, "I", mb)]
+    raise ValueError(f"unexpected action {action}")
+
+
+def simulate_bubble(pipeline_order: dict[int, list[Any]], durations: dict[tuple[int, str], float], *, n_stages: int
+                    ) -> dict[int, float]:
+    """Idle / compute per rank when the schedule's own action list (compute-only `pipeline_order`, as torch's
+    schedules build it) runs with these per-(stage, kind) durations and free communication."""
+    done: dict[tuple[int, str, int], float] = {}
+    flat: dict[int, list[Any]] = {}
+    for rank, actions in pipeline_order.items():
+        seq = []
+        for a in actions:
+            if a is None:
+                continue
+            subs = getattr(a, "sub_actions", None)
+            seq.extend(subs if subs else [a])
+        flat[rank] = seq
+    pos = dict.fromkeys(flat, 0)
+    free = dict.fromkeys(flat, 0.0)
+    busy = dict.fromkeys(flat, 0.0)
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank, seq in flat.items():
+            while pos[rank] < len(seq):
+                a = seq[pos[rank]]
+                ready = 0.0
+                for s, kind, mb in _deps(a, n_stages):
+                    key = next(((s, k, mb) for k in (("I", "B") if kind == "IB" else (kind,)) if (s, k, mb) in done), None)
+                    if key is None:
+                        break
+                    ready = max(ready, done[key])
+                else:
+                    kind = a.computation_type.value
+                    dur = durations.get((a.stage_index, kind), 0.0)
+                    start = max(free[rank], ready)
+                    free[rank] = start + dur
+                    busy[rank] += dur
+                    done[(a.stage_index, kind, a.microbatch_index)] = free[rank]
+                    pos[rank] += 1
+                    progressed = True
+                    continue
+                break
+    if any(pos[r] < len(flat[r]) for r in flat):
+        raise RuntimeError("the schedule's actions wait on each other: it cannot run as written")
+    end = max(free.values())
+    return {r: (end - busy[r]) / busy[r] if busy[r] > 0 else float("nan") for r in flat}
+
+
+@dataclass
+class StageClock:
+    """Seconds each local stage spent in F, I, W and B during the last step, and the step's schedule time."""
+
+    sync_cuda: Any = None
+    current: dict[tuple[int, str], list[float]] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
+
+    def now(self) -> float:
+        if self.sync_cuda is not None:
+            self.sync_cuda()  # queued kernels finish first, else a call's time is its launch time (as IdleClock)
+        return time.perf_counter()
+
+    def add(self, stage: int, kind: str, seconds: float) -> None:
+        slot = self.current.setdefault((stage, kind), [0.0, 0])
+        slot[0] += seconds
+        slot[1] += 1
+
+    def finish(self, schedule_s: float) -> None:
+        compute = sum(v[0] for v in self.current.values())
+        self.last = {"schedule_s": schedule_s, "compute_s": compute,
+                     "stages": {f"{s}:{k}": list(v) for (s, k), v in sorted(self.current.items())}}
+        self.current = {}
+
+    def idle_fraction(self, step_seconds: float) -> float:
+        """Idle / schedule time of the last step (IdleClock's quantity; the optimizer is outside both)."""
+        del step_seconds  # the engine timed the schedule itself, without the optimizer step
+        s, c = self.last.get("schedule_s", 0.0), self.last.get("compute_s", 0.0)
+        return max(0.0, 1.0 - c / s) if s > 0 else 0.0
+
+
+def chunk_times(stats: list[dict[str, Any]], *, m: int) -> ChunkTimes:
+    """Mean per-chunk, per-micro-batch F/I/W/B seconds over every stage of every rank's last step."""
+    totals = dict.fromkeys(KINDS, 0.0)
+    stages: set[str] = set()
+    for rank_stats in stats:
+        for key, (seconds, _count) in rank_stats["stages"].items():
+            stage, kind = key.split(":")
+            totals[kind] += seconds
+            stages.add(stage)
+    n = max(1, len(stages)) * m
+    f, i, w, b = (totals[k] / n for k in KINDS)
+    return ChunkTimes(f=f, i=i, w=w, b=b + i + w)
+
+
+def bubble_report(schedule: str, stats: list[dict[str, Any]], *, p: int, v: int, m: int,
+                  pipeline_order: dict[int, list[Any]] | None = None) -> dict[str, Any]:
+    """The logged bubble of one step from every rank's StageClock.last (gathered, in global rank order)."""
+    per_rank = [(s["schedule_s"] - s["compute_s"]) / s["compute_s"] if s["compute_s"] > 0 else float("nan") for s in stats]
+    of_step = [max(0.0, s["schedule_s"] - s["compute_s"]) / s["schedule_s"] if s["schedule_s"] > 0 else 0.0 for s in stats]
+    t = chunk_times(stats, m=m)
+    out: dict[str, Any] = {
+        "schedule": schedule, "p": p, "v": v, "m": m,
+        "bubble": sum(per_rank) / len(per_rank), "bubble_of_step": sum(of_step) / len(of_step),
+        "bubble_per_rank": per_rank, "bubble_formula": bubble_formula(schedule, p=p, v=v, m=m, t=t),
+        "formula": FORMULAS[schedule], "t_f": t.f, "t_i": t.i, "t_w": t.w, "t_b": t.b,
+    }
+    if pipeline_order is not None:
+        durations: dict[tuple[int, str], float] = {}
+        for rank_stats in stats:
+            for key, (seconds, count) in rank_stats["stages"].items():
+                stage, kind = key.split(":")
+                durations[(int(stage), kind)] = seconds / max(1, count)
+        sim = simulate_bubble(pipeline_order, durations, n_stages=p * v)
+        out["bubble_simulated"] = sum(sim.values()) / len(sim)
+    return out
+
+
+def deepspeed_bubble_report(idle_fractions: list[float], *, p: int, m: int) -> dict[str, Any]:
+    """The 1f1b (DeepSpeed engine) bubble from each rank's IdleClock idle fraction f = idle / schedule time:
+    idle / compute = f / (1 - f)."""
+    per_rank = [f / (1 - f) if f < 1 else float("inf") for f in idle_fractions]
+    return {"schedule": "1f1b", "p": p, "v": 1, "m": m, "bubble": sum(per_rank) / len(per_rank),
+            "bubble_of_step": sum(idle_fractions) / len(idle_fractions), "bubble_per_rank": per_rank,
+            "bubble_formula": bubble_formula("1f1b", p=p, v=1, m=m), "formula": FORMULAS["1f1b"]}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The engine: what rank.py asks of DeepSpeed's PipelineEngine, on torch's schedules
+# ---------------------------------------------------------------------------------------------------------------------
+
+class RankChunks:
+    """This rank's chunks, read the way export.py reads a DeepSpeed PipelineModule (`forward_funcs`)."""
+
+    def __init__(self, chunks: list[Any]) -> None:
+        self.chunks = chunks
+
+    @property
+    def forward_funcs(self) -> list[Any]:
+        return [block for chunk in self.chunks for block in chunk]
+
+    def parameters(self) -> Any:
+        for chunk in self.chunks:
+            yield from chunk.parameters()
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The data-parallel coordinates rank.py reads from a DeepSpeed engine's `grid`."""
+
+    dp_rank: int
+    dp_size: int
+    pp_rank: int
+
+    def get_data_parallel_rank(self) -> int:
+        return self.dp_rank
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.dp_size
+
+
+def _timed_stage_class() -> Any:
+    from torch.distributed.pipelining import PipelineStage
+
+    class TimedStage(PipelineStage):
+        """A PipelineStage whose forward and backward calls add their seconds to a StageClock."""
+
+        clock: StageClock
+
+        def _timed(self, kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+            t0 = self.clock.now()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.clock.add(self.stage_index, kind, self.clock.now() - t0)
+
+        def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+            return self._timed("F", super().forward_one_chunk, *args, **kwargs)
+
+        def backward_one_chunk(self, bwd_chunk_id: int, loss: Any = None, full_backward: bool = True,
+                               last_backward: bool = False) -> Any:
+            return self._timed("B" if full_backward else "I", super().backward_one_chunk, bwd_chunk_id, loss=loss,
+                               full_backward=full_backward, last_backward=last_backward)
+
+        def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> Any:
+            return self._timed("W", super().backward_weight_one_chunk, bwd_chunk_id, last_backward=last_backward)
+
+    return TimedStage
+
+
+class TorchPipelineEngine:
+    """p x v chunks on torch's pipeline schedules, with the DeepSpeed engine's interface where rank.py uses it:
+    train_batch, get_lr, save_checkpoint, load_checkpoint, module, optimizer, device, grid."""
+
+    def __init__(self, *, schedule_name: str, chunks: list[Any], stage_ids: list[int], schedule: Any, optimizer: Any,
+                 lr_scheduler: Any, device: Any, grid: Grid, pp_group: Any, dp_group: Any, clock: StageClock,
+                 grad_clip: float, partition: dict[str, Any]) -> None:
+        self.schedule_name, self.stage_ids, self.schedule = schedule_name, stage_ids, schedule
+        self.module = RankChunks(chunks)
+        self.optimizer, self.lr_scheduler, self.device, self.grid = optimizer, lr_scheduler, device, grid
+        self.pp_group, self.dp_group, self.clock, self.grad_clip = pp_group, dp_group, clock, grad_clip
+        self.partition = partition
+        self.holds_last = partition["stages"] - 1 in stage_ids
+
+    # -- construction ------------------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, model: Any, *, schedule_name: str, pp: int, virtual_stages: int, micro_batches: int,
+              ds_config: dict[str, Any], grad_clip: float, device: Any, sample: tuple[Any, Any],
+              resume_partition: dict[str, Any] | None = None, log: Any = print) -> "TorchPipelineEngine":
+        import torch
+        import torch.distributed as dist
+        from deepspeed.runtime.lr_schedules import WarmupCosineLR
+        from torch.distributed import pipelining
+
+        from lmforge.components.training.pipeline_model import lm_loss, pipeline_layers
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        dp = world // pp
+        # DeepSpeed's PipeDataParallelTopology order: the data-parallel coordinate varies fastest.
+        pp_rank, dp_rank = rank // dp, rank % dp
+        pp_groups = [dist.new_group([s * dp + d for s in range(pp)]) for d in range(dp)]
+        dp_groups = [dist.new_group([s * dp + d for d in range(dp)]) for s in range(pp)]
+        pp_group, dp_group = pp_groups[dp_rank], dp_groups[pp_rank]
+        class_name, placement = TORCH_SCHEDULES[schedule_name]
+        n_stages = pp * virtual_stages
+
+        blocks = pipeline_layers(model)
+        names = [type(b).__name__ for b in blocks]
+        if resume_partition is not None:
+            partition = resume_partition
+            if partition["stages"] != n_stages or partition["schedule"] != schedule_name:
+                from lmforge.components.errors import UserError
+
+                raise UserError("--resume", partition, f"was saved as {partition['stages']} chunks of "
+                                f"{partition['schedule']}, this run asks for {n_stages} of {schedule_name}",
+                                "Resume with the same training.parallel.pipeline settings")
+        else:
+            costs: list[Any] = [None]
+            if rank == 0:
+                for b in blocks:
+                    b.to(device)
+                costs = [measure_block_costs(blocks, sample[0].to(device), sample[1].to(device))]
+            dist.broadcast_object_list(costs, src=0)  # one partition for every rank, measured once
+            bounds = partition_by_cost(costs[0], n_stages)
+            partition = {"schedule": schedule_name, "stages": n_stages, "bounds": bounds, "costs_s": costs[0],
+                         "blocks": names, "placement": placement}
+        if rank == 0:
+            log(f"pipeline partition ({schedule_name}, {pp} ranks x {virtual_stages} chunks, by measured forward+backward "
+                f"cost{' (from the checkpoint)' if resume_partition else ''}):\n"
+                + describe_partition(partition["bounds"], partition["costs_s"], names, p=pp, placement=placement))
+
+        bounds = partition["bounds"]
+        stage_ids = [s for s in range(n_stages) if stage_to_rank(s, p=pp, placement=placement) == pp_rank]
+        chunks = [torch.nn.Sequential(*blocks[bounds[s]:bounds[s + 1]]).to(device) for s in stage_ids]
+        clock = StageClock(sync_cuda=(lambda: torch.cuda.synchronize(device)) if torch.device(device).type == "cuda"
+                           else None)
+        timed = _timed_stage_class()
+        stages = []
+        for s, chunk in zip(stage_ids, chunks, strict=True):
+            stage = timed(chunk, s, n_stages, torch.device(device), group=pp_group)
+            stage.clock = clock
+            stages.append(stage)
+
+        def loss_fn(logits: Any, labels: Any) -> Any:
+            t0 = clock.now()
+            try:
+                return lm_loss(logits, labels)
+            finally:
+                clock.add(n_stages - 1, "F", clock.now() - t0)  # the loss is the last stage's forward work
+
+        schedule = getattr(pipelining, class_name)(stages, n_microbatches=micro_batches, loss_fn=loss_fn,
+                                                   scale_grads=True)
+        opt_params = {k: v for k, v in ds_config["optimizer"]["params"].items() if k not in ("torch_adam",)}
+        params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, **opt_params)
+        lr_scheduler = WarmupCosineLR(optimizer, **ds_config["scheduler"]["params"])
+        return cls(schedule_name=schedule_name, chunks=chunks, stage_ids=stage_ids, schedule=schedule,
+                   optimizer=optimizer, lr_scheduler=lr_scheduler, device=torch.device(device),
+                   grid=Grid(dp_rank=dp_rank, dp_size=dp, pp_rank=pp_rank), pp_group=pp_group, dp_group=dp_group,
+                   clock=clock, grad_clip=grad_clip, partition=partition)
+
+    # -- one step ------------------------------------------------------------------------------------------------------
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups]
+
+    def train_batch(self, data_iter: Any) -> Any:
+        """One optimizer step over the iterator's (input_ids, labels) micro-batches; the mean loss on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        micro = list(data_iter)
+        x = torch.cat([a for a, _ in micro])
+        y = torch.cat([b for _, b in micro])
+        self.optimizer.zero_grad(set_to_none=True)
+        losses: list[Any] = []
+        t0 = self.clock.now()
+        self.schedule.step(x, target=y, losses=losses)
+        self.clock.finish(self.clock.now() - t0)
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.grid.dp_size > 1:
+            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+            flat = _flatten_dense_tensors([p.grad for p in params])
+            dist.all_reduce(flat, group=self.dp_group)
+            flat.div_(self.grid.dp_size)
+            for p, g in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params]), strict=True):
+                p.grad.copy_(g)
+        if self.grad_clip > 0:
+            sq = torch.stack([p.grad.detach().float().pow(2).sum() for p in params]).sum().reshape(1)
+            dist.all_reduce(sq, group=self.pp_group)  # the global norm: every stage's squares
+            norm = sq.sqrt()
+            coef = torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0)  # DeepSpeed's clip_grad_norm_
+            for p in params:
+                p.grad.mul_(coef.to(p.grad.dtype))
+        self.optimizer.step()
+        self.lr_scheduler.step()
+        mine = (torch.stack([t.detach().float() for t in losses]).mean() if self.holds_last
+                else torch.zeros((), device=self.device))
+        loss = mine.reshape(1).clone()
+        dist.all_reduce(loss, group=self.pp_group)  # the last stage's loss, on every stage of this replica
+        return loss[0]
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------------
+    def _file(self, folder: Path) -> Path:
+        return folder / f"pp{self.grid.pp_rank:02d}_dp{self.grid.dp_rank:02d}.pt"
+
+    def save_checkpoint(self, save_dir: str, *, tag: str, save_latest: bool = False, exclude_frozen_parameters: bool = False,
+                        client_state: dict[str, Any] | None = None) -> None:
+        """Every rank writes its chunks, optimizer and scheduler states; rank 0 also the partition (checkpoint.py
+        marks the folder complete after the barrier, as for DeepSpeed)."""
+        import torch
+        import torch.distributed as dist
+
+        del save_latest, exclude_frozen_parameters
+        folder = Path(save_dir) / tag
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {"chunks": {s: c.state_dict() for s, c in zip(self.stage_ids, self.module.chunks, strict=True)},
+                 "optimizer": self.optimizer.state_dict(), "lr_scheduler": self.lr_scheduler.state_dict(),
+                 "client_state": client_state or {}}
+        path = self._file(folder)
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(path)
+        if dist.get_rank() == 0:
+            from lmforge.components.workspace import atomic_write_json
+
+            atomic_write_json(folder / PARTITION_FILE, self.partition)
+
+    def load_checkpoint(self, load_dir: str, *, tag: str, load_module_strict: bool = True) -> tuple[str, dict[str, Any]]:
+        import torch
+
+        folder = Path(load_dir) / tag
+        state = torch.load(self._file(folder), map_location=self.device, weights_only=False)
+        for s, chunk in zip(self.stage_ids, self.module.chunks, strict=True):
+            chunk.load_state_dict(state["chunks"][s], strict=load_module_strict)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        return str(folder), state["client_state"]
+
+    def bubble(self, stats: list[dict[str, Any]]) -> dict[str, Any]:
+        """This schedule's bubble report from every rank's clock (rank order), with the action-list simulation."""
+        p = self.partition["stages"] // len(self.stage_ids)
+        return bubble_report(self.schedule_name, stats, p=p, v=len(self.stage_ids), m=self.schedule._n_microbatches,
+                             pipeline_order=self.schedule.pipeline_order if self.grid.dp_size == 1 else None)
+
+
+def saved_partition(folder: Path) -> dict[str, Any] | None:
+    """The partition a torch-schedule checkpoint was trained with (None for a DeepSpeed checkpoint)."""
+    path = Path(folder) / PARTITION_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def build_engine(model: Any, req: Any, windows: Any, *, log: Any = print) -> TorchPipelineEngine:
+    """The rank's engine for a torch schedule, from its RankRequest (protocol.py): the partition is measured on one
+    micro-batch of step 0, or read back from the checkpoint a resume starts from."""
+    import os
+
+    import torch
+
+    from lmforge.components.training import checkpoint as ckpt
+
+    cfg, layout = req.training, req.layout
+    pipe = cfg.parallel.pipeline
+    cuda = req.hardware.device == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    resume_partition = saved_partition(ckpt.latest_complete(req.run_dir / "checkpoints")[1]) if req.resume else None
+    sample = windows.micro_batches(0, dp_rank=0, dp_size=1, micro=layout.micro, accum=1)[0]
+    return TorchPipelineEngine.build(model, schedule_name=pipe.schedule, pp=layout.pp, virtual_stages=pipe.virtual_stages,
+                                     micro_batches=layout.accum, ds_config=req.ds_config, grad_clip=cfg.grad_clip,
+                                     device=device, sample=sample, resume_partition=resume_partition, log=log)
+
+
+def bubble_event(engine: TorchPipelineEngine | None, per_rank_memory: list[dict[str, Any]], *, pp: int, m: int,
+                 gather: Any) -> dict[str, Any]:
+    """The `bubble` field of a logged step (every rank calls it: `gather` is a collective for the torch schedules).
+    `engine` None = DeepSpeed's 1f1b engine, whose IdleClock idle fractions are in the gathered memory rows."""
+    if engine is None:
+        return deepspeed_bubble_report([r["idle_fraction"] for r in per_rank_memory], p=pp, m=m)
+    return engine.bubble(gather(engine.clock.last))
