@@ -174,13 +174,14 @@ def _layer_prefix(key: str, marker: str) -> str:
     return key.split(marker, 1)[0]
 
 
-def local_experts(module: nn.Module) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's experts on the host: (layer's mlp prefix, global expert id) -> (gate_up, down) weights."""
+def local_experts(module: nn.Module, *, ep_rank: int | None = None) -> dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's experts on the host: (layer's mlp prefix, global expert id) -> (gate_up, down) weights.
+    The expert-parallel rank is DeepSpeed's (its groups must exist) unless given."""
     out = {}
     for name, sub in module.named_modules():
         if isinstance(sub, DeepSpeedMoeBlock):
             prefix = name.removeprefix("module.")
-            ep_rank = _ep_rank(sub)
+            ep_rank = _ep_rank(sub) if ep_rank is None else ep_rank
             for i, expert in enumerate(sub.local_experts):
                 gid = ep_rank * len(sub.local_experts) + i
                 out[(prefix, gid)] = (expert.gate_up.weight.detach().cpu(), expert.down.weight.detach().cpu())
