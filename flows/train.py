@@ -83,6 +83,11 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
             if "expert_tokens" in ev:  # MoE: the auxiliary loss, each expert's load and the routes capacity dropped
                 values["moe_aux_loss"], values["moe_dropped_fraction"] = ev["moe_aux_loss"], ev["moe_dropped_fraction"]
                 values.update({f"expert_tokens_e{i}": n for i, n in enumerate(ev["expert_tokens"])})
+            if "bubble" in ev:  # pipeline: measured idle / compute beside the schedule's formula (training/schedules.py)
+                bub = ev["bubble"]
+                values.update({k: bub[k] for k in ("bubble", "bubble_formula", "bubble_of_step", "bubble_simulated")
+                               if k in bub})
+                values.update({f"bubble_rank{r}": x for r, x in enumerate(bub["bubble_per_rank"])})
             ts = int(dt.datetime.now().timestamp() * 1000)
             client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in values.items()])
 
