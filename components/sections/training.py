@@ -219,6 +219,10 @@ class ParallelConfig(Section):
             raise ValueError(f"pipeline parallelism runs with ddp or zero1, not {self.strategy}")
         if self.tensor.autotp_size > 1 and stage > 2:
             raise ValueError(f"AutoTP runs with ddp, zero1 or zero2, not {self.strategy}")
+        if self.tensor.autotp_size > 1 and self.pipeline.stages > 1 and self.pipeline.schedule != "1f1b":
+            raise ValueError(f"pipeline stages with tensor parallelism (dp x pp x tp) run on DeepSpeed's 1f1b engine, whose "
+                             f"blocks shard themselves, not on schedule {self.pipeline.schedule!r}: set pipeline.schedule = "
+                             f"\"1f1b\", or tensor.autotp_size = 1")
         return self
 
     @property

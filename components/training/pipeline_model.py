@@ -1,14 +1,28 @@
 """A Llama-style decoder as a deepspeed.pipe.PipelineModule: embedding, decoder blocks, norm + head.
 
     pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock", loss_fn=lm_loss)
+    pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock", tensor_parallel=2)  # dp x pp x tp
     loss = engine.train_batch(iter(micro_batches))          # 1F1B over the micro-batches
-    hf_state = stage_hf_state(pipe)                          # this stage's weights under HF names
+    hf_state = stage_hf_state(pipe)                          # this stage's weights under HF names (TP shards joined)
 
 Only hidden states travel between stages, so each decoder block carries its own rotary
 embedding and builds the position ids itself; attention is SDPA with `is_causal`, so no
 mask crosses a stage boundary. The blocks reuse the modules of a built model (lmforge's
 Llama, or a base of any architecture `unsplittable` accepts), so a pipeline run starts from
 exactly the weights of the other strategies.
+
+With `tensor_parallel` > 1 the ranks form DeepSpeed's PipeModelDataParallelTopology (world =
+pp x dp x tp) and each decoder block's projections are sharded over the grid's tensor (slice)
+group with DeepSpeed's own AutoTP training layers, in Megatron's layout: q/k/v and gate/up
+column-parallel (LinearLayer: identity forward, gradient all-reduce backward), o and down
+row-parallel (LinearAllreduce: output all-reduce forward). Every rank builds the full model from
+the same seed and keeps its slice, so the sharded model computes what the whole one does. HF
+attention reshapes with -1 heads, so a shard of q/k/v runs heads/tp and kv_heads/tp heads with
+the same grouping. The embedding, the norms and the head stay replicated. Gradient clipping
+needs each gradient counted once in the norm: DeepSpeed counts parameters marked model-parallel
+on every rank and the rest on tensor rank 0 only (runtime/utils.py, zero/stage_1_and_2.py,
+bf16_optimizer.py), so the sharded weights carry DeepSpeed's mark and the replicated ones are
+marked on tensor rank 0 only (`mark_for_grad_norm`).
 """
 
 from __future__ import annotations
@@ -113,20 +127,128 @@ def pipeline_layers(model: Any) -> list[nn.Module]:
     return blocks
 
 
-def build_pipeline(model: Any, *, stages: int, partition: str, activation_checkpoint_interval: int = 0) -> Any:
+def build_pipeline(model: Any, *, stages: int, partition: str, activation_checkpoint_interval: int = 0,
+                   tensor_parallel: int = 1) -> Any:
+    import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-    return PipelineModule(layers=pipeline_layers(model), num_stages=stages, partition_method=partition,
+    world = dist.get_world_size()
+    assert world % (stages * tensor_parallel) == 0, (world, stages, tensor_parallel)  # check_layout refused it before
+    topology = PipeModelDataParallelTopology(num_pp=stages, num_mp=tensor_parallel,
+                                             num_dp=world // (stages * tensor_parallel))
+    pipe = PipelineModule(layers=pipeline_layers(model), topology=topology, partition_method=partition,
                           loss_fn=lm_loss, activation_checkpoint_interval=activation_checkpoint_interval)
+    if tensor_parallel > 1:
+        shard_decoder_blocks(pipe, model.config)
+    mark_for_grad_norm(pipe)
+    return pipe
+
+
+# Megatron's split of a Llama-style block: these projections' output features are sharded (column
+# parallel), those' input features (row parallel, whose partial outputs are summed by an all-reduce).
+COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW_PARALLEL = ("o_proj", "down_proj")
+TP_ATTR = "lmforge_tp_group"  # on the PipelineModule: the tensor group its blocks are sharded over
+
+
+def tp_unshardable(layer: nn.Module) -> str | None:
+    """Why a decoder layer's projections cannot take the column/row split (None when they can):
+    its nn.Linear modules must be exactly the seven of a Llama-style block, under self_attn and mlp."""
+    linears = {name for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    expected = {f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")} | {
+        f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")}
+    if linears != expected:
+        return (f"its decoder layer's projections are {', '.join(sorted(linears)) or 'not nn.Linear'}, not the separate "
+                f"{', '.join(sorted(expected))} the tensor-parallel split shards")
+    return None
+
+
+def shard_decoder_blocks(pipe: Any, config: Any) -> None:
+    """Replace this stage's decoder-block projections by DeepSpeed's AutoTP training layers over the grid's
+    tensor group; each rank keeps its slice of the full weights it was built with."""
+    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer, set_autotp_mode
+    from deepspeed.module_inject.tp_shard import AutoTPMeta
+
+    set_autotp_mode(training=True)  # DeepSpeed's layers freeze their weights unless in training mode
+    group, tp = pipe._grid.get_slice_parallel_group(), pipe._grid.get_slice_parallel_world_size()
+    meta = AutoTPMeta.from_model_config(config)
+    for block in pipe.forward_funcs:
+        if not isinstance(block, DecoderBlock):
+            continue
+        why = tp_unshardable(block.layer)
+        assert why is None, why  # layout.py refused such a model before launch
+        for parent_name, parent in (("self_attn", block.layer.self_attn), ("mlp", block.layer.mlp)):
+            for name in COLUMN_PARALLEL + ROW_PARALLEL:
+                full = getattr(parent, name, None)
+                if full is None:
+                    continue
+                shape = tuple(full.weight.shape)
+                cls = LinearLayer if name in COLUMN_PARALLEL else LinearAllreduce
+                sharded = cls(full, group, name=f"{block.hf_prefix}{parent_name}.{name}", tp_meta=meta)
+                dim = 0 if name in COLUMN_PARALLEL else 1
+                assert sharded.weight.shape[dim] * tp == shape[dim], (name, shape, tuple(sharded.weight.shape))
+                setattr(parent, name, sharded)
+    setattr(pipe, TP_ATTR, group)
+
+
+def mark_for_grad_norm(pipe: Any) -> None:
+    """Count every gradient exactly once in DeepSpeed's global norm (and so in clipping).
+
+    DeepSpeed sums squared gradient norms over the grid's model-parallel group (all stages and tensor
+    ranks of one data-parallel replica), counting a parameter on a rank when it is marked model-parallel
+    or when the rank is tensor rank 0 (ZeRO, bf16) or model-parallel rank 0 (the fp32 clip in
+    runtime/utils.py clip_grad_norm_, which is rank 0 of the whole pp x tp group, not of the stage).
+    Sharded weights are marked by DeepSpeed's layers; a replicated parameter is marked on tensor rank
+    0 only, so the later stages' replicated weights count too and the tensor copies do not count tp times.
+    """
+    if pipe._grid.get_slice_parallel_rank() != 0:
+        return
+    for p in pipe.parameters():
+        if not getattr(p, "tensor_model_parallel", False):
+            p.model_parallel = True
+
+
+def split_dim(hf_key: str) -> int | None:
+    """The dimension a Hugging Face weight is sharded along under the tensor-parallel split, None when replicated."""
+    module, param = hf_key.rsplit(".", 2)[-2:]
+    if module in COLUMN_PARALLEL:
+        return 0
+    if module in ROW_PARALLEL and param == "weight":
+        return 1  # a row-parallel bias is added once, after the all-reduce: replicated
+    return None
+
+
+def split_hf_state(state: dict[str, torch.Tensor], *, tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """Tensor rank `rank`'s slice of a full state dict (what shard_decoder_blocks leaves on that rank)."""
+    return {k: (v if split_dim(k) is None else v.chunk(tp, dim=split_dim(k))[rank]) for k, v in state.items()}
+
+
+def merge_hf_shards(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The full state dict from every tensor rank's slice, in tensor-rank order: shards concatenated along
+    their split dimension, replicated tensors taken from rank 0."""
+    out = {}
+    for k, v in shards[0].items():
+        dim = split_dim(k)
+        out[k] = v if dim is None else torch.cat([s[k] for s in shards], dim=dim)
+    return out
 
 
 def stage_hf_state(pipe: Any) -> dict[str, torch.Tensor]:
-    """This stage's weights under Hugging Face names, on CPU."""
+    """This stage's weights under Hugging Face names, on CPU; under tensor parallelism every rank of the stage's
+    tensor group must call it (the shards are gathered within the group), and each gets the full weights."""
     out: dict[str, torch.Tensor] = {}
     for layer in pipe.forward_funcs:
         if hasattr(layer, "hf_state"):
             out.update({k: v.detach().cpu() for k, v in layer.hf_state().items()})
-    return out
+    group = getattr(pipe, TP_ATTR, None)
+    if group is None:
+        return out
+    import torch.distributed as dist
+
+    shards: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(shards, out, group=group)
+    return merge_hf_shards(shards)
 
 
 class IdleClock:

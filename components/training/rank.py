@@ -132,6 +132,17 @@ def restore_rng(state: Any) -> None:
         torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
+def keep_grad_norm(engine: Any) -> None:
+    """engine.get_global_grad_norm() for every precision: DeepSpeed keeps the norm its ZeRO and bf16 optimizers
+    compute, but drops the one its fp32 clip (clip_fp32_gradients, no ZeRO) computes; this keeps that one too."""
+    from deepspeed.runtime import engine as ds_engine
+
+    def clip() -> None:
+        engine._global_grad_norm = ds_engine.clip_grad_norm_(parameters=engine.module.parameters(),
+                                                             max_norm=engine.gradient_clipping(), mpu=engine.mpu)
+    engine.clip_fp32_gradients = clip
+
+
 def devices_in_job(device_type: str, world: int) -> int:
     """How many devices' peaks the job's throughput is measured against: every GPU, or every
     machine when the ranks are CPU processes that share one machine's cores."""
@@ -219,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         params: list[Any] = [p for p in net.parameters() if p.requires_grad]
         engine, _, _, _ = deepspeed.initialize(model=net, model_parameters=optimizer_groups(params) if moe else params,
                                                config=for_deepspeed(ds_config))
+        keep_grad_norm(engine)
     if moe:
         moe.check_groups(rank)
     if hw.compile:
@@ -324,8 +336,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 bubble = bubble_event(engine if torch_pp else None, per_rank, pp=pp, m=layout.accum, gather=comms.gather_objects)
             moe_fields = moe.event(comms.gather_floats) if moe else {}
+            norm = None if torch_pp else engine.get_global_grad_norm()  # one value: reduced over the whole grid
             if rank == 0:
                 _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
+                                **({} if norm is None else {"grad_norm": float(norm)}),
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=token_flops, peak_flops=peak),
                                 "peak_flops": peak, "flops_per_token": token_flops,
                                 "memory": per_rank, "attempt": req.attempt, "max_steps": cfg.max_steps, **moe_fields,
@@ -358,6 +372,7 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
     import torch.distributed as dist
     from safetensors.torch import save_file
 
+    from lmforge.components.accelerator import to_device
     from lmforge.components.training.export import gather_hf_state, write_export
     from lmforge.components.training.model import model_config
 
@@ -373,6 +388,20 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
         engine.train()
         if rank == 0:
             save_file({"input_ids": probe, "logits": logits.contiguous()}, str(run_dir / "probe.safetensors"))
+    else:
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+
+        if isinstance(engine, PipelineEngine):
+            # No stage holds the logits: the engine's loss on the global batch after the last (one it never trained
+            # on), each data-parallel replica its own part; a test checks the export's loss on the same windows.
+            step = cfg.max_steps
+            mine = windows.micro_batches(step, dp_rank=engine.grid.get_data_parallel_rank(), dp_size=layout.dp,
+                                         micro=layout.micro, accum=layout.accum)
+            loss = engine.eval_batch(iter([(to_device(x, engine.device), to_device(y, engine.device)) for x, y in mine]))
+            if rank == 0:
+                every = windows.micro_batches(step, dp_rank=0, dp_size=1, micro=layout.micro, accum=layout.accum * layout.dp)
+                save_file({"input_ids": torch.cat([x for x, _ in every]), "labels": torch.cat([y for _, y in every]),
+                           "loss": loss.detach().float().cpu().reshape(1)}, str(run_dir / "probe.safetensors"))
     state = gather_hf_state(engine, zero_stage=layout.zero_stage, tp=layout.tp, pp=layout.pp)
     if cfg.model.moe.num_experts:
         from lmforge.components.training.moe import with_all_experts

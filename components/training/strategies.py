@@ -87,9 +87,18 @@ def apply_pipeline(ds: dict[str, Any], par: ParallelConfig, layout: Layout) -> d
 
 
 def apply_tensor_parallel(ds: dict[str, Any], par: ParallelConfig, layout: Layout) -> dict[str, Any]:
-    """DeepSpeed AutoTP: the linear layers sharded over `autotp_size` ranks."""
+    """DeepSpeed AutoTP: the linear layers sharded over `autotp_size` ranks.
+
+    With pipeline stages the pipeline shards its own decoder blocks over the grid's tensor group
+    (pipeline_model.py): no AutoTP section, the degree goes in the pipeline section the rank reads,
+    and the batch stays micro x accum x dp, which the pipeline engine checks against the grid's
+    data-parallel size (deepspeed.initialize takes the PipelineModule's grid as the mpu)."""
     if layout.tp == 1:
         return ds
+    if layout.pp > 1:
+        out = _with(ds, "pipeline_tensor_parallel")
+        out["pipeline"]["tensor_parallel"] = layout.tp
+        return out
     out = _with(ds, "tensor_parallel")
     out["tensor_parallel"] = {"autotp_size": layout.tp}
     # deepspeed.initialize checks the batch against the whole world before AutoTP forms its
