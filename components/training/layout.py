@@ -150,6 +150,13 @@ def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> 
             raise broken("training.parallel.pipeline.stages", pp,
                          f"more pipeline stages than {name}'s decoder layers ({text.num_hidden_layers})",
                          f"Use at most {text.num_hidden_layers} stages")
+        if tp > 1:
+            from lmforge.components.training.pipeline_model import tp_unshardable
+
+            why = tp_unshardable(model.model.layers[0])  # the pipeline's blocks shard themselves (dp x pp x tp)
+            if why is not None:
+                raise broken("training.parallel.tensor.autotp_size", tp, f"{name} cannot be tensor-split inside pipeline "
+                             f"stages: {why}", "Set tensor.autotp_size = 1, or pipeline.stages = 1 (AutoTP alone)")
 
 
 def _check_schedule(cfg: TrainingConfig, *, pp: int, micro_batches: int, bf16: bool, broken: Any) -> None:

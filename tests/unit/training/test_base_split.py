@@ -44,3 +44,18 @@ def test_more_stages_than_the_bases_layers_is_refused(checkpoint):
     with pytest.raises(UserError, match=r"more pipeline stages than the base's LlamaForCausalLM's decoder layers \(2\)"):
         check_layout(tiny_training(model={"init": str(checkpoint("llama"))}, parallel={"strategy": "ddp",
                      "pipeline": {"stages": 4}}), vocab_size=512, world_size=4)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_pipeline_stages_with_tensor_parallelism_accept_a_llama_style_base(kind, checkpoint):
+    layout = check_layout(tiny_training(model={"init": str(checkpoint(kind))}, parallel={**PP2, "tensor": {"autotp_size": 2}}),
+                          vocab_size=512, world_size=8)
+    assert (layout.dp, layout.pp, layout.tp) == (2, 2, 2)
+
+
+@pytest.mark.parametrize("kind, why", [("phi3", "unsupported partition style"), ("qwen2", "tied to its input embedding"),
+                                       ("gpt_neox", "not a Llama-style decoder")])
+def test_pipeline_stages_with_tensor_parallelism_refuse_what_either_refuses(kind, why, checkpoint):
+    with pytest.raises(UserError, match=why):
+        check_layout(tiny_training(model={"init": str(checkpoint(kind))}, parallel={**PP2, "tensor": {"autotp_size": 2}}),
+                     vocab_size=512, world_size=8)

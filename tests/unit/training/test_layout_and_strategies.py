@@ -27,6 +27,14 @@ def cfg(**kw) -> TrainingConfig:
     ({"warmup_steps": 50}, 2, "warmup must not exceed max_steps (10)"),
     ({"model": {"preset": "tiny", "tie_embeddings": True}, "parallel": {"strategy": "zero1", "tensor": {"autotp_size": 2}}},
      2, "output head is tied to its input embedding, and AutoTP shards the head without the embedding"),
+    ({"parallel": {"strategy": "ddp", "pipeline": {"stages": 2}, "tensor": {"autotp_size": 2}}}, 6,
+     "world size must be divisible by pipeline stages x autotp_size = 2 x 2"),
+    ({"model": {"preset": "tiny", "num_kv_heads": 1}, "parallel": {"strategy": "ddp", "pipeline": {"stages": 2},
+                                                                   "tensor": {"autotp_size": 2}}}, 8,
+     "attention heads (4) and key/value heads (1) must be divisible by the TP degree"),
+    ({"model": {"preset": "tiny", "intermediate_size": 130}, "parallel": {"strategy": "zero1", "pipeline": {"stages": 2},
+                                                                          "tensor": {"autotp_size": 4}}}, 8,
+     "intermediate_size 130 must be divisible by the TP degree"),
 ])
 def test_invalid_layouts_name_the_rule(training, world, rule):
     with pytest.raises(UserError) as e:
@@ -40,6 +48,8 @@ def test_invalid_layouts_name_the_rule(training, world, rule):
     ({"strategy": "zero2", "offload_param": True}, "offload_param needs zero3"),
     ({"strategy": "zero2", "pipeline": {"stages": 2}}, "pipeline parallelism runs with ddp or zero1"),
     ({"strategy": "zero3", "tensor": {"autotp_size": 2}}, "autotp runs with ddp, zero1 or zero2"),
+    ({"strategy": "ddp", "pipeline": {"stages": 2, "schedule": "zero-bubble", "virtual_stages": 2},
+      "tensor": {"autotp_size": 2}}, "run on deepspeed's 1f1b engine, whose blocks shard themselves"),
 ])
 def test_unsupported_combinations_fail_at_config_load(parallel, message):
     from lmforge.components.config import validate_config
@@ -92,3 +102,17 @@ def test_deepspeed_accepts_the_generated_config():
     layout = check_layout(c, vocab_size=512, world_size=1)
     parsed = DeepSpeedConfig(for_deepspeed(deepspeed_config(c, layout)))  # no process group: world size 1
     assert parsed.train_batch_size == 8 and parsed.gradient_accumulation_steps == 2 and parsed.zero_optimization_stage == 2
+
+
+def test_three_d_layout_keeps_the_batch_at_micro_x_accum_x_dp_and_shards_inside_the_pipeline():
+    """dp x pp x tp = 2 x 2 x 2: the pipeline shards its own blocks, so no AutoTP section; DeepSpeed's pipeline
+    engine checks train_batch_size against the grid's data-parallel size, not the whole world (AutoTP alone is
+    checked against the world). DeepSpeed accepting it on 8 ranks: tests/integration/test_train_3d.py."""
+    c = cfg(parallel={"strategy": "zero1", "pipeline": {"stages": 2, "micro_batches": 2}, "tensor": {"autotp_size": 2}})
+    layout = check_layout(c, vocab_size=512, world_size=8)
+    assert (layout.dp, layout.pp, layout.tp, layout.accum, layout.global_batch) == (2, 2, 2, 2, 4 * 2 * 2)
+    ds = deepspeed_config(c, layout)
+    assert applied(ds) == ["base", "zero1", "pipeline", "pipeline_tensor_parallel"]
+    assert "tensor_parallel" not in ds and ds["pipeline"]["tensor_parallel"] == 2 and ds["pipeline"]["stages"] == 2
+    assert ds["train_batch_size"] == layout.micro * layout.accum * layout.dp == 16
+    assert ds["gradient_accumulation_steps"] == 2 and ds["train_micro_batch_size_per_gpu"] == 4
