@@ -23,7 +23,13 @@ LoRA (`trainable` = the adapters' parameter count T): the frozen base keeps only
 alone: G T and K T, partitioned as above. The adapters' own weights are counted with the base.
 Activations per decoder layer (Korthikanti et al., 2022): s b h (34 + 5 a s / h) bytes at 16
 bits, or 2 s b h with activation checkpointing (plus one layer recomputed), plus the logits.
-Pipeline and tensor parallelism divide the model first: Psi / (pp x tp) per device.
+Pipeline and tensor parallelism divide the model first, but not evenly (`params_per_rank`): the
+decoder layers' projections split over tp and the layers over pp, while the embedding, the
+head (untied, as every pipeline or tensor-parallel layout requires) and the norms stay whole
+on their stage, so the heaviest rank (the last stage: head and final norm, or the first:
+the embedding) holds ceil(L / pp) x (block / tp + norms) + V h (+ h). The even split Psi / (pp x tp)
+missed the replicated tables: on the tiny preset at 4 layers, pp 2 x tp 2, it predicted 57.5K
+parameters a rank where each holds 74.0K. AutoTP alone (pp = 1) also shards the head.
 
 Mixture of Experts (`expert_params` = E, the experts' share of Psi, over `ep` expert-parallel
 ranks): the dense part (Psi - E) is replicated and ZeRO-partitioned over the dp ranks as above;
@@ -165,13 +171,30 @@ def moe_state_bytes(inp: PlanInput, *, strategy: str, dp: int) -> dict[str, floa
     return {k: dense[k] + experts[k] for k in dense}
 
 
+def params_per_rank(inp: PlanInput) -> float:
+    """Parameters on the heaviest rank of a pp x tp layout, from the Llama shape (see the module docstring).
+    A shape whose tables alone exceed `params` (a made-up size) falls back to the even split."""
+    if inp.pp * inp.tp == 1:
+        return inp.params
+    h, layers = inp.hidden_size, inp.num_layers
+    table = inp.vocab_size * h
+    blocks = inp.params - 2 * table - h  # the embedding, the untied head and the final norm are not in a block
+    if blocks <= 0:
+        return inp.params / (inp.pp * inp.tp)
+    norms = 2 * h  # each block's two RMSNorm weights stay whole on every tensor rank
+    per_layer = (blocks / layers - norms) / inp.tp + norms
+    if inp.pp == 1:  # AutoTP: the head is sharded too, the embedding is not
+        return layers * per_layer + table + table / inp.tp + h
+    return -(-layers // inp.pp) * per_layer + table + h
+
+
 def make_plan(inp: PlanInput) -> Plan:
     if inp.devices % (inp.pp * inp.tp):
         raise UserError("--devices", inp.devices, f"is not divisible by pp x tp = {inp.pp * inp.tp}",
                         "Use a multiple of pp x tp devices")
     dp = inp.devices // (inp.pp * inp.tp)
     _check_experts(inp, dp)
-    local = inp.params / (inp.pp * inp.tp)
+    local = params_per_rank(inp)
     local_trainable = None if inp.trainable is None else inp.trainable / (inp.pp * inp.tp)
     act = activation_bytes(inp)
     rows = []

@@ -78,3 +78,19 @@ def test_plan_reads_a_base_folder_and_counts_its_adapters_exactly(checkpoint):
     # q_proj (64 -> 64) and v_proj (64 -> 32: 2 of 4 heads) on both blocks, A and B each
     assert trainable == 2 * (8 * (64 + 64) + 8 * (64 + 32))
     assert base_size(folder, 0)[2] is None and params > 0
+
+
+def test_pipeline_and_tensor_parallel_keep_the_embedding_and_the_head_whole():
+    """The tiny preset at 4 layers, vocabulary 512, by hand: embedding and head 512 x 64 = 32768 each, final norm 64,
+    a block 4 x 64 x 64 (q, k, v, o) + 3 x 64 x 128 (gate, up, down) = 40960 projections + 128 of norms."""
+    n = 2 * 32768 + 64 + 4 * (40960 + 128)
+    shape = {"hidden_size": 64, "num_layers": 4, "num_heads": 4, "vocab_size": 512, "precision": "fp32", "memory_gb": 1}
+    three_d = make_plan(PlanInput(params=n, devices=8, pp=2, tp=2, **shape))
+    last_stage = 2 * (40960 // 2 + 128) + 32768 + 64  # two blocks' shards, the head and the final norm, whole
+    assert three_d.dp == 2 and three_d.params_per_device == last_stage == 74048
+    assert three_d.rows[0].params_gb == pytest.approx(4 * last_stage / 1e9)       # fp32 weights under ddp
+    assert three_d.params_per_device > n / 4 * 1.25                                 # the even split was 57488
+    autotp = make_plan(PlanInput(params=n, devices=2, tp=2, **shape))
+    assert autotp.params_per_device == 4 * (40960 // 2 + 128) + 32768 + 32768 // 2 + 64  # AutoTP shards the head
+    made_up = make_plan(PlanInput(params=1e6, devices=4, pp=2, tp=2, precision="fp32", memory_gb=1))  # 7B-like shape
+    assert made_up.params_per_device == pytest.approx(1e6 / 4)                     # tables bigger than the model
