@@ -132,6 +132,20 @@ def restore_rng(state: Any) -> None:
         torch.cuda.set_rng_state(torch.tensor(state["cuda"], dtype=torch.uint8))
 
 
+def measure_at_step(engine: Any, into: dict[str, int]) -> None:
+    """Model-state bytes into `into` as DeepSpeed's pipeline engine begins its next optimizer step, when every
+    gradient is alive (after it, they are freed): the moment the loop measures the other strategies at. Once."""
+    from lmforge.components.training.memory import model_state_bytes
+
+    take = engine._take_model_step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        del engine._take_model_step  # the class's method again from the next step on
+        into.update(model_state_bytes(engine))
+        return take(*args, **kwargs)
+    engine._take_model_step = step
+
+
 def keep_grad_norm(engine: Any) -> None:
     """engine.get_global_grad_norm() for every precision: DeepSpeed keeps the norm its ZeRO and bf16 optimizers
     compute, but drops the one its fp32 clip (clip_fp32_gradients, no ZeRO) computes; this keeps that one too."""
@@ -297,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
         measure_mem = logging_step and state_mem_step < start + 2
         t0 = time.perf_counter()
         if pp > 1:
+            held: dict[str, int] = {}
+            if measure_mem and not torch_pp:
+                measure_at_step(engine, held)
             loss = engine.train_batch(iter(micro)).detach().float()
             if measure_mem:
-                state_mem, state_mem_step = model_state_bytes(engine), done
+                state_mem, state_mem_step = held or model_state_bytes(engine), done
         else:
             total = torch.zeros((), device=device)
             if moe:
