@@ -7,8 +7,11 @@
     preset = "demo"            # tiny | demo | 125m | 1b; any size key below overrides the preset
     # init = "/models/qwen2-0.5b"   # or: fine-tune a local Hugging Face folder (its config.json decides the architecture)
     # init = "models:/lmforge-lm@champion"   # or a registered version: models:/<name>@<alias>, models:/<name>/<version>
+    [training.model.moe]
+    num_experts = 0            # > 0: a Mixture of Experts preset (Qwen3-MoE), top_k experts a token
     [training.parallel]
     strategy = "zero2"         # ddp | zero1 | zero2 | zero3
+    expert_parallel = 1        # with experts: the ranks one layer's experts are spread over
     [training.parallel.pipeline]
     stages = 1
     [training.parallel.tensor]

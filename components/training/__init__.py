@@ -1,4 +1,5 @@
-"""Training: a LlamaForCausalLM trained with DeepSpeed (DDP, ZeRO-1/2/3, offload, pipeline, AutoTP).
+"""Training: a LlamaForCausalLM (or, with experts, a Qwen3-MoE) trained with DeepSpeed (DDP, ZeRO-1/2/3, offload,
+pipeline, AutoTP, expert parallelism: moe.py).
 
     layout = check_layout(cfg.training, vocab_size, world_size)     # components/training/layout.py
     ds_config = deepspeed_config(cfg.training, layout)               # components/training/strategies.py
