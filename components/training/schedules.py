@@ -289,10 +289,10 @@ class StageClock:
             self.sync_cuda()  # queued kernels finish first, else a call's time is its launch time (as IdleClock)
         return time.perf_counter()
 
-    def add(self, stage: int, kind: str, seconds: float) -> None:
+    def add(self, stage: int, kind: str, seconds: float, *, count: bool = True) -> None:
         slot = self.current.setdefault((stage, kind), [0.0, 0])
         slot[0] += seconds
-        slot[1] += 1
+        slot[1] += int(count)
 
     def finish(self, schedule_s: float) -> None:
         compute = sum(v[0] for v in self.current.values())
@@ -308,17 +308,32 @@ class StageClock:
 
 
 def chunk_times(stats: list[dict[str, Any]], *, m: int) -> ChunkTimes:
-    """Mean per-chunk, per-micro-batch F/I/W/B seconds over every stage of every rank's last step."""
-    totals = dict.fromkeys(KINDS, 0.0)
-    stages: set[str] = set()
+    """Per-chunk, per-micro-batch seconds from every rank's last step: t_f a forward, t_b a whole backward (a full B,
+    or an I plus its W), and t_i, t_w one input and one weight backward where the schedule split them.
+
+    t_i and t_w leave stage 0 out when another stage split its backward: torch runs stage 0's whole
+    backward in its W (its input is token ids, with no gradient to compute), so there I is empty and
+    W is a full backward, which says nothing about how a chunk's backward divides.
+    """
+    del m  # the counts say how many actions ran
+    sums: dict[str, list[float]] = {k: [0.0, 0.0] for k in KINDS}
+    split: dict[str, list[float]] = {k: [0.0, 0.0] for k in ("I", "W")}
     for rank_stats in stats:
-        for key, (seconds, _count) in rank_stats["stages"].items():
+        for key, (seconds, count) in rank_stats["stages"].items():
             stage, kind = key.split(":")
-            totals[kind] += seconds
-            stages.add(stage)
-    n = max(1, len(stages)) * m
-    f, i, w, b = (totals[k] / n for k in KINDS)
-    return ChunkTimes(f=f, i=i, w=w, b=b + i + w)
+            sums[kind][0] += seconds
+            sums[kind][1] += count
+            if kind in split and int(stage) > 0:
+                split[kind][0] += seconds
+                split[kind][1] += count
+    source = split if split["I"][1] and split["W"][1] else {k: sums[k] for k in ("I", "W")}
+
+    def mean(pair: list[float]) -> float:
+        return pair[0] / pair[1] if pair[1] else 0.0
+
+    backwards = sums["B"][1] + sums["I"][1]
+    b = (sums["B"][0] + sums["I"][0] + sums["W"][0]) / backwards if backwards else 0.0
+    return ChunkTimes(f=mean(sums["F"]), i=mean(source["I"]), w=mean(source["W"]), b=b)
 
 
 def bubble_report(schedule: str, stats: list[dict[str, Any]], *, p: int, v: int, m: int,
@@ -494,7 +509,8 @@ class TorchPipelineEngine:
             try:
                 return lm_loss(logits, labels)
             finally:
-                clock.add(n_stages - 1, "F", clock.now() - t0)  # the loss is the last stage's forward work
+                # the loss is part of the last stage's forward work (timed, not a forward of its own)
+                clock.add(n_stages - 1, "F", clock.now() - t0, count=False)
 
         schedule = getattr(pipelining, class_name)(stages, n_microbatches=micro_batches, loss_fn=loss_fn,
                                                    scale_grads=True)

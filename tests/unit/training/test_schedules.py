@@ -177,3 +177,15 @@ def test_stage_clock_idle_fraction_is_of_the_schedule_time():
     clock.finish(schedule_s=1.0)
     assert clock.idle_fraction(5.0) == pytest.approx(0.4)
     assert clock.last["stages"] == {"0:B": [0.3, 1], "0:F": [0.3, 1]} and clock.current == {}
+
+
+def test_chunk_times_leave_out_stage_0s_unsplit_backward():
+    from lmforge.components.training.schedules import chunk_times
+
+    # Stage 0's I is empty and its W a whole backward (torch's first stage); stage 1 splits 2 + 1.
+    stats = [{"schedule_s": 1.0, "compute_s": 0.0, "stages": {"0:F": [4.0, 4], "0:I": [0.0, 4], "0:W": [12.0, 4],
+                                                              "1:F": [4.0, 4], "1:I": [8.0, 4], "1:W": [4.0, 4],
+                                                              "2:F": [2.0, 2], "2:B": [6.0, 2]}}]
+    t = chunk_times(stats, m=4)
+    assert (t.f, t.i, t.w) == (1.0, 2.0, 1.0)
+    assert t.b == pytest.approx((6.0 + 8.0 + 16.0) / 10)   # B, I and W of every stage over its 10 backwards
