@@ -137,8 +137,12 @@ def build_pipeline(model: Any, *, stages: int, partition: str, activation_checkp
     assert world % (stages * tensor_parallel) == 0, (world, stages, tensor_parallel)  # check_layout refused it before
     topology = PipeModelDataParallelTopology(num_pp=stages, num_mp=tensor_parallel,
                                              num_dp=world // (stages * tensor_parallel))
+    # Only the decoder blocks are recomputed: DeepSpeed's default (reentrant) checkpoint of the embedding, whose input
+    # ids need no gradient, returns an output without one, and the backward failed ("element 0 of tensors does not
+    # require grad").
     pipe = PipelineModule(layers=pipeline_layers(model), topology=topology, partition_method=partition,
-                          loss_fn=lm_loss, activation_checkpoint_interval=activation_checkpoint_interval)
+                          loss_fn=lm_loss, activation_checkpoint_interval=activation_checkpoint_interval,
+                          checkpointable_layers=[DecoderBlock.__name__])
     if tensor_parallel > 1:
         shard_decoder_blocks(pipe, model.config)
     mark_for_grad_norm(pipe)
