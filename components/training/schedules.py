@@ -627,7 +627,15 @@ def build_engine(model: Any, req: Any, windows: Any, *, log: Any = print) -> Tor
     pipe = cfg.parallel.pipeline
     cuda = req.hardware.device == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    resume_partition = saved_partition(ckpt.latest_complete(req.run_dir / "checkpoints")[1]) if req.resume else None
+    resume_partition = None
+    if req.resume:
+        _, folder = ckpt.latest_complete(req.run_dir / "checkpoints")
+        resume_partition = saved_partition(folder)
+        if resume_partition is None:
+            from lmforge.components.errors import UserError
+
+            raise UserError("--resume", folder, f"was saved by DeepSpeed's 1f1b engine, and this run asks for the "
+                                                f"{pipe.schedule} schedule", "Resume with schedule = \"1f1b\"")
     sample = windows.micro_batches(0, dp_rank=0, dp_size=1, micro=layout.micro, accum=1)[0]
     return TorchPipelineEngine.build(model, schedule_name=pipe.schedule, pp=layout.pp, virtual_stages=pipe.virtual_stages,
                                      micro_batches=layout.accum, ds_config=req.ds_config, grad_clip=cfg.grad_clip,
