@@ -11,7 +11,8 @@ preset's LlamaConfig or the base's own config.json, so a fine-tuned GPT-2 export
 ZeRO-3 partitions and AutoTP shards are gathered with the engine's
 `_consolidated_16bit_state_dict` (a collective: every rank must call it; docs/architecture.md:
 `save_16bit_model` and `module.state_dict()` hold only this rank's shard under AutoTP).
-Pipeline stages send their weights, renamed to Hugging Face keys, to rank 0.
+Pipeline stages send their weights, renamed to Hugging Face keys, to rank 0; with tensor parallelism inside
+the stages, each stage first joins its tensor shards within its tensor group (pipeline_model.stage_hf_state).
 The folder is built under a temporary name and renamed into place.
 """
 
