@@ -77,6 +77,8 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
             bar.update(tid, completed=ev["step"],
                        info=f"loss {ev['loss']:.3f}  {ev['tokens_per_s']:.0f} tok/s  MFU {ev['mfu']:.1%}")
             values = {"loss": ev["loss"], "lr": ev["lr"], "tokens_per_s": ev["tokens_per_s"], "mfu": ev["mfu"]}
+            if "grad_norm" in ev:  # the global gradient norm clipping used, counted once across stages and tensor ranks
+                values["grad_norm"] = ev["grad_norm"]
             for r, mem in enumerate(ev["memory"]):
                 values[f"model_state_mb_rank{r}"] = mem["total"] / 2 ** 20
                 values[f"rss_mb_rank{r}"] = mem["rss"] / 2 ** 20
