@@ -538,7 +538,7 @@ class TorchPipelineEngine:
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Any] = []
         t0 = self.clock.now()
-        self.schedule.step(x, target=y, losses=losses)
+        self.schedule.step(x, target=y, losses=losses, return_outputs=False)  # the losses only: no merged logits kept
         self.clock.finish(self.clock.now() - t0)
         params = [p for p in self.module.parameters() if p.grad is not None]
         if self.grid.dp_size > 1:
