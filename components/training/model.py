@@ -241,19 +241,40 @@ def hf_train_flops_per_token(config: Any, *, seq_len: int) -> float:
     N is the weights of every matmul, found by capability on a model built on the meta device
     (no memory, no weights): each nn.Linear and GPT-2-style Conv1D, the output head included
     (counted also when tied to the embedding, as in train_flops_per_token). Embedding lookups,
-    norms and biases are not matmuls. The attention term is 12·layers·(heads·head_dim)·seq_len:
+    norms and biases are not matmuls. A mixture-of-experts layer adds the experts a token runs
+    through (active_expert_weights). The attention term is 12·layers·(heads·head_dim)·seq_len:
     QKᵀ and AV over the full seq_len × seq_len matrix, as SDPA computes them. Not discounted: a
-    sliding window shorter than seq_len, and the experts a mixture-of-experts model leaves idle
-    (it counts every expert), so for those the MFU reads high.
+    sliding window shorter than seq_len, so for such a model the MFU reads high.
     """
     from lmforge.components.modelload import projection_dims  # the one test of "a linear-like layer"
 
     model = meta_model(config)
     n = sum(m.weight.numel() for m in model.modules() if projection_dims(m) is not None)
+    n += active_expert_weights(model, config)
     text = config.get_text_config()
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     return 6.0 * n + 12.0 * text.num_hidden_layers * heads * head_dim * seq_len
+
+
+def active_expert_weights(model: torch.nn.Module, config: Any) -> int:
+    """Matmul weights of transformers' fused MoE layers that one token uses: top_k of the E experts held as 3D
+    parameters [E, out, in] of an `experts` module (Qwen3-MoE, Mixtral in transformers 5; no nn.Linear, so the
+    projections walk misses them), plus each router's [E, hidden] weight. 0 for a dense model."""
+    from lmforge.components.modelload import projection_dims
+
+    top_k = getattr(config.get_text_config(), "num_experts_per_tok", None)
+    if not top_k:
+        return 0
+    n = 0
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        own = list(module.parameters(recurse=False))
+        if leaf == "experts":
+            n += sum(p.numel() // p.shape[0] * top_k for p in own if p.ndim == 3)
+        elif leaf == "gate" and projection_dims(module) is None:
+            n += sum(p.numel() for p in own if p.ndim == 2)
+    return n
 
 
 def flops_per_token(cfg: ModelConfig, config: Any, *, seq_len: int) -> float:

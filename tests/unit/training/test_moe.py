@@ -192,3 +192,20 @@ def test_lmforge_plan_with_experts():
     assert plan["active_params"] == param_count(cfg, vocab_size=512, active=True)
     bad = CliRunner().invoke(app, ["plan", "--model", "7b", "--experts", "4"])
     assert isinstance(bad.exception, UserError) and "needs a preset" in bad.exception.problem
+
+
+def test_a_moe_bases_flops_count_its_active_experts():
+    """A base's generic count (a meta-device model) misses fused 3D experts in a projections walk; they are added,
+    top_k of E, with the router: within 1% of the preset's closed form (which also counts norms), and by hand for
+    Mixtral (2 layers x (top-2 experts of 3 x 64 x 128, router 4 x 64))."""
+    from transformers import MixtralConfig
+
+    from lmforge.components.training.model import active_expert_weights, hf_train_flops_per_token, meta_model, moe_config
+
+    for moe in ({"top_k": 2}, {"num_experts": 8, "every": 2, "expert_size": 32}):
+        cfg = ModelConfig(preset="tiny", num_layers=4, moe={"num_experts": 4, **moe})
+        generic = hf_train_flops_per_token(moe_config(cfg, Tok(), seq_len=SEQ), seq_len=SEQ)
+        assert generic == pytest.approx(train_flops_per_token(cfg, vocab_size=VOCAB, seq_len=SEQ), rel=0.01)
+    mixtral = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2, vocab_size=VOCAB)
+    assert active_expert_weights(meta_model(mixtral), mixtral) == 2 * (2 * 3 * 64 * 128 + 4 * 64)
