@@ -239,20 +239,25 @@ def merge_hf_shards(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Te
 
 
 def stage_hf_state(pipe: Any) -> dict[str, torch.Tensor]:
-    """This stage's weights under Hugging Face names, on CPU; under tensor parallelism every rank of the stage's
-    tensor group must call it (the shards are gathered within the group), and each gets the full weights."""
+    """This stage's weights under Hugging Face names, on CPU; on a DeepSpeed PipelineModule, from the stage's first
+    data-parallel replica and tensor rank only, {} from the others, which hold copies (so the export's gather moves
+    one copy of each stage). Under tensor parallelism every rank of the stage's tensor group must call it: the
+    shards are joined within the group."""
     out: dict[str, torch.Tensor] = {}
     for layer in pipe.forward_funcs:
         if hasattr(layer, "hf_state"):
             out.update({k: v.detach().cpu() for k, v in layer.hf_state().items()})
     group = getattr(pipe, TP_ATTR, None)
-    if group is None:
-        return out
-    import torch.distributed as dist
+    if group is not None:
+        import torch.distributed as dist
 
-    shards: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(shards, out, group=group)
-    return merge_hf_shards(shards)
+        shards: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(shards, out, group=group)
+        out = merge_hf_shards(shards)
+    grid = getattr(pipe, "_grid", None)  # a DeepSpeed PipelineModule's; the torch schedules' chunks have none
+    if grid is None or (grid.get_data_parallel_rank() == 0 and grid.get_slice_parallel_rank() == 0):
+        return out
+    return {}
 
 
 class IdleClock:
