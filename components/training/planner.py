@@ -23,6 +23,9 @@ LoRA (`trainable` = the adapters' parameter count T): the frozen base keeps only
 alone: G T and K T, partitioned as above. The adapters' own weights are counted with the base.
 Activations per decoder layer (Korthikanti et al., 2022): s b h (34 + 5 a s / h) bytes at 16
 bits, or 2 s b h with activation checkpointing (plus one layer recomputed), plus the logits.
+Over tp tensor ranks s b h (10 + 24 / tp + 5 a s / (h tp)): the norms' and residuals' inputs stay
+whole on each rank (dividing all 34 by tp, as before, undercounted them), and so do the logits.
+Only the strategies a layout can run are planned: ddp and zero1 with pipeline stages, no zero3 with tp.
 Pipeline and tensor parallelism divide the model first, but not evenly (`params_per_rank`): the
 decoder layers' projections split over tp and the layers over pp, while the embedding, the
 head (untied, as every pipeline or tensor-parallel layout requires) and the norms stay whole
@@ -143,13 +146,18 @@ def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str,
 
 
 def activation_bytes(inp: PlanInput) -> float:
-    s, b, h, a, layers = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.num_heads, inp.num_layers
-    per_layer = 2 * s * b * h if inp.activation_checkpointing else s * b * h * (34 + 5 * a * s / h)
-    recompute = s * b * h * (34 + 5 * a * s / h) if inp.activation_checkpointing else 0.0
+    s, b, h, a, layers, t = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.num_heads, inp.num_layers, inp.tp
+    # Korthikanti et al.'s tensor-parallel count (their Table 2, no sequence parallelism): the 10 s b h of the norms'
+    # and residuals' inputs and the dropout masks stay whole on every tensor rank; only the rest divides by t.
+    full = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    per_layer = 2 * s * b * h if inp.activation_checkpointing else full  # a checkpoint keeps the layer's whole input
+    recompute = full if inp.activation_checkpointing else 0.0
     # 1F1B keeps up to pp micro-batches in flight on the first stage, each holding layers/pp layers' worth.
     layers_held = layers / inp.pp * min(inp.pp, layers)
-    logits = s * b * inp.vocab_size * (2 + 4 + 4)  # bf16 logits, fp32 copy for the loss, fp32 gradient
-    return (per_layer * layers_held + recompute) / inp.tp + logits / inp.tp
+    # bf16 logits, fp32 copy for the loss, fp32 gradient: whole on every rank, whose head is replicated (pipeline)
+    # or gathers its output (AutoTP).
+    logits = s * b * inp.vocab_size * (2 + 4 + 4)
+    return per_layer * layers_held + recompute + logits
 
 
 def _check_experts(inp: PlanInput, dp: int) -> None:
@@ -201,6 +209,8 @@ def make_plan(inp: PlanInput) -> Plan:
     for strategy in STRATEGIES:
         if inp.expert_params and strategy.startswith("zero3"):
             continue  # DeepSpeed's MoE layer refuses ZeRO-3
+        if (inp.pp > 1 and strategy.startswith(("zero2", "zero3"))) or (inp.tp > 1 and strategy.startswith("zero3")):
+            continue  # the layout rules (sections/training.py): a pipeline runs ddp or zero1, AutoTP ddp to zero2
         if inp.expert_params:
             st = moe_state_bytes(inp, strategy=strategy, dp=dp)
         else:

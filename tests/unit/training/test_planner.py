@@ -94,3 +94,35 @@ def test_pipeline_and_tensor_parallel_keep_the_embedding_and_the_head_whole():
     assert autotp.params_per_device == 4 * (40960 // 2 + 128) + 32768 + 32768 // 2 + 64  # AutoTP shards the head
     made_up = make_plan(PlanInput(params=1e6, devices=4, pp=2, tp=2, precision="fp32", memory_gb=1))  # 7B-like shape
     assert made_up.params_per_device == pytest.approx(1e6 / 4)                     # tables bigger than the model
+
+
+def test_tensor_parallel_activations_keep_the_replicated_part_whole_and_only_runnable_strategies_are_planned():
+    from lmforge.components.training.planner import activation_bytes
+
+    s, b, h, a, v = 128, 2, 64, 4, 512
+    shape = {"params": 1e6, "devices": 8, "memory_gb": 1, "seq_len": s, "micro_batch": b, "hidden_size": h,
+             "num_heads": a, "num_layers": 4, "vocab_size": v}
+    logits = s * b * v * 10
+    assert activation_bytes(PlanInput(**shape)) == pytest.approx(4 * s * b * h * (34 + 5 * a * s / h) + logits)
+    # Korthikanti et al., Table 2: 10 s b h per layer stays on every tensor rank, 24 s b h + 5 a s^2 b divide by tp.
+    assert activation_bytes(PlanInput(**shape, tp=2)) == pytest.approx(4 * s * b * h * (10 + 12 + 5 * a * s / (2 * h)) + logits)
+    three_d = make_plan(PlanInput(**shape, pp=2, tp=2))
+    assert [r.strategy for r in three_d.rows] == ["ddp", "zero1"]  # a pipeline runs ddp or zero1 (sections/training.py)
+    assert "zero3" not in [r.strategy for r in make_plan(PlanInput(**shape, tp=2)).rows]  # AutoTP: ddp to zero2
+
+
+def test_plan_command_for_a_three_d_layout():
+    import typer
+
+    from lmforge.cli.commands.plan import register
+
+    app = typer.Typer()
+    register(app)
+    app.command("noop")(lambda: None)
+    out = CliRunner().invoke(app, ["plan", "--model", "tiny", "--devices", "8", "--pp", "2", "--tp", "2", "--vocab", "512",
+                                   "--memory-gb", "1", "--precision", "fp32", "--json"])
+    assert out.exit_code == 0, out.output
+    plan = json.loads(out.output)
+    # tiny preset (2 layers): the last stage holds one block's shards (8192 x 5 / 2 + 128), the head and the norm
+    assert plan["dp"] == 2 and plan["params_per_device"] == 5 * 8192 // 2 + 128 + 512 * 64 + 64
+    assert plan["rows"][0]["params_gb"] == pytest.approx(4 * plan["params_per_device"] / 1e9)
