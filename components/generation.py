@@ -3,6 +3,8 @@
     ids = encode_prompt(tokenizer, "def add(a, b):")            # [eos, *tokens of generation_prompt(signature)]
     outs = generate(model, tokenizer, [ids], max_new_tokens=32)  # greedy, transformers' `generate`
     outs[0].text, outs[0].token_ids, outs[0].summary, outs[0].mean_logprob, outs[0].first_token_s
+    outs = decode(torch_forward(model), tokenizer, [ids], max_new_tokens=32)   # the same rows through a forward
+                                                                 # function and a KV cache (an ONNX graph: onnxrun.py)
 
 Evaluation (components/evaluation/generation.py), the MLflow pyfunc
 (components/registry/hf_pyfunc.py) and the Triton model (deploy/model.py) all call this,
@@ -169,3 +171,82 @@ class _StepClock:
     def __call__(self, input_ids: Any, scores: Any) -> Any:
         self.steps.append(time.perf_counter())
         return scores
+
+
+# --- the KV-cache decoding loop, for a model given as a forward function ----------------------
+
+def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
+           stop_strings: Sequence[str] = STOP_STRINGS, scores: bool = False) -> list[Output]:
+    """Greedy decoding of left-padded rows through `forward` with a KV cache: `generate`'s rows, prompt, stopping
+    rule and Output, for a model that is not a transformers module (an ONNX graph, deploy/model.py).
+
+        outs = decode(torch_forward(model), tok, [ids], max_new_tokens=32)           # the torch module
+        outs = decode(onnxrun.OnnxForward("model.onnx"), tok, [ids], max_new_tokens=32)  # its ONNX export
+
+    `forward(input_ids, attention_mask, position_ids, past)` takes LongTensors [B, S], [B, past + S], [B, S]
+    and the cache it returned last (None at the first call) and returns (float logits [B, S, V], cache).
+    Positions follow transformers' rule for left padding (cumsum of the mask - 1). A row is done at eos,
+    at its own limit or once a stop string is in its text; the loop ends when every row is.
+    """
+    import torch
+
+    limits = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(v) for v in max_new_tokens]
+    assert len(limits) == len(prompts) and all(v >= 1 for v in limits) and all(len(p) >= 1 for p in prompts)
+    if not prompts:
+        return []
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
+        mask[row, width - len(ids):] = 1
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    stops = [s for s in stop_strings if s]
+    generated: list[list[int]] = [[] for _ in prompts]
+    logps: list[list[float]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    steps: list[float] = []
+    past = None
+    start = time.perf_counter()
+    with torch.inference_mode():
+        while not all(done):
+            logits, past = forward(input_ids, mask, positions, past)
+            last = logits[:, -1, :].float()
+            nxt = last.argmax(-1)
+            if scores:
+                chosen = torch.log_softmax(last, -1).gather(-1, nxt[:, None])[:, 0].tolist()
+            steps.append(time.perf_counter())
+            for row, tok in enumerate(nxt.tolist()):
+                if done[row]:
+                    continue
+                generated[row].append(tok)
+                if scores:
+                    logps[row].append(chosen[row])
+                text = tokenizer.decode(generated[row], skip_special_tokens=True) if stops else ""
+                done[row] = (tok == eos or len(generated[row]) >= limits[row] or any(s in text for s in stops))
+            input_ids = nxt[:, None]
+            mask = torch.cat([mask, torch.ones_like(input_ids)], dim=1)
+            positions = positions[:, -1:] + 1
+    end = time.perf_counter()
+    results = []
+    for row, limit in enumerate(limits):
+        n, text = stopping_rule(tokenizer, generated[row][:limit], stops)
+        lp = logps[row][:n]
+        last_s = steps[n - 1] if 0 < n <= len(steps) else end
+        results.append(Output(token_ids=tuple(generated[row][:n]), text=text,
+                              mean_logprob=sum(lp) / len(lp) if lp else 0.0,
+                              first_token_s=(steps[0] if steps else end) - start, total_s=last_s - start))
+    return results
+
+
+def torch_forward(model: Any) -> Any:
+    """`decode`'s forward function for a transformers causal LM: the module with its own KV cache."""
+    device = next(model.parameters()).device
+
+    def forward(input_ids: Any, attention_mask: Any, position_ids: Any, past: Any) -> tuple[Any, Any]:
+        out = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                    position_ids=position_ids.to(device), past_key_values=past, use_cache=True)
+        return out.logits.float().cpu(), out.past_key_values
+    return forward
