@@ -1,6 +1,6 @@
 """A Llama-style decoder as a deepspeed.pipe.PipelineModule: embedding, decoder blocks, norm + head.
 
-    pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock", loss_fn=lm_loss)
+    pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock")     # the loss is lm_loss, on the last stage
     pipe = build_pipeline(model, stages=2, partition="type:DecoderBlock", tensor_parallel=2)  # dp x pp x tp
     loss = engine.train_batch(iter(micro_batches))          # 1F1B over the micro-batches
     hf_state = stage_hf_state(pipe)                          # this stage's weights under HF names (TP shards joined)
@@ -20,9 +20,10 @@ the same seed and keeps its slice, so the sharded model computes what the whole 
 attention reshapes with -1 heads, so a shard of q/k/v runs heads/tp and kv_heads/tp heads with
 the same grouping. The embedding, the norms and the head stay replicated. Gradient clipping
 needs each gradient counted once in the norm: DeepSpeed counts parameters marked model-parallel
-on every rank and the rest on tensor rank 0 only (runtime/utils.py, zero/stage_1_and_2.py,
-bf16_optimizer.py), so the sharded weights carry DeepSpeed's mark and the replicated ones are
-marked on tensor rank 0 only (`mark_for_grad_norm`).
+on every rank and the rest only on tensor rank 0 (ZeRO, bf16) or only on rank 0 of the whole
+pp x tp group (the fp32 clip, runtime/utils.py clip_grad_norm_, which so missed every later
+stage's weights even without tp), so the sharded weights carry DeepSpeed's mark and the
+replicated ones are marked on tensor rank 0 (`mark_for_grad_norm`).
 """
 
 from __future__ import annotations
