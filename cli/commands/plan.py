@@ -105,7 +105,7 @@ def plan(
                       f"device (experts / ep), {result.active_params / 1e6:.3g}M active per token; ZeRO-3 left out "
                       f"(DeepSpeed's MoE layer refuses it)")
     console.print(f"inference (bf16 weights, 2 bytes/param): {result.inference_gb:.2f} GB in total, "
-                  f"{result.inference_gb / (pp * tp):.2f} GB per device over pp x tp = {pp * tp}")
+                  f"{2 * result.params_per_device / 1e9:.2f} GB on the heaviest device (pp {pp} x tp {tp})")
     if result.recommended:
         console.print(f"recommended: [bold]{result.recommended}[/bold] (the first that fits, in order of communication cost)")
     else:
