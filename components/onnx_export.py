@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.onnxrun import INPUTS, OnnxForward, cache_names
+from lmforge.components.onnxrun import GRAPH_FILE, INPUTS, OnnxForward, cache_names
 from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_tree
 
-ONNX_FILE = "model.onnx"
+ONNX_FILE = GRAPH_FILE
 META_FILE = "onnx.json"
 DEFAULT_TOLERANCE = 1e-3   # fp32 logits; the tiny model's graph differs by ~2e-7
 WEIGHT_SUFFIXES = (".safetensors",)
@@ -211,3 +211,13 @@ def read_report(folder: Path) -> OnnxReport | None:
 
 def is_onnx_dir(folder: Path) -> bool:
     return (Path(folder) / ONNX_FILE).is_file()
+
+
+def check_onnx_dir(folder: Path) -> Path:
+    """A finished, checked export (model.onnx, onnx.json, config.json), or UserError saying what is missing."""
+    d = Path(folder)
+    missing = [n for n in (ONNX_FILE, META_FILE, "config.json") if not (d / n).is_file()]
+    if missing:
+        raise UserError("onnx folder", d, f"has no {', '.join(missing)}",
+                        "Export it with `lmforge export onnx` (it writes the graph, the tokenizer and the check's report)")
+    return d

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+GRAPH_FILE = "model.onnx"
 INPUTS = ("input_ids", "attention_mask", "position_ids")
 PAST, PRESENT = "past_", "present_"
 
@@ -28,6 +29,12 @@ PAST, PRESENT = "past_", "present_"
 def cache_names(layers: int) -> list[str]:
     """past_key_0, past_value_0, past_key_1, ...: the cache inputs in the graph's order."""
     return [f"{PAST}{kind}_{i}" for i in range(layers) for kind in ("key", "value")]
+
+
+def runtime_version() -> str:
+    import onnxruntime
+
+    return str(onnxruntime.__version__)
 
 
 def session(path: str | Path, *, threads: int = 0) -> Any:

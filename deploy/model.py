@@ -13,7 +13,11 @@ The model loads with modelload.load_model (an int8 or low-rank variant as what i
 to the instance's GPU unless its kernels are CPU-only (processing.serving_device: an int8
 variant stays on the CPU, and the server log says why), and generates with generation.generate:
 the prompt template, eos prefix, greedy decoding and
-stopping rule that evaluation scores and the MLflow pyfunc runs. TOKEN_IDS holds the
+stopping rule that evaluation scores and the MLflow pyfunc runs. A version whose model/ folder
+is an ONNX export (model.onnx, [deploy] format = "onnx") runs the graph in onnxruntime on the CPU
+instead, through generation.decode (the same prompt ids, greedy rows, stopping rule and outputs;
+components/onnxrun.py is its forward): nvidia-pytriton's tritonserver ships the python backend
+only, no onnxruntime backend, so the graph is served from here. TOKEN_IDS holds the
 generated ids, space-separated. Triton hands `execute` every request of a dynamic batch;
 their valid rows are generated together, and each request gets exactly one response:
 its outputs, or a TritonError with code INVALID_ARG (HTTP 400) saying what is wrong with
@@ -30,7 +34,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lmforge_runtime import generation, modelload, processing  # noqa: E402
+from lmforge_runtime import generation, modelload, onnxrun, processing  # noqa: E402
 from lmforge_runtime.requestlog import RequestLog, RequestRecord, now_iso  # noqa: E402
 
 OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
@@ -52,6 +56,17 @@ class TritonPythonModel:
         here = os.path.dirname(os.path.abspath(__file__))
         folder = os.path.join(here, "model")
         self.tok = modelload.load_tokenizer(folder)
+        self.forward = None
+        graph = os.path.join(folder, onnxrun.GRAPH_FILE)
+        if os.path.isfile(graph):  # an ONNX export: the same loop (generation.decode) over onnxruntime's forward
+            self.model, self.device = None, "cpu"
+            self.forward = onnxrun.OnnxForward(graph, threads=threads)
+            pb_utils.Logger.log_info(f"{self.name} v{self.version}: ONNX graph on onnxruntime "
+                                     f"{onnxrun.runtime_version()} (CPU execution provider, {threads} threads)")
+            self.rare_ids = processing.load_rare_ids(here)
+            log_dir = params.get("request_log", "")
+            self.log = RequestLog(log_dir) if log_dir else None
+            return
         self.model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
         # A GPU instance of an int8 variant keeps it on the CPU: torch's quantized::linear_dynamic has
         # CPU kernels only (processing.serving_device, a copy of lmforge's accelerator.runnable_device check).
@@ -115,8 +130,11 @@ class TritonPythonModel:
         return responses
 
     def _generate(self, rows):
-        outs = generation.generate(self.model, self.tok, [r["ids"] for r in rows],
-                                   max_new_tokens=[r["max_new"] for r in rows], scores=True)
+        prompts, limits = [r["ids"] for r in rows], [r["max_new"] for r in rows]
+        if self.forward is not None:
+            outs = generation.decode(self.forward, self.tok, prompts, max_new_tokens=limits, scores=True)
+        else:
+            outs = generation.generate(self.model, self.tok, prompts, max_new_tokens=limits, scores=True)
         return [{"summary": o.summary, "completion": o.text, "token_ids": " ".join(str(t) for t in o.token_ids),
                  "output_tokens": o.tokens, "mean_logprob": o.mean_logprob, "first_token_ms": o.first_token_s * 1e3,
                  "decode_ms": (o.total_s - o.first_token_s) * 1e3} for o in outs]
@@ -151,5 +169,5 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(f"request log: {e}")
 
     def finalize(self):
-        self.model = None
+        self.model = self.forward = None
 

@@ -11,8 +11,10 @@ Layout (the standard one, so the same folder runs in the NGC tritonserver contai
     <repo>/<model>/config.pbtxt             python backend, batching, instances, I/O, version policy
     <repo>/<model>/<version>/model.py       deploy/model.py
     <repo>/<model>/<version>/lmforge_runtime/  generation.py, modelload.py (torch + transformers), processing.py,
-                                            records.py, requestlog.py (stdlib): no lmforge install needed
-    <repo>/<model>/<version>/model/         the model folder (safetensors, tokenizer, lmforge.json)
+                                            records.py, requestlog.py (stdlib), onnxrun.py (onnxruntime):
+                                            no lmforge install needed
+    <repo>/<model>/<version>/model/         the model folder (safetensors, tokenizer, lmforge.json), or its ONNX
+                                            export (model.onnx, tokenizer, onnx.json): model.py then runs onnxruntime
     <repo>/<model>/<version>/rare_tokens.json, meta.json
 
 A Triton version number is the registry's model version number. The version policy is
@@ -42,8 +44,10 @@ from pathlib import Path
 
 import numpy as np
 
+from lmforge.components import onnxrun as onnxrun_module
 from lmforge.components import requestlog as requestlog_module
 from lmforge.components.errors import UserError
+from lmforge.components.onnx_export import check_onnx_dir, is_onnx_dir
 from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
@@ -180,18 +184,20 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     if version < 1:
         raise UserError("model version", version, "is not a positive integer",
                         "Triton versions are registry versions, 1 and up")
-    model_dir = check_model_dir(Path(model_dir))
+    onnx = is_onnx_dir(Path(model_dir))   # an ONNX export (components/onnx_export.py): model.py runs onnxruntime
+    model_dir = check_onnx_dir(Path(model_dir)) if onnx else check_model_dir(Path(model_dir))
     private_repository(repo)
     tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.{version}."))
     try:
         shutil.copy2(MODEL_PY, tmp / "model.py")
-        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, requestlog_module))
+        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, requestlog_module, onnxrun_module))
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
         rare = rare_token_ids(shard_dir, cfg.rare_token_min_count) if shard_dir else None
         atomic_write_json(tmp / RARE_TOKENS_FILE, {
             "min_count": cfg.rare_token_min_count, "source": str(shard_dir) if shard_dir else None,
             "ids": rare if rare is not None else []})
-        meta = {"version": version, "source": str(model_dir), "model_sha256": sha256_tree(tmp / "model")}
+        meta = {"version": version, "source": str(model_dir), "model_sha256": sha256_tree(tmp / "model"),
+                "format": "onnx" if onnx else "torch"}
         lm = model_dir / "lmforge.json"
         if lm.is_file():
             meta["lmforge"] = json.loads(lm.read_text())

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
+from lmforge.components.onnx_export import ONNX_FILE, is_onnx_dir
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import client, processing
@@ -67,6 +68,15 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
     from lmforge.components.registry.loading import load_causal_lm
 
     try:
+        if is_onnx_dir(folder / "model"):  # an ONNX export: onnxruntime through the loop model.py runs it with
+            from lmforge.components import generation, modelload
+            from lmforge.components.onnxrun import OnnxForward
+
+            tok = modelload.load_tokenizer(folder / "model")
+            # The graph must load and run the prefill and a cached step (an eos first ends sooner: a valid answer).
+            generation.decode(OnnxForward(folder / "model" / ONNX_FILE), tok, [generation.encode_prompt(tok, prompt)],
+                              max_new_tokens=2, stop_strings=())
+            return None
         model, tok = load_causal_lm(folder / "model")
         ids = tok(processing.build_prompt(prompt), return_tensors="pt")
         with torch.inference_mode():

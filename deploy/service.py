@@ -8,6 +8,9 @@
     rollback_production(ws, cfg.deploy, info, registry_model=cfg.registry.model_name)
     stop(ws)
 
+With [deploy] format = "onnx", the version's ONNX export (deploy/onnx.py: exported, checked against torch,
+registered as its lineage) is what the version folder holds, and model.py runs it in onnxruntime.
+
 flows/deploy.py wraps these in Prefect tasks; `lmforge serve`, `lmforge deploy rollback`
 and `lmforge deploy stop` call them directly.
 """
@@ -24,7 +27,7 @@ from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.deploy import client
-from lmforge.deploy.repository import build_version, config_revision, served_versions
+from lmforge.deploy.repository import build_version, config_revision, served_versions, version_dir
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import ServerInfo, info_from_state, read_state, running_server, start_server, stop_server, write_state
 
@@ -76,11 +79,19 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
     repo = repo_dir(ws)
     holder = current(ws, registry_model, PRODUCTION)   # what this rollout replaces; the move is a CAS on it
 
+    check_format(repo, cfg, version)
+
     def build() -> Path:
         if model_dir is None:
             folder = resolve_model(ws, registry_model, str(version))[1]
         else:
             folder = model_dir
+        if cfg.format == "onnx":  # the version's checked ONNX export, registered as its lineage (deploy/onnx.py)
+            from lmforge.deploy.onnx import ensure_onnx
+
+            onnx = ensure_onnx(ws, registry_model, str(version), model_dir=folder, tolerance=cfg.onnx_tolerance)
+            return build_version(repo, cfg, version=version, model_dir=onnx.folder,
+                                 shard_dir=shards_for(ws, folder), stage=True)
         return build_version(repo, cfg, version=version, model_dir=folder, shard_dir=shards_for(ws, folder),
                              stage=True)
 
@@ -99,6 +110,20 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
         history.append({"version": version, "at": now_iso(), "reason": reason})
         write_state(ws, info, model=cfg.model_name, version=version, history=history)
     return result
+
+
+def check_format(repo: Path, cfg: DeployConfig, version: int) -> None:
+    """Refuse to roll out, in another format, a version that already serves: its one folder would change under it."""
+    if version not in served_versions(repo, cfg.model_name):
+        return
+    meta = version_dir(repo, cfg.model_name, version) / "meta.json"
+    served = json.loads(meta.read_text()).get("format", "torch") if meta.is_file() else "torch"
+    if served != cfg.format:
+        raise UserError("deploy.format", cfg.format, f"differs from the {served} model version {version} already serves "
+                        "as (a Triton version is one folder: it cannot serve both while the gate checks one)",
+                        f"Keep deploy.format = \"{served}\" for version {version}, or roll out the next version in "
+                        f"{cfg.format}; to switch this one, `lmforge deploy stop`, delete "
+                        f"{version_dir(repo, cfg.model_name, version)} and deploy again")
 
 
 def rollback_production(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str,

@@ -60,5 +60,13 @@ def deploy_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     endpoint = f"http://{info.url}"
     summary = (f"{cfg.registry.model_name} v{version} ({d.alias}) serves as Triton model {d.model_name} at "
                f"{endpoint} (gRPC {info.grpc_url}): {result['reason']} in {result['seconds']:.0f} s")
+    if d.format == "onnx":
+        from lmforge.components.onnx_export import read_report
+        from lmforge.deploy.onnx import onnx_dir
+
+        report = read_report(onnx_dir(ws, cfg.registry.model_name, version))
+        if report is not None:
+            summary += (f"; ONNX graph in onnxruntime (python backend), logits within {report.max_abs_diff:.2g} of "
+                        f"torch (tolerance {report.tolerance:g}), lineage on the version (tag onnx_artifact)")
     print(summary)
     return {"endpoint": endpoint, "grpc": info.grpc_url, "version": version, "summary": summary}

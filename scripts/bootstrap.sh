@@ -3,7 +3,8 @@
 #   .venv        the project, on Python 3.11 or 3.12: torch first (a local CPU wheel when there is one),
 #                then `-e .[dev]` under constraints.txt
 #   .venv-serve  the Triton server's Python, 3.11 (the python-backend stub is built for it): numpy<2 (the stub
-#                breaks on numpy 2), torch, transformers, tokenizers, safetensors and nvidia-pytriton (tritonserver)
+#                breaks on numpy 2), torch, transformers, tokenizers, safetensors, nvidia-pytriton (tritonserver) and
+#                onnxruntime (ONNX graphs in the python backend; added to an existing .venv-serve too)
 # Re-running it only fills in what is missing. PYTHON chooses the project's interpreter (python3.11 or
 # python3.12); SERVE_PYTHON the serving one (a shared-libpython 3.11; default: PYTHON when it is one).
 set -euo pipefail
@@ -40,10 +41,18 @@ fi
 
 pip_quiet() { "$@" --quiet --disable-pip-version-check; }
 
-# Rebuilt when lmforge does not import (a new package folder needs a new editable install) or a dev tool
-# that `make lint` runs is missing.
+deps_ok() {  # every dependency pyproject.toml names is installed in .venv (a pulled change may have added one)
+    .venv/bin/python - <<'PY' 2>/dev/null
+import importlib.metadata, re, tomllib
+for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    importlib.metadata.version(re.match(r"[A-Za-z0-9_.-]+", dep).group(0))
+PY
+}
+
+# Rebuilt when lmforge does not import (a new package folder needs a new editable install), a dev tool
+# that `make lint` runs is missing, or a dependency is (make re-runs this when pyproject.toml changes).
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.cli.cli' 2>/dev/null \
-        || [ ! -x .venv/bin/ruff ] || [ ! -x .venv/bin/lint-imports ]; then
+        || [ ! -x .venv/bin/ruff ] || [ ! -x .venv/bin/lint-imports ] || ! deps_ok; then
     echo "bootstrap: building .venv (torch $TORCH_VERSION first, then lmforge) ..."
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
     pip_quiet .venv/bin/python -m pip install --upgrade pip
@@ -70,4 +79,12 @@ if [ ! -x .venv-serve/bin/python ] || ! stub_ok; then
     chmod +x "$root/backends/python/triton_python_backend_stub"
     stub_ok || { echo "bootstrap: Triton python backend stub is not in place under $root/backends/python" >&2; exit 1; }
     echo "bootstrap: .venv-serve ready"
+fi
+
+# onnxruntime runs [deploy] format = "onnx" graphs inside the python backend. Checked apart from the build
+# above, so that a .venv-serve built before it was needed gets it too.
+if ! .venv-serve/bin/python -c 'import onnxruntime' 2>/dev/null; then
+    echo "bootstrap: adding onnxruntime to .venv-serve ..."
+    pip_quiet .venv-serve/bin/python -m pip install "numpy<2" "$(grep -m1 '^onnxruntime==' constraints.txt)"
+    .venv-serve/bin/python -c 'import onnxruntime' || { echo "bootstrap: onnxruntime does not import in .venv-serve" >&2; exit 1; }
 fi

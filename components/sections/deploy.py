@@ -1,6 +1,7 @@
 """The [deploy] table: the Triton model repository, the server and the rollout gate.
 
     cfg = DeployConfig(alias="compressed", max_batch_size=16, http_port=0)   # 0 = a free port
+    cfg = DeployConfig(format="onnx")   # serve the version's ONNX export (onnxruntime in the python backend)
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class DeployConfig(Section):
     instance_kind: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="Triton instance kind: auto = KIND_GPU when the deploying host has CUDA, else KIND_CPU")
     threads_per_instance: int = Field(0, ge=0, le=256, description="torch threads per instance; 0 = cores / instances")
+    format: Literal["torch", "onnx"] = Field(
+        "torch", description="what the python backend runs: the torch model, or its ONNX export in onnxruntime "
+                             "(exported, checked against torch and registered as lineage of the version at deploy)")
+    onnx_tolerance: float = Field(1e-3, gt=0, le=1.0,
+                                  description="largest absolute logit difference the ONNX export may have from torch")
 
     # Generation and input limits (enforced by the model, per request).
     max_new_tokens: int = Field(32, ge=1, le=1024, description="tokens generated when the request does not say")
