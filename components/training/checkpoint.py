@@ -78,14 +78,15 @@ def latest_complete(ckpt_dir: Path) -> tuple[int, Path]:
 
 
 def prune(ckpt_dir: Path, *, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than them."""
+    """Delete all but the newest `keep` complete checkpoints, and incomplete ones older than them (with their
+    <tag>_universal conversions)."""
     found = complete_checkpoints(ckpt_dir)
     if len(found) <= keep:
         return []
     oldest_kept = found[-keep][0]
     removed = []
     for folder in Path(ckpt_dir).glob("step-*"):
-        m = _TAG.match(folder.name)
+        m = _TAG.match(folder.name.removesuffix("_universal"))  # a universal form (universal.py) goes with its tag
         if m and int(m.group(1)) < oldest_kept:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)

@@ -8,7 +8,9 @@
     job.base                               # with training.model.init: the checked base (components/basemodel.py)
 
 Everything that can be checked before ranks start is checked here (layout, data, resume
-state, num_ranks against the visible GPUs), so a bad setting costs a second, not a launch. The
+state, num_ranks against the visible GPUs), so a bad setting costs a second, not a launch. A resume on
+another number of ranks is checked and its checkpoint converted to DeepSpeed's universal form here
+(components/training/universal.py), and the job's notes say so. The
 precision `auto` resolves to and the peak FLOP/s of the device are decided here too, once,
 before the ranks start (components/accelerator.py, components/training/perf.py). With a base
 (`training.model.init`) the folder is checked here, and a dataset tokenised with any other
@@ -36,7 +38,7 @@ from lmforge.components.training.layout import Layout, check_layout, world_size_
 from lmforge.components.training.model import load_tokenizer
 from lmforge.components.training.perf import Peak, device_peak
 from lmforge.components.training.protocol import REQUEST_GLOB, RankHardware, RankRequest
-from lmforge.components.training.strategies import deepspeed_config
+from lmforge.components.training.strategies import apply_universal_load, deepspeed_config
 
 CPU_DEFAULT_RANKS = 2
 
@@ -159,20 +161,30 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
                         "Use more data or a shorter seq_len")
     gpus = visible_gpus()
     cfg = cfg.model_copy(update={"num_ranks": num_ranks_for(cfg, gpus)})
+    if cfg.parallel.parameter_server and cfg.precision == "auto":
+        cfg = cfg.model_copy(update={"precision": "fp32"})  # the parameter-server family trains fp32 (ps/rank.py)
     hardware = training_hardware(cfg)
     layout = check_layout(cfg, vocab_size=len(tok), world_size=world_size_of(cfg),
                           bf16_supported=hardware.precision.name == "bf16")
+    if cfg.parallel.parameter_server:
+        from lmforge.components.training.ps.checks import check_ps_job
+
+        check_ps_job(cfg, layout, device=hardware.device, resume=resume)
     start = 0
+    notes: list[str] = []
+    elastic = False
     if resume:
         start, folder = ckpt.latest_complete(Path(run_dir) / "checkpoints")
         saved = json.loads((folder / ckpt.MARKER).read_text())
-        if saved["world_size"] != layout.world_size:
-            raise UserError("--resume", folder, f"was saved by {saved['world_size']} ranks, this job has {layout.world_size}",
-                            "Resume with the same training.num_ranks")
         if start >= cfg.max_steps:
             raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
                             "Raise training.max_steps to train further")
-    notes: list[str] = []
+        if saved["world_size"] != layout.world_size:
+            # Another world size: checked, then converted once to DeepSpeed's universal checkpoint (universal.py).
+            from lmforge.components.training.universal import prepare_elastic
+
+            notes.append(prepare_elastic(folder, saved, cfg, layout))
+            elastic = True
     sft_batching = None
     if cfg.objective == "sft":
         sft_batching = prepare_sft(cfg, tok, Path(records or Path(tokenizer).parent / "records"), Path(run_dir), resume, notes)
@@ -184,7 +196,7 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
         skipped = f"; left frozen: {', '.join(sorted(set(chosen.skipped.values())))}" if chosen.skipped else ""
         notes.append(f"LoRA r={cfg.lora.r} on {len(chosen.targets)} projections, {adapter_params(chosen, cfg.lora.r):,} "
                      f"trainable parameters{skipped}")
-    ds = deepspeed_config(cfg, layout, device=hardware.device)
+    ds = apply_universal_load(deepspeed_config(cfg, layout, device=hardware.device), elastic)
     request = RankRequest(training=cfg, layout=layout, ds_config=ds, run_dir=Path(run_dir), shards=Path(shards),
                           tokenizer=Path(tokenizer), resume=resume, meta=meta, attempt=next_attempt(run_dir),
                           hardware=hardware.for_rank(), sft_batching=sft_batching)

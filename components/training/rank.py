@@ -266,13 +266,22 @@ def main(argv: list[str] | None = None) -> int:
 
     start = 0
     if req.resume:
+        from lmforge.components.training.universal import load_tag, reseed
+
         step, folder = ckpt.latest_complete(ckpt_dir)
-        _, client = engine.load_checkpoint(str(ckpt_dir), tag=folder.name, load_module_strict=not lora)
+        tag = load_tag(folder, ds_config)  # <tag>_universal on another world size (job.py converted it)
+        _, client = engine.load_checkpoint(str(ckpt_dir), tag=tag, load_module_strict=not lora)
         assert client is not None and client["step"] == step, (client, step)
-        restore_rng(client["rng"][rank])
+        assert client["data_position"] == step * layout.global_batch, (client["data_position"], layout)
+        saved_world = len(client["rng"])
+        if saved_world == world:
+            restore_rng(client["rng"][rank])
+        else:  # no saved stream belongs to a rank of a new world: see universal.py
+            reseed(seed=cfg.seed, step=step, rank=rank)
         start = step
         if rank == 0:
-            print(f"resumed from {folder.name} (step {step}, data position {client['data_position']})", flush=True)
+            how = "" if saved_world == world else f" from {saved_world} ranks on {world} (universal checkpoint {tag})"
+            print(f"resumed step {step}{how} from {folder.name}, data position {client['data_position']}", flush=True)
 
     dtype = torch.bfloat16 if bf16 else torch.float32
     # Measured (or looked up) once before the ranks started: see components/training/perf.py.
@@ -299,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         return [({k: to_device(v, device) for k, v in (x if isinstance(x, dict) else {"input_ids": x}).items()},
                  to_device(y, device)) for x, y in mbs]
 
+    # Each save declares itself convertible to a universal checkpoint (universal.py); DeepSpeed owns that key
+    # under MoE (it refuses it in client_state) and under AutoTP (its own merge patterns), so not there.
+    universal_state: dict[str, Any] = {}
+    if not moe and layout.tp == 1:
+        from lmforge.components.training.universal import universal_info
+
+        universal_state = universal_info()
     loss_val = float("nan")
     state_mem: dict[str, int] | None = None  # model-state bytes: fixed once Adam's states exist (from step 2)
     state_mem_step = -1
@@ -368,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
             tag = ckpt.tag_for(done)
             # LoRA: the adapters and their optimizer states only; the frozen base is the init folder's.
             engine.save_checkpoint(str(ckpt_dir), tag=tag, save_latest=False, exclude_frozen_parameters=lora,
-                                   client_state={"step": done, "data_position": done * layout.global_batch, "rng": rngs})
+                                   client_state={"step": done, "data_position": done * layout.global_batch, "rng": rngs,
+                                                 **universal_state})
             comms.barrier()
             if rank == 0:
                 ckpt.mark_complete(ckpt_dir, tag, step=done, world_size=world, extra={"layout": layout.to_dict()})

@@ -127,6 +127,16 @@ def apply_fused_optimizer(ds: dict[str, Any], device: str) -> dict[str, Any]:
     return out
 
 
+def apply_universal_load(ds: dict[str, Any], universal: bool) -> dict[str, Any]:
+    """An elastic resume (components/training/universal.py): the engine loads the checkpoint's universal form,
+    one file per parameter and state, sliced for this world. Applied by job.py, which alone knows about resume."""
+    if not universal:
+        return ds
+    out = _with(ds, "universal_load")
+    out["checkpoint"] = {**ds.get("checkpoint", {}), "load_universal": True}
+    return out
+
+
 def deepspeed_config(cfg: TrainingConfig, layout: Layout, *, device: str = "cpu") -> dict[str, Any]:
     ds = base_config(cfg, layout)
     ds = apply_zero(ds, cfg.parallel)
