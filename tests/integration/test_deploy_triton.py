@@ -174,12 +174,17 @@ def _refused(fn) -> str:
 
 
 def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
+    assert_bad_inputs_refused(dep, dep.cfg.model_name, dep.requests)
+
+
+def assert_bad_inputs_refused(dep, model: str, requests: Path) -> None:
+    """The bad-input matrix against Triton model `model` (whose request log is `requests`): each one HTTP 400."""
     import tritonclient.http as httpclient
 
     c = httpclient.InferenceServerClient(dep.info.url, concurrency=12, network_timeout=120)
 
     def send(inputs):
-        return client.infer(c, dep.cfg.model_name, inputs)
+        return client.infer(c, model, inputs)
 
     def tensor(name, arr, dtype):
         t = httpclient.InferInput(name, list(arr.shape), dtype)
@@ -208,11 +213,11 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
     assert "MAX_NEW_TOKENS[0] is 0" in msgs["max_new"]
 
     # A dynamic batch mixing good and bad requests: each gets its own answer or its own error.
-    before = client.batch_sizes(dep.info.url, dep.cfg.model_name)
+    before = client.batch_sizes(dep.info.url, model)
     prompts = ["def a(x):", "", "def b(y):", b"\xff\xfe", "def c(z):", "   ", "class D:", "def e():"]
     from tritonclient.utils import InferenceServerException
 
-    pending = [c.async_infer(dep.cfg.model_name, client.build_inputs([p])) for p in prompts]  # all in flight at once
+    pending = [c.async_infer(model, client.build_inputs([p])) for p in prompts]  # all in flight at once
     outcomes = []
     for req in pending:
         try:
@@ -225,7 +230,7 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
     # Triton updates its statistics after the responses go out: poll them, with a bound.
     deadline = time.monotonic() + 20
     while True:
-        after = client.batch_sizes(dep.info.url, dep.cfg.model_name)
+        after = client.batch_sizes(dep.info.url, model)
         grew = {size: n - before.get(size, 0) for size, n in after.items() if n > before.get(size, 0)}
         if sum(size * n for size, n in grew.items()) >= 5 or time.monotonic() > deadline:
             break
@@ -234,7 +239,7 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
     c.close()
 
     assert server.is_live(dep.info) and server.is_ready(dep.info)
-    statuses = {r["status"] for r in RequestLog(dep.requests).read()[0]}
+    statuses = {r["status"] for r in RequestLog(requests).read()[0]}
     assert {"ok", "empty_prompt", "invalid_utf8", "prompt_too_long", "bad_max_new_tokens"} <= statuses
 
 
@@ -271,6 +276,55 @@ def test_rollout_of_a_new_version_then_rollback(dep, tmp_path):
     assert back.ok and back.serving == [1] and dep.promoted == [1, 4, 1]
     assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)
     assert server.is_ready(dep.info)
+
+
+def test_the_deploy_stage_serves_the_onnx_export_with_the_torch_tokens_and_the_same_400s(dep, tiny_model_dir, tmp_path,
+                                                                                         monkeypatch, capsys):
+    """[deploy] format = "onnx" through deploy_version (what the deploy stage runs), on this server as a second
+    Triton model: registry -> export -> logits check -> lineage -> gate -> production; 8 prompts' greedy tokens
+    equal the torch model's (version 1, serving beside it), and the bad-input matrix answers 400."""
+    import mlflow.artifacts
+
+    from lmforge.cli.cli import run_cli
+    from lmforge.components.registry import current, register_model, version_tags
+    from lmforge.components.sections.registry import RegistryConfig
+    from lmforge.components.workspace import Workspace
+    from lmforge.deploy.service import deploy_version
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "triton").symlink_to(dep.root)   # the workspace's model repository is the one this server polls
+    monkeypatch.setenv("LMFORGE_HOME", str(root))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    ws = Workspace(root).ensure()
+    version = register_model(ws, RegistryConfig(model_name="tiny-onnx"), tiny_model_dir, metrics={}, tags={})
+    cfg = dep.cfg.model_copy(update={"model_name": "lmforge_onnx", "format": "onnx"})
+    try:
+        result = deploy_version(ws, cfg, dep.info, registry_model="tiny-onnx", version=int(version), model_dir=None)
+        assert result.ok and result.serving == [int(version)] and current(ws, "tiny-onnx", "production") == version
+        folder = repository.version_dir(dep.repo, cfg.model_name, int(version))
+        assert (folder / "model" / "model.onnx").is_file() and not list((folder / "model").glob("*.safetensors"))
+
+        prompts, new = processing.validation_prompts(8), 16
+        by_torch = client.generate(dep.info.url, prompts, model=dep.cfg.model_name, max_new_tokens=new)
+        by_onnx = client.generate(dep.info.url, prompts, model=cfg.model_name, max_new_tokens=new)
+        assert [g.token_ids for g in by_onnx] == [g.token_ids for g in by_torch]
+        assert [g.completion for g in by_onnx] == [g.completion for g in by_torch]
+        assert all(g.output_tokens >= 1 for g in by_onnx)
+
+        assert_bad_inputs_refused(dep, cfg.model_name, ws.requests)
+
+        tags = version_tags(ws, "tiny-onnx", version)
+        assert float(tags["onnx_max_abs_diff"]) <= cfg.onnx_tolerance and tags["onnx_kv_cache"] == "true"
+        listed = mlflow.artifacts.list_artifacts(artifact_uri=tags["onnx_artifact"])
+        assert {Path(a.path).name for a in listed} >= {"model.onnx", "onnx.json", "tokenizer.json"}
+        assert run_cli(["export", "onnx", version, "--json", "--set", "registry.model_name=tiny-onnx"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["reused"] and out["artifact_uri"] == tags["onnx_artifact"]   # exported once, registered once
+    finally:
+        repository.remove_model(dep.repo, cfg.model_name)
+        client.wait_versions(dep.info.url, cfg.model_name, [], revision=None, timeout=120)
+    assert server.is_ready(dep.info) and dep.serving() == [1]
 
 
 def test_a_version_that_fails_to_load_leaves_the_server_live_and_the_others_serving(dep):
