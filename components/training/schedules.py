@@ -537,8 +537,13 @@ class TorchPipelineEngine:
         y = torch.cat([b for _, b in micro])
         self.optimizer.zero_grad(set_to_none=True)
         losses: list[Any] = []
+        # The schedule's time is the pipeline's: every stage starts it together (one stage's optimizer step is no
+        # bubble of another's) and it ends when the last stage is done (a stage that finishes early idles till then,
+        # as the formulas count it; without the barrier that wait would hide in the clipping's all-reduce).
+        dist.barrier(group=self.pp_group)
         t0 = self.clock.now()
         self.schedule.step(x, target=y, losses=losses, return_outputs=False)  # the losses only: no merged logits kept
+        dist.barrier(group=self.pp_group)
         self.clock.finish(self.clock.now() - t0)
         params = [p for p in self.module.parameters() if p.grad is not None]
         if self.grid.dp_size > 1:
