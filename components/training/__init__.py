@@ -7,4 +7,5 @@ pipeline, AutoTP, expert parallelism: moe.py).
 
 The rank entry point is `python -m lmforge.components.training.rank` (run by the deepspeed launcher).
 Device, precision and peak FLOP/s come from components/accelerator.py and perf.py, decided in job.py.
+A resume on another number of ranks goes through DeepSpeed's universal checkpoint: universal.py.
 """

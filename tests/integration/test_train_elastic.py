@@ -25,9 +25,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900
 
 BASE = {"precision": "fp32", "max_steps": 8, "save_every": 3, "keep_checkpoints": 3, "warmup_steps": 2,
         "micro_batch_size": 2}
-# Measured on 2 CPU ranks (fp32): the resumed steps' losses differ from the uninterrupted run's by at most
-# ~1e-6 (the same windows, summed in another order over ranks and micro-batches); 1e-4 leaves room for
-# that order and nothing else: a wrong Adam moment or a shifted batch moves the loss by 1e-2 or more.
+# Measured on 2 CPU ranks (fp32), zero2 and zero3: the resumed steps' losses differ from the uninterrupted
+# run's by at most 2.4e-7 (the same windows, summed in another order over ranks and micro-batches; the 1 -> 2
+# leg is exact); 1e-4 leaves room for that order and nothing else: a shifted batch or a wrong LR schedule
+# moved a loss by 2e-2 here (a leg whose max_steps differed from the reference's).
 LOSS_TOL = 1e-4
 
 
@@ -158,6 +159,8 @@ def test_the_universal_checkpoint_holds_the_saved_weights_and_adam_moments(legs)
         for name, tensor in whole.items():
             theirs = torch.load(universal / name / f"{key}.pt", map_location="cpu", weights_only=False)
             theirs = theirs["param"] if isinstance(theirs, dict) else theirs
-            assert theirs.shape == tensor.shape and torch.equal(theirs.float(), tensor.float()), (strategy, key, name)
+            # ZeRO-1/2's universal files keep each parameter's shape; ZeRO-3's are flat (its loader slices them flat)
+            assert theirs.shape in (tensor.shape, (tensor.numel(),)), (strategy, key, name, theirs.shape)
+            assert torch.equal(theirs.float().flatten(), tensor.float().flatten()), (strategy, key, name)
         if key != "fp32":
             assert any(t.abs().sum() > 0 for t in whole.values()), f"{key} all zero: not Adam's state after 3 steps"

@@ -1,5 +1,6 @@
 """`train_flow` on the tiny config: real ranks, an MLflow run with metrics and artifacts, an export;
-resume refuses a truncated checkpoint shard (through the CLI, exit 1) and a missing checkpoint.
+resume on 1 rank continues the 2-rank run (through the CLI, universal checkpoint); resume refuses another global
+batch and a truncated checkpoint shard (through the CLI, exit 2) and a missing checkpoint.
 The logged MFU is tokens/s x FLOPs/token / the logged peak, and at most 1."""
 
 from __future__ import annotations
@@ -61,9 +62,24 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
         {a.path for a in client.list_artifacts(run.info.run_id, "model")}
     assert {"loss_curve.png", "config/deepspeed_config-0.json", "model/model.safetensors", "model/tokenizer.json"} <= artifacts
 
+    # Resume on another number of ranks through the CLI (components/training/universal.py): another global batch
+    # is refused before any rank starts, with its arithmetic; the same one (1 rank x 2 micro-batches) continues
+    # step 6 on 1 rank for one step and says so.
+    def resume_cli(*sets: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "lmforge.cli", "run", "train", "-c", str(REPO / "configs" / "tiny.toml"),
+                               "--resume", *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True,
+                              timeout=600, cwd=REPO, env={**os.environ, "COLUMNS": "400"})
+    refused = resume_cli("training.num_ranks=1", "training.max_steps=7")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "4 x 1 x 1 = 4, but step-0000006 was trained at 4 x 1 x 2 = 8" in refused.stdout + refused.stderr
+    assert "Set training.grad_accum_steps=2" in refused.stdout + refused.stderr
+    elastic = resume_cli("training.num_ranks=1", "training.grad_accum_steps=2", "training.max_steps=7")
+    assert elastic.returncode == 0, elastic.stdout + elastic.stderr
+    assert "resumed step 6 from 2 ranks on 1 (universal checkpoint, converted step-0000006_universal" in elastic.stdout
+
     # A truncated checkpoint shard: the CLI stops with one line and exit code 2 (a UserError, wherever it
     # is raised: cli/cli.py's convention), and trains nothing.
-    latest = workspace.run_dir(out["run"]) / "checkpoints" / "step-0000006"
+    latest = workspace.run_dir(out["run"]) / "checkpoints" / "step-0000007"  # saved by the 1-rank resume above
     shard = next(p for p in sorted(latest.iterdir()) if p.name.endswith("optim_states.pt"))
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     cli = subprocess.run([sys.executable, "-m", "lmforge.cli", "run", "train", "-c", str(REPO / "configs" / "tiny.toml"),
@@ -77,4 +93,4 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
         (folder / "COMPLETE.json").unlink()
     with pytest.raises(UserError, match="has no complete checkpoint .*Train without --resume"):
         train_flow(tiny_config, resume=True)
-    assert len(list((workspace.run_dir(out["run"]) / "logs").iterdir())) == 1  # only the first launch ever ran
+    assert len(list((workspace.run_dir(out["run"]) / "logs").iterdir())) == 2  # the first launch and the 1-rank resume
