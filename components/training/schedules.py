@@ -1,10 +1,11 @@
 """Pipeline schedules past 1F1B on torch.distributed.pipelining: interleaved 1F1B, zero bubble (ZB-V), DualPipeV.
 
-    broken = schedule_rule(pipeline_cfg, micro_batches=8, blocks=6)      # before launch: None or (key, rule, fix)
-    engine = TorchPipelineEngine.build(model, req, layout, device)      # on each rank (components/training/rank.py)
-    loss = engine.train_batch(iter(micro_batches))                     # one optimizer step over m micro-batches
-    engine.clock.last                                                  # this step's F/I/W/B seconds per stage
-    bubble = bubble_report("dualpipev", per_rank_stats, p=2, v=2, m=8) # measured bubble next to its formula
+    rule = schedule_rule("dualpipev", stages=2, virtual_stages=2, micro_batches=8, blocks=6)  # None, or (key, value, rule, fix)
+    engine = build_engine(model, request, windows)    # on each rank (components/training/rank.py), a RankRequest
+    loss = engine.train_batch(iter(micro_batches))    # one optimizer step over m (input_ids, labels) micro-batches
+    engine.clock.last                                 # this step's F/I/W/B seconds per local stage
+    report = engine.bubble(every_ranks_clock_last)    # measured bubble, its formula, the action-list replay
+    bubble_formula("zero-bubble", p=2, v=2, m=8, t=ChunkTimes(f=1.0, i=1.0, w=1.0, b=2.0))   # 0.0
 
 The model is cut into the same blocks as DeepSpeed's pipeline (pipeline_model.pipeline_layers:
 EmbedBlock, DecoderBlock..., NormHeadBlock), so the weights are exactly the other strategies'.
@@ -23,7 +24,8 @@ micro-batches (the schedule scales them by 1/m) and over the data-parallel group
 by the global norm across stages (one all-reduce of the squared norms over the pipeline group).
 
 Bubble: every stage's forward, input-backward, weight-backward and full-backward calls are
-timed (TimedStage); idle = the schedule's wall time - that compute. `bubble_report` gives
+timed (TimedStage); idle = the schedule's wall time, from a barrier over the pipeline group to one
+after the last stage is done, minus that compute. `bubble_report` gives
 idle / compute (what the formulas describe) and idle / schedule time, beside the schedule's
 formula evaluated with the measured per-chunk times (see `bubble_formula`) and beside the bubble
 the schedule's own action list gives with those times and free communication (`simulate_bubble`).
