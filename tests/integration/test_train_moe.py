@@ -113,3 +113,24 @@ def test_planner_moe_model_states_match_what_each_rank_holds(runs):
         held[ep] = [mem["total"] for mem in runs[ep][0][1]["memory"]]  # step 2: Adam states exist, gradients alive
         assert all(abs(h / expected - 1) < 0.02 for h in held[ep]), (ep, held[ep], expected)
     assert max(held[2]) < min(held[1])  # each rank holds half the experts and their states
+
+
+def test_a_moe_export_fine_tunes_as_a_base(ws, runs):
+    """What the refusal of init + moe.num_experts promises: a MoE base trains as any base does (transformers' own
+    experts on every rank, data-parallel, no routing metrics), its FLOPs per token counting the active experts."""
+    from transformers import AutoModelForCausalLM
+
+    from lmforge.components.training.model import train_flops_per_token
+
+    base = ws.root / "moe-base"
+    shutil.copytree(runs[2][1] / "export", base)
+    for f in (ws.dataset_dir("testdata0001") / "tokenizer").iterdir():  # the dataset's tokenizer files, byte for byte
+        shutil.copy(f, base / f.name)
+    cfg = tiny_training(precision="fp32", max_steps=3, warmup_steps=1, save_every=3, model={"init": str(base)})
+    events, run_dir = run_training(ws, "moe-base-ft", cfg)
+    assert len(events) == 3 and all(math.isfinite(e["loss"]) for e in events)
+    assert not any("expert_tokens" in e for e in events)
+    preset = moe_training(1).model
+    assert events[0]["flops_per_token"] == pytest.approx(train_flops_per_token(preset, vocab_size=512, seq_len=64),
+                                                         rel=0.01)
+    assert type(AutoModelForCausalLM.from_pretrained(run_dir / "export")).__name__ == "Qwen3MoeForCausalLM"
