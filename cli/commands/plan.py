@@ -91,13 +91,15 @@ def plan(
     lora = f", LoRA r={lora_r}: {trainable / 1e6:.3g}M trainable" if trainable is not None else ""
     table = Table(title=f"{model}: {params / 1e9:.3g}B params{lora} on {devices} x {memory_gb:g} GB, {precision}, "
                         f"seq {seq_len} x micro-batch {micro_batch}, pp {pp} x tp {tp} x dp {result.dp}")
-    table.caption = "GB per device; host = offloaded to CPU memory per device"
-    for col in ("strategy", "weights", "grads", "optim", "states", "activ", "total", "host", "fits"):
+    table.caption = ("GB per device; host = offloaded to CPU memory per device (with nvme: DeepSpeed's swap buffers); "
+                     "nvme = in ZeRO-Infinity's swap files per device")
+    for col in ("strategy", "weights", "grads", "optim", "states", "activ", "total", "host", "nvme", "fits"):
         table.add_column(col, justify="left" if col == "strategy" else "right")
     for r in result.rows:
-        table.add_row(r.strategy.replace("+offload_optimizer", "+off_opt").replace("+offload_param", "+off_par"),
+        table.add_row(r.strategy.replace("+offload_optimizer", "+off_opt").replace("+offload_param", "+off_par")
+                      .replace("_optimizer", "_opt").replace("_param", "_par"),
                       *(f"{v:.2f}" for v in (r.params_gb, r.grads_gb, r.optimizer_gb, r.model_states_gb,
-                                             r.activations_gb, r.total_gb, r.host_gb)),
+                                             r.activations_gb, r.total_gb, r.host_gb, r.nvme_gb)),
                       "[green]yes[/green]" if r.fits else "[red]no[/red]")
     console.print(table)
     if experts:

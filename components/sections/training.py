@@ -10,8 +10,9 @@
     [training.model.moe]
     num_experts = 0            # > 0: a Mixture of Experts preset (Qwen3-MoE), top_k experts a token
     [training.parallel]
-    strategy = "zero2"         # ddp | zero1 | zero2 | zero3
+    strategy = "zero2"         # ddp | zero1 | zero2 | zero3 | ps-sync | async-sgd | hogwild | easgd
     expert_parallel = 1        # with experts: the ranks one layer's experts are spread over
+    offload_optimizer = "none" # none | cpu | nvme (and offload_param: zero3); nvme needs zero3 and nvme_path
     [training.parallel.pipeline]
     stages = 1
     [training.parallel.tensor]
@@ -25,6 +26,7 @@ layout fits the model and the world size is checked before launch
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -199,12 +201,54 @@ class TensorParallelConfig(Section):
     autotp_size: int = Field(1, ge=1, description="tensor-parallel degree; 1 = off; must divide the attention heads")
 
 
+# The parameter-server family (components/training/ps/): run beside DeepSpeed by their own rank entry, not inside it.
+PS_STRATEGIES = ("ps-sync", "async-sgd", "hogwild", "easgd")
+
+
+class EasgdConfig(Section):
+    """Elastic averaging SGD (Zhang, Choromanska, LeCun 2015): local weights pulled towards a center every tau steps."""
+
+    alpha: float = Field(0.2, gt=0, lt=1, description="elastic coefficient: each round x_i <- x_i - alpha (x_i - center) and "
+                                                      "center <- center + alpha sum_i (x_i - center); alpha x workers must "
+                                                      "stay at most 1 (checked before launch)")
+    tau: int = Field(4, ge=1, description="local steps between two elastic rounds (the communication period)")
+
+
+class AsyncSgdConfig(Section):
+    """Asynchronous SGD on a parameter server: each worker's gradient is applied as it arrives."""
+
+    max_staleness: int = Field(4, ge=0, description="a gradient computed on weights more than this many server updates "
+                                                    "old is dropped (not applied); the worker gets fresh weights back")
+
+
+class Offload(enum.StrEnum):
+    """Where [training.parallel] offload_optimizer / offload_param keep their tensors (DeepSpeed's offload device)."""
+
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+    def __bool__(self) -> bool:
+        # `if par.offload_param:` keeps meaning "offloaded somewhere", as when the keys were booleans.
+        return self is not Offload.NONE
+
+
 class ParallelConfig(Section):
     """How the model and the optimizer are spread over the ranks."""
 
-    strategy: Literal["ddp", "zero1", "zero2", "zero3"] = Field("zero2", description="ddp = ZeRO stage 0; zeroN = ZeRO stage N")
-    offload_optimizer: bool = Field(False, description="optimizer states on the host, stepped by DeepSpeedCPUAdam (zero2/zero3)")
-    offload_param: bool = Field(False, description="parameters on the host between uses (zero3)")
+    strategy: Literal["ddp", "zero1", "zero2", "zero3", "ps-sync", "async-sgd", "hogwild", "easgd"] = Field(
+        "zero2", description="ddp = ZeRO stage 0; zeroN = ZeRO stage N; ps-sync, async-sgd, hogwild, easgd = the "
+                             "parameter-server family, beside DeepSpeed (components/training/ps/)")
+    easgd: EasgdConfig = EasgdConfig()
+    async_sgd: AsyncSgdConfig = AsyncSgdConfig()
+    offload_optimizer: Offload = Field(
+        Offload.NONE, description="optimizer states: none (on the device), cpu (host memory, stepped by DeepSpeedCPUAdam; "
+                                  "zero2/zero3) or nvme (swap files under nvme_path, ZeRO-Infinity; zero3); true = cpu")
+    offload_param: Offload = Field(Offload.NONE, description="parameters between uses: none, cpu (host memory) or nvme (swap "
+                                                             "files under nvme_path); zero3; true = cpu")
+    nvme_path: str | None = Field(None, description="with nvme offload: a folder on a file system that takes O_DIRECT (ext4, "
+                                                    "xfs, btrfs on a local disk, ideally an NVMe SSD; not tmpfs), where each "
+                                                    "run swaps to its own subfolder")
     pipeline: PipelineParallelConfig = PipelineParallelConfig()
     tensor: TensorParallelConfig = TensorParallelConfig()
     expert_parallel: int = Field(1, ge=1, description="expert-parallel degree: each MoE layer's experts are spread over "
@@ -214,10 +258,12 @@ class ParallelConfig(Section):
     @model_validator(mode="after")
     def _combinations(self) -> "ParallelConfig":
         stage = self.zero_stage
+        self._parameter_server()
         if self.offload_optimizer and stage < 2:
             raise ValueError(f"offload_optimizer needs zero2 or zero3, not {self.strategy}")
         if self.offload_param and stage != 3:
             raise ValueError(f"offload_param needs zero3, not {self.strategy}")
+        self._nvme()
         if self.pipeline.stages > 1 and stage > 1:
             raise ValueError(f"pipeline parallelism runs with ddp or zero1, not {self.strategy}")
         if self.tensor.autotp_size > 1 and stage > 2:
@@ -228,9 +274,48 @@ class ParallelConfig(Section):
                              f"\"1f1b\", or tensor.autotp_size = 1")
         return self
 
+    @field_validator("offload_optimizer", "offload_param", mode="before")
+    @classmethod
+    def _offload_bool(cls, value: object) -> object:
+        """The booleans these keys took before the nvme tier: true = "cpu", false = "none"."""
+        return ("cpu" if value else "none") if isinstance(value, bool) else value
+
+    def _nvme(self) -> None:
+        """ZeRO-Infinity's NVMe tier: ZeRO-3 only, and a folder to swap to."""
+        nvme = [k for k in ("offload_optimizer", "offload_param") if getattr(self, k) is Offload.NVME]
+        if nvme and self.zero_stage != 3:
+            # DeepSpeed's ZeRO-1/2 optimizer (runtime/zero/stage_1_and_2.py) takes any offload device as host memory:
+            # offload_optimizer = "nvme" there would silently run as "cpu".
+            raise ValueError(f"{nvme[0]} = \"nvme\" needs zero3, not {self.strategy} (DeepSpeed's ZeRO-1/2 optimizer keeps "
+                             "an offloaded optimizer in host memory whatever the device says): set strategy = \"zero3\", "
+                             f"or {nvme[0]} = \"cpu\"")
+        if nvme and not self.nvme_path:
+            raise ValueError(f"{nvme[0]} = \"nvme\" needs nvme_path: set training.parallel.nvme_path to a folder on a local "
+                             "file system with O_DIRECT (ext4, xfs; not tmpfs), ideally on an NVMe SSD")
+        if self.nvme_path is not None and not nvme:
+            raise ValueError(f"nvme_path = {self.nvme_path!r} is set, and neither offload_optimizer nor offload_param is "
+                             "\"nvme\": set one of them to \"nvme\", or remove nvme_path")
+
+    def _parameter_server(self) -> None:
+        if self.strategy not in PS_STRATEGIES:
+            return
+        used = [name for name, on in (("offload_optimizer", self.offload_optimizer), ("offload_param", self.offload_param),
+                                      ("pipeline.stages > 1", self.pipeline.stages > 1),
+                                      ("tensor.autotp_size > 1", self.tensor.autotp_size > 1),
+                                      ("expert_parallel > 1", self.expert_parallel > 1)) if on]
+        if used:
+            raise ValueError(f"strategy {self.strategy!r} runs beside DeepSpeed, not inside it: every worker holds the whole "
+                             f"model and the server the whole optimizer, so {', '.join(used)} (DeepSpeed's engine) cannot "
+                             "apply; remove them, or use ddp/zero1-3")
+
+    @property
+    def parameter_server(self) -> bool:
+        """One of the parameter-server family (components/training/ps/), not a DeepSpeed engine."""
+        return self.strategy in PS_STRATEGIES
+
     @property
     def zero_stage(self) -> int:
-        return 0 if self.strategy == "ddp" else int(self.strategy[-1])
+        return int(self.strategy[-1]) if self.strategy.startswith("zero") else 0
 
 
 class LoraTrainingConfig(Section):
@@ -312,7 +397,21 @@ class TrainingConfig(Section):
             raise ValueError(f"{what} runs data-parallel only (ddp, zero1, zero2, zero3): set parallel.pipeline.stages = 1 "
                              "and parallel.tensor.autotp_size = 1")
         self._moe_combinations()
+        if self.parallel.parameter_server:
+            self._parameter_server_combinations()
         return self
+
+    def _parameter_server_combinations(self) -> None:
+        """The parameter-server family trains a preset or a base in full, causal, in fp32 (components/training/ps/)."""
+        what = [name for name, on in (("lora.r > 0", self.lora.r > 0), ("objective = \"sft\"", self.objective == "sft"),
+                                      ("model.moe.num_experts > 0", self.model.moe.num_experts > 0),
+                                      ("precision = \"bf16\"", self.precision == "bf16"),
+                                      ("compile = true", self.compile is True)) if on]
+        if what:
+            raise ValueError(f"strategy {self.parallel.strategy!r} (the parameter-server family) is built for full causal "
+                             f"training in fp32 of a dense model, and this run sets {', '.join(what)}; the server keeps fp32 "
+                             "master weights and whole-model gradients, and the adapters, SFT batching, experts and compile "
+                             "ride on DeepSpeed's engine: remove them, or use ddp/zero1-3")
 
     def _moe_combinations(self) -> None:
         """What MoE runs with: DeepSpeed's MoE layer under DDP or ZeRO-1/2 on a preset, full causal training."""

@@ -197,6 +197,10 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
         notes.append(f"LoRA r={cfg.lora.r} on {len(chosen.targets)} projections, {adapter_params(chosen, cfg.lora.r):,} "
                      f"trainable parameters{skipped}")
     ds = apply_universal_load(deepspeed_config(cfg, layout, device=hardware.device), elastic)
+    if "nvme" in (cfg.parallel.offload_optimizer, cfg.parallel.offload_param):
+        from lmforge.components.training.nvme import largest_param, place_swap
+
+        ds = place_swap(ds, run_dir=Path(run_dir), largest_param=largest_param(cfg, tok))  # O_DIRECT checked here
     request = RankRequest(training=cfg, layout=layout, ds_config=ds, run_dir=Path(run_dir), shards=Path(shards),
                           tokenizer=Path(tokenizer), resume=resume, meta=meta, attempt=next_attempt(run_dir),
                           hardware=hardware.for_rank(), sft_batching=sft_batching)

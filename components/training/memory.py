@@ -2,6 +2,7 @@
 
     held = model_state_bytes(engine)     # {"params": .., "grads": .., "optimizer": .., "total": ..}
     rss = host_rss_bytes()
+    peak = host_peak_rss_bytes()         # the process's high-water mark
 
 Counted from the tensors themselves: the module's parameters (their ZeRO-3 partitions),
 their gradients, and every tensor reachable from the ZeRO/bf16 optimizer wrapper and its
@@ -70,6 +71,13 @@ def host_rss_bytes() -> int:
     import psutil
 
     return int(psutil.Process().memory_info().rss)
+
+
+def host_peak_rss_bytes() -> int:
+    """This process's peak resident set (getrusage ru_maxrss, KiB on Linux)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def device_peak_bytes() -> int | None:

@@ -5,7 +5,9 @@
 DeepSpeed compiles an op the first time a rank loads it (deepspeed/ops/op_builder/builder.py,
 jit_load), through torch.utils.cpp_extension.load, into torch's extensions folder under a
 `lock` file: the shared-memory allreduce (deepspeed_shm_comm) of CPU ranks, and
-DeepSpeedCPUAdam (cpu_adam) when the optimizer is offloaded. Left to the ranks, every rank
+DeepSpeedCPUAdam (cpu_adam) when the optimizer is offloaded, and async_io (on libaio) for the
+NVMe tier, which has no fallback: without libaio the job is refused, naming the package to
+install, before anything compiles; a failed build is one error. Left to the ranks, every rank
 of the first run on a machine sits silent for minutes while one of them compiles, and a
 build that was killed half-way leaves its lock behind: torch's FileBaton then waits on it
 forever and prints nothing. Here the build happens once, says so, and an old lock is
@@ -30,7 +32,20 @@ def needed_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
     offload = ds_config.get("zero_optimization", {}).get("offload_optimizer", {})
     if offload.get("device") in ("cpu", "nvme") and "torch_adam" not in ds_config.get("optimizer", {}).get("params", {}):
         names.append("CPUAdamBuilder")                           # runtime/engine.py: ZeRO-Offload uses DeepSpeedCPUAdam
+    zero = ds_config.get("zero_optimization", {})
+    if any(zero.get(k, {}).get("device") == "nvme" for k in ("offload_optimizer", "offload_param")):
+        names.append("AsyncIOBuilder")                           # runtime/swap_tensor: the NVMe swap files, on libaio
     return names
+
+
+# Ops without which the job cannot run at all: DeepSpeed has no fallback for them.
+REQUIRED = {"AsyncIOBuilder": (
+    "training.parallel.offload_param/offload_optimizer", "nvme",
+    "needs DeepSpeed's async_io op, which builds with g++ against libaio, and libaio's headers and library "
+    "(libaio.h, libaio.so) are not found",
+    "Install libaio's development package: apt-get install -y libaio-dev (Debian/Ubuntu; libaio1 alone has no "
+    "headers), dnf install libaio-devel (RHEL/Fedora), or run scripts/bootstrap.sh as root; or set the offload to "
+    "\"cpu\"")}
 
 
 def build_dir(name: str) -> Path:
@@ -55,15 +70,27 @@ def check_lock(folder: Path, *, now: float | None = None) -> None:
                         f"Delete {lock} and run again")
 
 
+def check_required(class_name: str, builder: Any) -> None:
+    """A UserError naming what to install when an op the job cannot run without cannot be built here."""
+    if builder is None or not builder.is_compatible(verbose=False):
+        raise UserError(*REQUIRED[class_name])
+
+
 def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
     """Load (compiling when needed) every op the job's ranks will load; returns their names."""
     from deepspeed.accelerator import get_accelerator
-    from deepspeed.ops import __compatible_ops__
 
+    needed = needed_ops(ds_config, device=device)
+    for class_name in needed:  # before any build: a missing library is named at once, not after minutes of compiling
+        if class_name in REQUIRED:
+            check_required(class_name, get_accelerator().create_op_builder(class_name))
+    from deepspeed.ops import __compatible_ops__  # probes every op with the compiler: only once the job can run
     loaded = []
-    for class_name in needed_ops(ds_config, device=device):
+    for class_name in needed:
         builder = get_accelerator().create_op_builder(class_name)
-        if builder is None or not __compatible_ops__.get(builder.NAME, False):
+        if class_name in REQUIRED:
+            check_required(class_name, builder)
+        elif builder is None or not __compatible_ops__.get(builder.NAME, False):
             continue   # DeepSpeed falls back to torch for it (or fails in the rank with its own message)
         folder = build_dir(builder.NAME)
         check_lock(folder)
@@ -72,7 +99,13 @@ def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
             print(f"deepspeed: compiling the {builder.NAME} op once for this machine into {folder} "
                   "(1-5 min on 2 cores; later runs reuse it)", flush=True)
         start = time.perf_counter()
-        builder.load()
+        try:
+            builder.load()
+        except (RuntimeError, OSError, ImportError) as e:
+            # One error here, not a traceback from every rank: the compiler's own output is above, and in the folder.
+            raise UserError(f"DeepSpeed op {builder.NAME}", folder, f"failed to build or load: {str(e).splitlines()[-1]}",
+                            f"Read the compiler output above, fix what it names (g++, headers), delete {folder} and "
+                            "run again") from None
         if not built:
             print(f"deepspeed: {builder.NAME} compiled in {time.perf_counter() - start:.0f} s", flush=True)
         loaded.append(builder.NAME)

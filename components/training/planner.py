@@ -17,6 +17,10 @@ weights are fp32 already):
     ZeRO-3  (P + G + K) Psi / N     = 16 Psi / N
 
 Optimizer offload moves the K part to host memory; parameter offload (ZeRO-3) moves P too.
+ZeRO-Infinity's NVMe tier (zero3+nvme_optimizer+nvme_param) moves both to swap files instead,
+(P + K) Psi / N bytes of NVMe per device; host memory then holds only DeepSpeed's swap buffers:
+5 parameter buffers as large as the largest parameter (the embedding, V h) and 4 fp32 optimizer
+buffers as large as the largest sub-group partition, min(1e8, Psi / N) (lmforge's sub_group_size).
 
 LoRA (`trainable` = the adapters' parameter count T): the frozen base keeps only its weights
 (P Psi, partitioned under ZeRO-3), and gradients and optimizer states exist for the adapters
@@ -58,7 +62,13 @@ KNOWN_SHAPES: dict[str, dict[str, int]] = {
     "13b": {"hidden_size": 5120, "num_layers": 40, "num_heads": 40, "vocab_size": 32000},
     "70b": {"hidden_size": 8192, "num_layers": 80, "num_heads": 64, "vocab_size": 32000},
 }
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2+offload_optimizer", "zero3+offload_optimizer+offload_param")
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2+offload_optimizer", "zero3+offload_optimizer+offload_param",
+              "zero3+nvme_optimizer+nvme_param")
+# DeepSpeed's NVMe swap buffers in host memory (runtime/swap_tensor): offload_param's buffer_count (lmforge sizes each to
+# the largest parameter, components/training/nvme.py) and offload_optimizer's buffer_count of fp32 buffers as large
+# as the largest optimizer sub-group partition (zero_optimization.sub_group_size: 1e8 elements with nvme, as
+# components/training/strategies.py sets it; DeepSpeed's default of 1e9 would keep 16 GB of buffers per device).
+NVME_PARAM_BUFFERS, NVME_OPTIMIZER_BUFFERS, SUB_GROUP_SIZE, PARAM_BUFFER_MAX = 5, 4, 1e8, 1e8
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class PlanRow:
     activations_gb: float
     host_gb: float
     fits: bool
+    nvme_gb: float = 0.0   # ZeRO-Infinity: bytes per device in swap files (params and optimizer states)
 
     @property
     def model_states_gb(self) -> float:
@@ -142,7 +153,20 @@ def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str,
     if "offload_param" in strategy:
         out["host"] += out["params"]
         out["params"] = 0.0
+    if "nvme" in strategy:  # ZeRO-Infinity: what cpu offload keeps in host memory goes to swap files instead
+        out["nvme"] = (out["optimizer"] if "nvme_optimizer" in strategy else 0.0) + \
+            (out["params"] if "nvme_param" in strategy else 0.0)
+        out["optimizer"] = 0.0 if "nvme_optimizer" in strategy else out["optimizer"]
+        out["params"] = 0.0 if "nvme_param" in strategy else out["params"]
     return out
+
+
+def nvme_host_bytes(inp: "PlanInput", *, dp: int, params: float) -> float:
+    """Host memory the NVMe tier still needs per device: DeepSpeed's swap buffers (see NVME_PARAM_BUFFERS)."""
+    pb = bytes_per_param(inp.precision, zero=True)[0]
+    largest = min(PARAM_BUFFER_MAX, inp.vocab_size * inp.hidden_size)  # the embedding, a Llama's largest parameter
+    learnt = params if inp.trainable is None else inp.trainable
+    return NVME_PARAM_BUFFERS * largest * pb + NVME_OPTIMIZER_BUFFERS * min(SUB_GROUP_SIZE, learnt / dp) * 4
 
 
 def activation_bytes(inp: PlanInput) -> float:
@@ -215,8 +239,9 @@ def make_plan(inp: PlanInput) -> Plan:
             st = moe_state_bytes(inp, strategy=strategy, dp=dp)
         else:
             st = model_state_bytes(local, strategy=strategy, dp=dp, precision=inp.precision, trainable=local_trainable)
-        row = PlanRow(strategy, st["params"] / GB, st["grads"] / GB, st["optimizer"] / GB, act / GB, st["host"] / GB,
-                      fits=False)
+        host = nvme_host_bytes(inp, dp=dp, params=local) if "nvme" in strategy else st["host"]
+        row = PlanRow(strategy, st["params"] / GB, st["grads"] / GB, st["optimizer"] / GB, act / GB, host / GB,
+                      fits=False, nvme_gb=st.get("nvme", 0.0) / GB)
         rows.append(PlanRow(**{**asdict(row), "fits": row.total_gb <= inp.memory_gb}))
     recommended = next((r.strategy for r in rows if r.fits), None)
     held = local - inp.expert_params + inp.expert_params / inp.ep

@@ -62,17 +62,37 @@ def apply_zero(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
     return out
 
 
+# DeepSpeed's "aio" section for the NVMe tier on a CPU host: its defaults (runtime/swap_tensor/constants.py) but one
+# I/O thread per request, since each rank already has only cores / ranks of the machine's cores.
+AIO_CPU = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1, "single_submit": False,
+           "overlap_events": True, "use_gds": False}
+
+
 def apply_offload(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
-    """Optimizer states (DeepSpeedCPUAdam) and, under ZeRO-3, parameters on the host."""
+    """Optimizer states (stepped by DeepSpeedCPUAdam) and, under ZeRO-3, parameters in host memory ("cpu") or in swap
+    files under nvme_path ("nvme", ZeRO-Infinity, read and written by DeepSpeed's async_io op on libaio).
+
+    With nvme the parameters keep no copy in host memory (max_in_cpu 0), else DeepSpeed keeps up to 1e9 elements
+    there and a small model never reaches the disk; components/training/nvme.py sizes the swap buffers to the model
+    and gives each run its own subfolder of nvme_path before launch."""
     if not (par.offload_optimizer or par.offload_param):
         return ds
-    out = _with(ds, "offload")
+    out = _with(ds, "offload_nvme" if "nvme" in (par.offload_optimizer, par.offload_param) else "offload")
     zero = out["zero_optimization"]
     if par.offload_optimizer:
         del out["optimizer"]["params"]["torch_adam"]  # the host optimizer is DeepSpeedCPUAdam
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_optimizer"] = {"device": str(par.offload_optimizer), "pin_memory": False}
+        if par.offload_optimizer == "nvme":
+            zero["offload_optimizer"].update(nvme_path=par.nvme_path, buffer_count=4)  # param, grad, 2 Adam moments
+            # The swapper keeps buffer_count fp32 buffers of the largest sub-group in host memory: DeepSpeed's 1e9
+            # elements would be 16 GB of them (components/training/planner.py counts them).
+            zero["sub_group_size"] = int(1e8)
     if par.offload_param:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": False}
+        zero["offload_param"] = {"device": str(par.offload_param), "pin_memory": False}
+        if par.offload_param == "nvme":
+            zero["offload_param"].update(nvme_path=par.nvme_path, buffer_count=5, max_in_cpu=0)
+    if "nvme" in (par.offload_optimizer, par.offload_param):
+        out["aio"] = dict(AIO_CPU)
     return out
 
 
