@@ -130,8 +130,9 @@ def convert(folder: Path, *, step: int, world_size: int) -> tuple[Path, bool]:
 
 
 def _ds_to_universal(folder: Path, out: Path, *, world_size: int) -> None:
-    """DeepSpeed's converter, in this process (one worker each: the ranks' cores are not yet busy, the files small).
-    Its progress lines go to <out>/convert.log, and into the error when it fails."""
+    """DeepSpeed's converter, in this process: with one extract and one merge worker it runs inline, with no
+    process pool forked from the flow's process. Its progress lines go to <out>/convert.log, and their last
+    ones into the error when it fails."""
     from deepspeed.checkpoint import ds_to_universal
 
     args = argparse.Namespace(input_folder=str(folder), output_folder=str(out), num_extract_workers=1,
@@ -141,7 +142,8 @@ def _ds_to_universal(folder: Path, out: Path, *, world_size: int) -> None:
         with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
             ds_to_universal.main(args)
     except Exception as e:
-        tail = log.read_text(encoding="utf-8")[-2000:] if log.is_file() else ""
+        lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
+        tail = " | ".join(line.strip() for line in lines[-4:] if line.strip())  # one line, as every UserError is
         raise UserError("--resume", folder, f"could not be converted to a universal checkpoint ({type(e).__name__}: {e})"
                         f"{'; converter output: ' + tail if tail else ''}",
                         f"Resume with training.num_ranks={world_size}, the world it was saved on") from e

@@ -75,7 +75,8 @@ def test_train_flow_tracks_exports_and_refuses_bad_resumes(workspace, tiny_confi
     assert "Set training.grad_accum_steps=2" in refused.stdout + refused.stderr
     elastic = resume_cli("training.num_ranks=1", "training.grad_accum_steps=2", "training.max_steps=7")
     assert elastic.returncode == 0, elastic.stdout + elastic.stderr
-    assert "resumed step 6 from 2 ranks on 1 (universal checkpoint, converted step-0000006_universal" in elastic.stdout
+    assert "resumed step 6 from 2 ranks on 1 (universal checkpoint, converted step-0000006_universal" in elastic.stderr
+    assert "7 steps, resumed from step 6" in elastic.stdout
 
     # A truncated checkpoint shard: the CLI stops with one line and exit code 2 (a UserError, wherever it
     # is raised: cli/cli.py's convention), and trains nothing.
