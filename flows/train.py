@@ -10,7 +10,9 @@ resolved config, the generated DeepSpeed config, the dataset manifest hash, the 
 and its content hash when training.model.init is set (also in the export's lmforge.json; for a
 registry reference also the reference and the version the dataset pinned), per-step loss,
 lr, tokens/s, MFU and per-rank memory (with MoE also moe_aux_loss, expert_tokens_e<i> and
-moe_dropped_fraction), the loss curve and the exported folder. Training
+moe_dropped_fraction; with a parameter-server strategy ps_bytes_sent_per_step, ps_dropped, ps_staleness_mean/max
+and the staleness histogram as ps_staleness_count_<k> per step plus the artifact ps_stats.json), the loss curve and
+the exported folder. Training
 never caches and never retries: a failed launch names the rank and its last lines.
 """
 
@@ -82,6 +84,10 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
             for r, mem in enumerate(ev["memory"]):
                 values[f"model_state_mb_rank{r}"] = mem["total"] / 2 ** 20
                 values[f"rss_mb_rank{r}"] = mem["rss"] / 2 ** 20
+                if "rss_peak" in mem:  # the DeepSpeed ranks' host high-water mark and NVMe swap files (training/nvme.py)
+                    values[f"rss_peak_mb_rank{r}"] = mem["rss_peak"] / 2 ** 20
+                if mem.get("nvme"):
+                    values[f"nvme_mb_rank{r}"] = mem["nvme"] / 2 ** 20
             if "expert_tokens" in ev:  # MoE: the auxiliary loss, each expert's load and the routes capacity dropped
                 values["moe_aux_loss"], values["moe_dropped_fraction"] = ev["moe_aux_loss"], ev["moe_dropped_fraction"]
                 values.update({f"expert_tokens_e{i}": n for i, n in enumerate(ev["expert_tokens"])})
@@ -90,6 +96,11 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
                 values.update({k: bub[k] for k in ("bubble", "bubble_formula", "bubble_of_step", "bubble_simulated")
                                if k in bub})
                 values.update({f"bubble_rank{r}": x for r, x in enumerate(bub["bubble_per_rank"])})
+            if "ps" in ev:  # the parameter-server family (training/ps/): staleness histogram as per-bucket counts
+                ps = ev["ps"]
+                values.update({"ps_bytes_sent_per_step": ps["bytes_sent_per_step"], "ps_dropped": ps["dropped"],
+                               "ps_staleness_mean": ps["staleness_mean"], "ps_staleness_max": ps["staleness_max"]})
+                values.update({f"ps_staleness_count_{k}": n for k, n in ps["staleness_hist"].items()})
             ts = int(dt.datetime.now().timestamp() * 1000)
             client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in values.items()])
 
@@ -171,6 +182,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
         steps = read_steps(run_dir)
         curve = loss_curve_png(steps, run_dir / "loss_curve.png", title=name)
         mlflow.log_artifact(str(curve))
+        if (run_dir / "ps_stats.json").is_file():  # the parameter-server family's final staleness histogram and bytes
+            mlflow.log_artifact(str(run_dir / "ps_stats.json"))
         export = run_dir / "export"
         if tc.log_model_artifact:
             mlflow.log_artifacts(str(export), "model")

@@ -81,7 +81,8 @@ def threads_per_rank(local_ranks: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
 
 
-def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int) -> list[str]:
+def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int, *,
+            module: str = "lmforge.components.training.rank") -> list[str]:
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(port),
            "--module", "--no_local_rank", "--enable_each_rank_log", str(log_dir)]
     if req.hostfile:
@@ -93,7 +94,13 @@ def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int) ->
         cmd += ["--include", "localhost:" + ",".join(req.gpus[:req.num_ranks])]
     else:
         cmd += ["--num_gpus", str(req.num_ranks)]  # CPU ranks: DeepSpeed's CPU accelerator takes any count
-    return cmd + ["lmforge.components.training.rank", "--request", str(request_path)]
+    return cmd + [module, "--request", str(request_path)]
+
+
+def rank_module(request: RankRequest) -> str:
+    """The rank entry: DeepSpeed's engine, or the parameter-server family's, which runs beside it (training/ps/)."""
+    ps = request.training.parallel.parameter_server
+    return "lmforge.components.training.ps.rank" if ps else "lmforge.components.training.rank"
 
 
 def backend_name() -> str:
@@ -165,8 +172,8 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     load_ops(req.request.ds_config, device=req.request.hardware.device)
     start = time.perf_counter()
     # Its own session, so that stopping it reaches every rank; the ranks watch it in turn (watch_supervisor).
-    launcher = supervisor.start(command(req, request_path, log_dir, port), log=log_dir / "launcher.log", env=env,
-                                cwd=run_dir, append=False)
+    launcher = supervisor.start(command(req, request_path, log_dir, port, module=rank_module(req.request)),
+                                log=log_dir / "launcher.log", env=env, cwd=run_dir, append=False)
     tails: dict[Path, _Tail] = {}
     launcher_tail = _Tail(log_dir / "launcher.log", -1, lambda _r, line: lines_out(-1, line))
     stop = threading.Event()

@@ -41,6 +41,14 @@ SUPERVISOR_ENV = "LMFORGE_SUPERVISOR"
 # metrics rank 0 appends to.
 REQUEST_GLOB = "request-*.json"
 METRICS_FILE = "metrics.jsonl"
+# "rank:seconds": that rank sleeps this long every step, a straggler on purpose (benchmarks/bench_ps.py).
+STRAGGLER_ENV = "LMFORGE_STRAGGLER"
+
+
+def straggler_delay(rank: int) -> float:
+    """Seconds this rank sleeps each step under STRAGGLER_ENV; 0 without it or for another rank."""
+    who, _, seconds = os.environ.get(STRAGGLER_ENV, "").partition(":")
+    return float(seconds) if who.strip() == str(rank) and seconds else 0.0
 
 
 def request_file(attempt: int) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from lmforge.components.training.protocol import (
     USER_ERROR_PREFIX,
     RankRequest,
     read_request,
+    straggler_delay,
     watch_supervisor,
 )
 
@@ -110,7 +112,8 @@ class DeviceCollectives:
         dist.barrier()
 
 
-MEMORY_KEYS = ("params", "grads", "optimizer", "total", "rss", "device_peak", "idle_fraction")
+# rss_peak: the process's high-water mark (getrusage); nvme: bytes in this rank's NVMe swap files (components/training/nvme.py)
+MEMORY_KEYS = ("params", "grads", "optimizer", "total", "rss", "device_peak", "idle_fraction", "rss_peak", "nvme")
 
 
 def memory_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
@@ -182,13 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     from lmforge.components.accelerator import to_device
     from lmforge.components.training import checkpoint as ckpt
     from lmforge.components.training.data import TokenWindows
-    from lmforge.components.training.memory import device_peak_bytes, host_rss_bytes, model_state_bytes
+    from lmforge.components.training.memory import device_peak_bytes, host_peak_rss_bytes, host_rss_bytes, model_state_bytes
     from lmforge.components.training.model import build_model, count_params, flops_per_token, load_tokenizer, model_config
+    from lmforge.components.training.nvme import swap_bytes, swap_root
     from lmforge.components.training.perf import mfu
     from lmforge.components.training.pipeline_model import IdleClock, build_pipeline, lm_loss
     from lmforge.components.training.strategies import for_deepspeed
 
     cfg, layout, ds_config = req.training, req.layout, req.ds_config
+    swap = swap_root(ds_config)  # ZeRO-Infinity's NVMe tier: this run's swap folder, or None
     run_dir, ckpt_dir = req.run_dir, req.run_dir / "checkpoints"
     pp, bf16 = layout.pp, layout.bf16
     if hw.device == "cuda":
@@ -316,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
         universal_state = universal_info()
     loss_val = float("nan")
+    straggle = straggler_delay(rank)
     state_mem: dict[str, int] | None = None  # model-state bytes: fixed once Adam's states exist (from step 2)
     state_mem_step = -1
     nxt = place(start) if start < cfg.max_steps else []
@@ -349,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                 total += mb_loss.detach().float()
             loss = total / len(micro)
         step_s = time.perf_counter() - t0  # pipeline: before any collective, so the idle fraction is the schedule's own
+        if straggle:
+            time.sleep(straggle)  # a straggler on purpose (protocol.STRAGGLER_ENV, benchmarks/bench_ps.py)
         if done < cfg.max_steps:
             nxt = place(done)  # the next batch is built and copied while the device still works on this one
         window_steps += 1
@@ -362,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             assert state_mem is not None
             idle_fraction = idle.idle_fraction(step_s) if idle is not None else 0.0
             mine = [state_mem["params"], state_mem["grads"], state_mem["optimizer"], state_mem["total"],
-                    host_rss_bytes(), device_peak_bytes() or 0, idle_fraction]
+                    host_rss_bytes(), device_peak_bytes() or 0, idle_fraction, host_peak_rss_bytes(),
+                    swap_bytes(swap, rank=rank)]
             per_rank = memory_rows(comms.gather_floats([float(v) for v in mine]))
             if pp > 1:  # the measured bubble beside the schedule's formula (components/training/schedules.py)
                 from lmforge.components.training.schedules import bubble_event
@@ -395,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
 
     _export(engine, req, layout, tokenizer, cfg, windows, dtype, loss_val, peak, n_params)
     comms.barrier()
+    if rank == 0 and swap is not None:
+        shutil.rmtree(swap, ignore_errors=True)  # the run's NVMe swap files: the checkpoints hold what a resume needs
     # Torn down while every peer is still connected: a gloo group left to the interpreter's exit can
     # abort one rank after the run has finished (seen once in CI: both ranks silent, launcher exit non-zero).
     dist.destroy_process_group()

@@ -1,0 +1,77 @@
+"""Elastic averaging SGD (Zhang, Choromanska, LeCun 2015, eq. 5-6, synchronous form): the round and the loop.
+
+    workers, center = elastic_round([x0, x1], center, alpha=0.2)   # one round, by the paper's two equations
+    run_easgd(ctx)                                                 # every rank; rank 0 holds the center
+
+Each worker trains its own weights x_i with its own AdamW. Every tau local steps every worker sends x_i to
+rank 0, which updates the center with the old center x~ and sends that old center back:
+
+    x_i <- x_i - alpha (x_i - x~)            (each worker, with the center before this round)
+    x~  <- x~  + alpha sum_i (x_i - x~)      (the server, with the workers' weights before this round)
+
+The sum x~ + sum_i x_i is unchanged by a round (the elastic force is symmetric). alpha x workers <= 1 keeps
+the center from overshooting the workers' mean (checked before launch). The export is the center.
+Staleness here is the local steps since the worker last met the center (0 .. tau - 1).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from lmforge.components.training.ps.common import Ctx
+
+
+def pull_towards(x: torch.Tensor, center: torch.Tensor, alpha: float) -> torch.Tensor:
+    """A worker's half of the round, in place: x <- x - alpha (x - center)."""
+    return x.sub_(x - center, alpha=alpha)
+
+
+def elastic_round(workers: list[torch.Tensor], center: torch.Tensor, alpha: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One synchronous round on copies: the workers pulled towards the old center, the center towards the old workers."""
+    new_center = center + alpha * torch.stack([x - center for x in workers]).sum(0)
+    return [pull_towards(x.clone(), center, alpha) for x in workers], new_center
+
+
+def run_easgd(ctx: "Ctx") -> torch.Tensor | None:
+    """Train with elastic rounds every tau steps; rank 0 returns the center (the weights to export)."""
+    import torch.distributed as dist
+
+    cfg = ctx.cfg
+    tau, alpha = cfg.parallel.easgd.tau, cfg.parallel.easgd.alpha
+    opt, sched = ctx.local_optimizer()
+    center = ctx.flat.data.clone() if ctx.rank == 0 else None
+    others = torch.empty_like(ctx.flat.data)
+    since = 0
+    for step in range(cfg.max_steps):
+        ctx.stats.staleness(since)
+        loss = ctx.local_grad(step)
+        ctx.clip_and_step(opt, sched)
+        done, since = step + 1, since + 1
+        if done % tau == 0 or done == cfg.max_steps:
+            header = ctx.header(step=done, loss=loss)
+            if ctx.rank == 0:
+                assert center is not None
+                total = ctx.flat.data - center
+                for w in range(1, ctx.world):
+                    ctx.peers.update(w, ctx.recv_header(w))
+                    ctx.recv(others, w)
+                    total += others - center
+                old = center.clone()
+                center.add_(total, alpha=alpha)       # x~ + alpha sum_i (x_i - x~), with every x_i before the round
+                for w in range(1, ctx.world):
+                    ctx.send_header(ctx.header(step=done, loss=loss), w)
+                    ctx.send(old, w)
+                pull_towards(ctx.flat.data, old, alpha)
+            else:
+                ctx.send_header(header, 0)
+                ctx.send(ctx.flat.data, 0)
+                ctx.recv_header(0)
+                ctx.recv(others, 0)
+                pull_towards(ctx.flat.data, others, alpha)
+            since = 0
+        ctx.log(done, loss)
+    dist.barrier()
+    return center
