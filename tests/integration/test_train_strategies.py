@@ -105,6 +105,9 @@ def test_strategy_trains_and_exports(ws, name, parallel):
     model = AutoModelForCausalLM.from_pretrained(run_dir / "export")
     assert model.config.num_hidden_layers == 2 and model.model.layers[0].self_attn.q_proj.weight.shape == (64, 64)
     if name == "pipeline":
+        # DeepSpeed's 1f1b logs its bubble (IdleClock's idle / compute) beside (p-1)/m = 1/2 (components/training/schedules.py).
+        bubble = events[-1]["bubble"]
+        assert bubble["schedule"] == "1f1b" and bubble["bubble_formula"] == 0.5 and bubble["bubble"] >= 0, bubble
         # Stage 1 holds the head: its weights came through the gather, and they moved from the seeded init.
         from lmforge.components.training.model import build_model, load_tokenizer
 
