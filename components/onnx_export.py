@@ -174,7 +174,8 @@ def export_onnx(model_dir: Path, out_dir: Path, *, tolerance: float = DEFAULT_TO
     model_dir = check_model_dir(Path(model_dir))
     kind = modelload.read_meta(model_dir).get("load", {}).get("kind", "hf")
     if kind != "hf":
-        raise UserError("onnx export", model_dir, f"is a {kind} variant, whose layers torch.onnx cannot trace",
+        raise UserError("onnx export", model_dir,
+                        f"is a compressed variant (load kind {kind}), whose layers torch.onnx cannot trace",
                         "Export the plain model version it was compressed from (its parent_version tag)")
     model = modelload.load_model(model_dir, dtype=torch.float32)
     start = time.perf_counter()
