@@ -72,9 +72,10 @@ def apply_offload(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
     """Optimizer states (stepped by DeepSpeedCPUAdam) and, under ZeRO-3, parameters in host memory ("cpu") or in swap
     files under nvme_path ("nvme", ZeRO-Infinity, read and written by DeepSpeed's async_io op on libaio).
 
-    With nvme the parameters keep no copy in host memory (max_in_cpu 0), else DeepSpeed keeps up to 1e9 elements
-    there and a small model never reaches the disk; components/training/nvme.py sizes the swap buffers to the model
-    and gives each run its own subfolder of nvme_path before launch."""
+    DeepSpeed keeps up to max_in_cpu (1e9) parameter elements a rank in host memory and swaps the rest, and swaps no
+    tensor under 1 MiB; max_in_cpu 0 (every parameter on NVMe) failed on 2 CPU ranks at the second step ("Not enough
+    buffers 0 for swapping 1", with or without prefetch), so DeepSpeed's default stays. components/training/nvme.py
+    sizes the swap buffers to the model and gives each run its own subfolder of nvme_path before launch."""
     if not (par.offload_optimizer or par.offload_param):
         return ds
     out = _with(ds, "offload_nvme" if "nvme" in (par.offload_optimizer, par.offload_param) else "offload")
@@ -90,7 +91,7 @@ def apply_offload(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
     if par.offload_param:
         zero["offload_param"] = {"device": str(par.offload_param), "pin_memory": False}
         if par.offload_param == "nvme":
-            zero["offload_param"].update(nvme_path=par.nvme_path, buffer_count=5, max_in_cpu=0)
+            zero["offload_param"].update(nvme_path=par.nvme_path, buffer_count=5)
     if "nvme" in (par.offload_optimizer, par.offload_param):
         out["aio"] = dict(AIO_CPU)
     return out

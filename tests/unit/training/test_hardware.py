@@ -227,8 +227,9 @@ def test_the_rank_loop_calls_collectives_only_through_device_collectives():
 
 
 def test_memory_rows_round_trip():
-    rows = rank.memory_rows([[1.0, 2.0, 3.0, 6.0, 7.0, 0.0, 0.25]])
-    assert rows == [{"params": 1, "grads": 2, "optimizer": 3, "total": 6, "rss": 7, "device_peak": 0, "idle_fraction": 0.25}]
+    rows = rank.memory_rows([[1.0, 2.0, 3.0, 6.0, 7.0, 0.0, 0.25, 9.0, 4096.0]])
+    assert rows == [{"params": 1, "grads": 2, "optimizer": 3, "total": 6, "rss": 7, "device_peak": 0, "idle_fraction": 0.25,
+                     "rss_peak": 9, "nvme": 4096}]
 
 
 def test_rng_state_round_trips_and_reads_old_checkpoints():

@@ -55,8 +55,7 @@ def test_apply_offload_writes_the_nvme_sections_and_an_aio_section():
     z = ds["zero_optimization"]
     assert applied(ds) == ["base", "zero3", "offload_nvme"]
     assert z["offload_optimizer"]["device"] == "nvme" and z["offload_optimizer"]["nvme_path"] == "/mnt/nvme"
-    assert z["offload_param"] == {"device": "nvme", "pin_memory": False, "nvme_path": "/mnt/nvme", "buffer_count": 5,
-                                  "max_in_cpu": 0}
+    assert z["offload_param"] == {"device": "nvme", "pin_memory": False, "nvme_path": "/mnt/nvme", "buffer_count": 5}
     assert ds["aio"]["intra_op_parallelism"] == 1 and not ds["aio"]["use_gds"] and z["sub_group_size"] == int(1e8)
     assert "torch_adam" not in ds["optimizer"]["params"]  # the host optimizer, DeepSpeedCPUAdam, steps the swapped states
     mixed = training(strategy="zero3", offload_optimizer=True, offload_param="nvme", nvme_path="/mnt/nvme")
