@@ -17,10 +17,12 @@ weights are fp32 already):
     ZeRO-3  (P + G + K) Psi / N     = 16 Psi / N
 
 Optimizer offload moves the K part to host memory; parameter offload (ZeRO-3) moves P too.
-ZeRO-Infinity's NVMe tier (zero3+nvme_optimizer+nvme_param) moves both to swap files instead,
-(P + K) Psi / N bytes of NVMe per device; host memory then holds only DeepSpeed's swap buffers:
-5 parameter buffers as large as the largest parameter (the embedding, V h) and 4 fp32 optimizer
-buffers as large as the largest sub-group partition, min(1e8, Psi / N) (lmforge's sub_group_size).
+ZeRO-Infinity's NVMe tier (zero3+nvme_optimizer+nvme_param) moves K Psi / N to swap files, and of
+the parameters what passes max_in_cpu (DeepSpeed's default, 1e9 elements a device, which lmforge
+keeps): P max(0, Psi / N - 1e9). Host memory holds the rest of the parameters and DeepSpeed's swap
+buffers: 5 parameter buffers as large as the largest parameter (the embedding, V h) and 4 fp32
+optimizer buffers as large as the largest sub-group partition, min(1e8, Psi / N) (lmforge's
+sub_group_size). DeepSpeed swaps no tensor under 1 MiB: a small model's small tensors stay in host memory.
 
 LoRA (`trainable` = the adapters' parameter count T): the frozen base keeps only its weights
 (P Psi, partitioned under ZeRO-3), and gradients and optimizer states exist for the adapters
@@ -69,6 +71,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2+offload_optimizer", "zero
 # as the largest optimizer sub-group partition (zero_optimization.sub_group_size: 1e8 elements with nvme, as
 # components/training/strategies.py sets it; DeepSpeed's default of 1e9 would keep 16 GB of buffers per device).
 NVME_PARAM_BUFFERS, NVME_OPTIMIZER_BUFFERS, SUB_GROUP_SIZE, PARAM_BUFFER_MAX = 5, 4, 1e8, 1e8
+MAX_IN_CPU = 1e9  # offload_param.max_in_cpu (DeepSpeed's default, kept): parameter elements a rank keeps in host memory
 
 
 @dataclass(frozen=True)
@@ -153,11 +156,14 @@ def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str,
     if "offload_param" in strategy:
         out["host"] += out["params"]
         out["params"] = 0.0
-    if "nvme" in strategy:  # ZeRO-Infinity: what cpu offload keeps in host memory goes to swap files instead
-        out["nvme"] = (out["optimizer"] if "nvme_optimizer" in strategy else 0.0) + \
-            (out["params"] if "nvme_param" in strategy else 0.0)
+    if "nvme" in strategy:  # ZeRO-Infinity: the optimizer states, and parameters past max_in_cpu, go to swap files
+        out["nvme"] = out["optimizer"] if "nvme_optimizer" in strategy else 0.0
         out["optimizer"] = 0.0 if "nvme_optimizer" in strategy else out["optimizer"]
-        out["params"] = 0.0 if "nvme_param" in strategy else out["params"]
+        if "nvme_param" in strategy:
+            swapped = max(0.0, out["params"] - MAX_IN_CPU * pb)
+            out["nvme"] += swapped
+            out["host"] = out["params"] - swapped
+            out["params"] = 0.0
     return out
 
 
@@ -166,7 +172,8 @@ def nvme_host_bytes(inp: "PlanInput", *, dp: int, params: float) -> float:
     pb = bytes_per_param(inp.precision, zero=True)[0]
     largest = min(PARAM_BUFFER_MAX, inp.vocab_size * inp.hidden_size)  # the embedding, a Llama's largest parameter
     learnt = params if inp.trainable is None else inp.trainable
-    return NVME_PARAM_BUFFERS * largest * pb + NVME_OPTIMIZER_BUFFERS * min(SUB_GROUP_SIZE, learnt / dp) * 4
+    kept = min(MAX_IN_CPU, params / dp)  # ZeRO-3's parameter partition up to max_in_cpu stays in host memory
+    return kept * pb + NVME_PARAM_BUFFERS * largest * pb + NVME_OPTIMIZER_BUFFERS * min(SUB_GROUP_SIZE, learnt / dp) * 4
 
 
 def activation_bytes(inp: PlanInput) -> float:
