@@ -5,6 +5,7 @@
 #   .venv-serve  the Triton server's Python, 3.11 (the python-backend stub is built for it): numpy<2 (the stub
 #                breaks on numpy 2), torch, transformers, tokenizers, safetensors, nvidia-pytriton (tritonserver) and
 #                onnxruntime (ONNX graphs in the python backend; added to an existing .venv-serve too)
+#   libaio-dev   DeepSpeed's async_io op (NVMe offload), with apt-get where this runs as root
 # Re-running it only fills in what is missing. PYTHON chooses the project's interpreter (python3.11 or
 # python3.12); SERVE_PYTHON the serving one (a shared-libpython 3.11; default: PYTHON when it is one).
 set -euo pipefail
@@ -40,6 +41,23 @@ MSG
 fi
 
 pip_quiet() { "$@" --quiet --disable-pip-version-check; }
+
+# libaio's headers and library, for DeepSpeed's async_io op (ZeRO-Infinity's NVMe offload, offload_* = "nvme"):
+# installed quietly where this runs as root with apt; elsewhere a run with nvme offload is refused before launch,
+# naming the package (components/training/ops.py), and nothing else needs it.
+if [ ! -e /usr/include/libaio.h ]; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+        if (apt-get install -y -qq libaio-dev >/dev/null 2>&1 \
+                || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libaio-dev >/dev/null 2>&1; }); then
+            echo "bootstrap: installed libaio-dev (NVMe offload)"
+        else
+            echo "bootstrap: could not install libaio-dev with apt-get; NVMe offload stays off until it is installed" >&2
+        fi
+    else
+        echo "bootstrap: note: libaio headers not found (NVMe offload needs them): sudo apt-get install -y libaio-dev" \
+             "(Debian/Ubuntu) or sudo dnf install libaio-devel (RHEL/Fedora)" >&2
+    fi
+fi
 
 deps_ok() {  # every dependency pyproject.toml names is installed in .venv (a pulled change may have added one)
     .venv/bin/python - <<'PY' 2>/dev/null
