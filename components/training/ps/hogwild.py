@@ -61,8 +61,10 @@ def run_hogwild(make_ctx: Callable[[torch.Tensor | None], Ctx], n_params: int, w
         dist.barrier()  # every worker starts together
         ctx.t0 = time.perf_counter()
         ctx.window = (ctx.t0, 0.0)
-        _train(ctx, opt, sched, table)
+        loss = _train(ctx, opt, sched, table)
         dist.barrier()
+        if rank == 0:  # the last event once every worker has finished its last step
+            _log(ctx, table, ctx.cfg.max_steps, loss, force=True)
         return weights.clone() if rank == 0 else None
     finally:
         if rank == 0:  # every rank mapped the files before training began; a mapping outlives the name
@@ -76,7 +78,7 @@ def _rebind(ctx: Ctx, weights: torch.Tensor) -> None:
     ctx.flat = FlatParams(ctx.model, weights, copy_in=False)
 
 
-def _train(ctx: Ctx, opt: Any, sched: Any, table: torch.Tensor) -> None:
+def _train(ctx: Ctx, opt: Any, sched: Any, table: torch.Tensor) -> float:
     cfg, rank = ctx.cfg, ctx.rank
     row = table[1 + rank * ROW:1 + (rank + 1) * ROW]
     hist = torch.zeros(BUCKETS, dtype=torch.float64)
@@ -94,11 +96,12 @@ def _train(ctx: Ctx, opt: Any, sched: Any, table: torch.Tensor) -> None:
         row[:4] = torch.tensor([step + 1, loss, host_rss_bytes(), ctx.steps_done * ctx.tokens_per_worker_step],
                                dtype=torch.float64)
         row[8:] = hist
-        if rank == 0:
+        if rank == 0 and step + 1 < cfg.max_steps:
             _log(ctx, table, step + 1, loss)
+    return loss
 
 
-def _log(ctx: Ctx, table: torch.Tensor, done: int, loss: float) -> None:
+def _log(ctx: Ctx, table: torch.Tensor, done: int, loss: float, *, force: bool = False) -> None:
     """Rank 0's event from the shared table: every worker's latest loss and tokens, the merged histogram."""
     rows = [table[1 + r * ROW:1 + (r + 1) * ROW].tolist() for r in range(ctx.world)]
     for r, values in enumerate(rows[1:], start=1):
@@ -108,4 +111,4 @@ def _log(ctx: Ctx, table: torch.Tensor, done: int, loss: float) -> None:
         ctx.stats.hist.clear()
         ctx.stats.hist.update({b: int(c) for b, c in enumerate(merged) if c})
     losses = [loss] + [values[1] for values in rows[1:] if values[0] > 0]
-    ctx.log(done, loss, losses=losses, worker_optimizer=True)
+    ctx.log(done, loss, losses=losses, worker_optimizer=True, force=force)
