@@ -72,6 +72,8 @@ def run_easgd(ctx: "Ctx") -> torch.Tensor | None:
                 ctx.recv(others, 0)
                 pull_towards(ctx.flat.data, others, alpha)
             since = 0
-        ctx.log(done, loss)
+        # Tokens as every worker's `done` steps: they meet every tau steps, and a peer's count heard only at a round
+        # would jump by tau steps' tokens within one log window.
+        ctx.log(done, loss, tokens=done * ctx.world * ctx.tokens_per_worker_step)
     dist.barrier()
     return center
