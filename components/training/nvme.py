@@ -132,3 +132,18 @@ def largest_param(cfg: Any, tokenizer: Any) -> int:
 
     model = meta_model(model_config(cfg.model, tokenizer, seq_len=cfg.seq_len))
     return max(p.numel() for p in model.parameters())
+
+
+def check_resume(offload_optimizer: Any, folder: Path) -> None:
+    """Refuse --resume with the optimizer on NVMe: not yet right (the run's swap files restored from the checkpoint's
+    offloaded_tensors/ did not give back the optimizer it saved)."""
+    if offload_optimizer != "nvme":
+        return
+    # Measured on 2 CPU ranks (tiny preset widened to hidden 512): saved at step 3 and resumed, step 4 matched and
+    # step 5 read 5.908 where cpu offload's same save-and-resume read 5.830; offload_param = "nvme" with the optimizer
+    # on "cpu" resumed to cpu offload's losses exactly.
+    raise UserError("--resume", folder, "not yet: resuming a run whose optimizer states are on NVMe "
+                                        "(offload_optimizer = \"nvme\") does not restore them exactly in DeepSpeed 0.19.8 "
+                                        "(the losses leave the uninterrupted run's after the first resumed step)",
+                    "Start the run again without --resume, or train with offload_optimizer = \"cpu\" (offload_param "
+                    "= \"nvme\" resumes exactly)")

@@ -82,6 +82,14 @@ def test_zero3_nvme_offload_trains_to_cpu_offloads_losses(ws, nvme_dir):
     with torch.no_grad():
         ours = model(input_ids=probe["input_ids"]).logits.float()
     assert torch.allclose(ours, probe["logits"], atol=1e-4), (ours - probe["logits"]).abs().max()
+    # Resuming with the optimizer on NVMe is refused before launch (not yet exact; components/training/nvme.py).
+    from lmforge.components.training.job import prepare_job
+
+    more = nvme_cfg.model_copy(update={"max_steps": 8})
+    with pytest.raises(UserError) as refused:
+        prepare_job(more, shards=ws.training_shards("testdata0001"), tokenizer=ws.dataset_dir("testdata0001") / "tokenizer",
+                    run_dir=run_dir, resume=True, meta={})
+    assert "not yet" in str(refused.value) and 'offload_optimizer = "cpu"' in str(refused.value)
 
 
 def test_a_tmpfs_nvme_path_is_refused_before_launch(ws, tmp_path):

@@ -165,3 +165,13 @@ def test_plan_command_shows_the_nvme_column():
     row = {r["strategy"]: r for r in json.loads(out.output)["rows"]}["zero3+nvme_optimizer+nvme_param"]
     params = json.loads(out.output)["params_per_device"]
     assert row["nvme_gb"] == pytest.approx(12 * params / 2 / 1e9)  # Adam's fp32 states, halved; the weights stay in host
+
+
+def test_resume_with_the_optimizer_on_nvme_is_refused_as_not_yet(tmp_path):
+    from lmforge.components.training.nvme import check_resume
+
+    check_resume(Offload.CPU, tmp_path)      # cpu offload resumes as before
+    check_resume(Offload.NONE, tmp_path)
+    with pytest.raises(UserError) as e:
+        check_resume(Offload.NVME, tmp_path)
+    assert "not yet" in str(e.value) and str(tmp_path) in str(e.value) and "without --resume" in str(e.value)
