@@ -1,7 +1,7 @@
 """The parameter-server family against DDP (all-reduce) on 2 CPU ranks: same model, same data, one run.
 
     python benchmarks/bench_ps.py                     # writes benchmarks/results/ps.{json,md}
-    python benchmarks/bench_ps.py --steps 30 --straggle 0.3
+    python benchmarks/bench_ps.py --steps 30 --straggle 0.3 --rounds 2
 
 Runs: ddp (DeepSpeed, ZeRO stage 0: gradients all-reduced), ps-sync, async-sgd (max_staleness 4),
 hogwild and easgd (alpha 0.25, tau 4), each through lmforge's real launcher on 2 ranks (rank 0 is the
@@ -15,7 +15,10 @@ Reported per run:
 - training loss at equal wall time: the last logged loss at or before T, where T is the shortest run's
   training time in that scenario (from the step events: DDP's per-step times summed, the family's
   own elapsed clock, both from its first step, start-up excluded);
-- tokens/s over the whole run (tokens / training time), and its ratio to DDP's in the same scenario;
+- tokens/s after the first `--warmup` steps (their tokens / the time from that step's event to the last),
+  and its ratio to DDP's in the same scenario and round; every run is repeated for `--rounds` rounds (all
+  strategies, both scenarios, in turn) and the table gives the median ratio with each round's, since load
+  from other work on the machine moves a single run's figures by up to 2x;
 - staleness (mean, max) and updates dropped;
 - bytes sent per step: measured for the family (every message counted at the server, through which
   all of them pass); for DDP the ring all-reduce's 2 (W - 1) x weight bytes across all ranks, a formula,
@@ -28,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -71,13 +75,14 @@ def elapsed(events: list[dict]) -> list[float]:
     return out
 
 
-def measure(ws: Workspace, name: str, strategy: str, steps: int, preset: str) -> dict:
+def measure(ws: Workspace, name: str, strategy: str, steps: int, preset: str, warmup: int) -> dict:
     events, run_dir = run_training(ws, name, training(strategy, steps, preset), timeout_s=1500)
     times = elapsed(events)
     export_loss, unigram = heldout(ws, run_dir / "export")
     tokens = steps * WORKERS * MICRO * SEQ
+    after = (steps - warmup) * WORKERS * MICRO * SEQ
     out = {"heldout_loss": export_loss, "unigram": unigram, "seconds": times[-1], "tokens": tokens,
-           "tokens_per_s": tokens / times[-1], "times": times, "losses": [e["loss"] for e in events]}
+           "tokens_per_s": after / (times[-1] - times[warmup - 1]), "times": times, "losses": [e["loss"] for e in events]}
     if strategy == "ddp":
         params = json.loads((run_dir / "export" / "lmforge.json").read_text())["params"]
         out.update(bytes_per_step=2 * (WORKERS - 1) * params * 4, bytes_measured=False, staleness_mean=0.0,
@@ -99,34 +104,49 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--preset", default="demo")
     ap.add_argument("--straggle", type=float, default=0.3, help="seconds rank 1 sleeps each step in the straggler scenario")
+    ap.add_argument("--warmup", type=int, default=5, help="steps left out of tokens/s")
+    ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     load_start = os.getloadavg()[0]
-    scenarios: dict[str, dict] = {}
+    rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench_ps_") as tmp:
         ws = Workspace(Path(tmp) / "ws").ensure()
         make_dataset(ws)
-        for scenario, straggle in (("even", None), ("straggler", f"1:{args.straggle}")):
-            if straggle:
-                os.environ[STRAGGLER_ENV] = straggle
-            else:
-                os.environ.pop(STRAGGLER_ENV, None)
-            scenarios[scenario] = {s: measure(ws, f"{scenario}-{s}", s, args.steps, args.preset) for s in STRATEGIES}
-        os.environ.pop(STRAGGLER_ENV, None)
+        for i in range(args.rounds):
+            scenarios: dict[str, dict] = {}
+            for scenario, straggle in (("even", None), ("straggler", f"1:{args.straggle}")):
+                if straggle:
+                    os.environ[STRAGGLER_ENV] = straggle
+                else:
+                    os.environ.pop(STRAGGLER_ENV, None)
+                scenarios[scenario] = {s: measure(ws, f"{scenario}-{s}-{i}", s, args.steps, args.preset, args.warmup)
+                                       for s in STRATEGIES}
+            os.environ.pop(STRAGGLER_ENV, None)
+            for runs in scenarios.values():
+                t_equal = min(r["seconds"] for r in runs.values())
+                for r in runs.values():
+                    r["equal_time_s"], r["loss_at_equal_time"] = t_equal, loss_at(r, t_equal)
+                    r["vs_ddp_tokens_per_s"] = r["tokens_per_s"] / runs["ddp"]["tokens_per_s"]
+            rounds.append(scenarios)
     rows = []
-    for scenario, runs in scenarios.items():
-        t_equal = min(r["seconds"] for r in runs.values())
-        for s, r in runs.items():
-            r["loss_at_equal_time"] = loss_at(r, t_equal)
-            r["vs_ddp_tokens_per_s"] = r["tokens_per_s"] / runs["ddp"]["tokens_per_s"]
-            rows.append((scenario, s, f"{r['heldout_loss']:.3f} (unigram {r['unigram']:.3f})",
-                         f"{r['loss_at_equal_time']:.3f} at {t_equal:.1f} s", f"{r['tokens_per_s']:,.0f}",
-                         f"{r['vs_ddp_tokens_per_s']:.2f}", f"{r['staleness_mean']:.2f} / {r['staleness_max']}",
-                         r["dropped"], f"{r['bytes_per_step'] / 2 ** 20:.2f}{'' if r['bytes_measured'] else ' (formula)'}"))
+    for scenario in ("even", "straggler"):
+        for s in STRATEGIES:
+            runs = [rd[scenario][s] for rd in rounds]
+            r = runs[0]
+            ratios = [x["vs_ddp_tokens_per_s"] for x in runs]
+            rows.append((scenario, s, " / ".join(f"{x['heldout_loss']:.3f}" for x in runs) + f" (unigram {r['unigram']:.3f})",
+                         " / ".join(f"{x['loss_at_equal_time']:.3f} at {x['equal_time_s']:.1f} s" for x in runs),
+                         f"{statistics.median(x['tokens_per_s'] for x in runs):,.0f}",
+                         f"{statistics.median(ratios):.2f} ({', '.join(f'{x:.2f}' for x in ratios)})",
+                         " / ".join(f"{x['staleness_mean']:.2f}, {x['staleness_max']}" for x in runs),
+                         " / ".join(str(x["dropped"]) for x in runs),
+                         f"{r['bytes_per_step'] / 2 ** 20:.2f}{'' if r['bytes_measured'] else ' (formula)'}"))
     results = {"steps": args.steps, "preset": args.preset, "straggle_s": args.straggle, "workers": WORKERS,
-               "scenarios": scenarios, "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]}}
-    write_results("ps", results, ["scenario", "strategy", f"held-out loss after {args.steps} steps (nats/token)",
-                                  "train loss at equal wall time", "tokens/s", "vs ddp", "staleness mean / max",
-                                  "dropped", "MiB sent per step"], rows,
+               "warmup": args.warmup, "rounds": rounds,
+               "load_average_1min": {"start": load_start, "end": os.getloadavg()[0]}}
+    write_results("ps", results, ["scenario", "strategy", f"held-out loss after {args.steps} steps (nats/token), by round",
+                                  "train loss at equal wall time, by round", "tokens/s (median)", "vs ddp: median (rounds)",
+                                  "staleness mean, max by round", "dropped by round", "MiB sent per step"], rows,
                   command="python benchmarks/bench_ps.py" + "".join(f" {a}" for a in sys.argv[1:]))
     print(f"1-min load average: {results['load_average_1min']['start']:.1f} at the start, "
           f"{results['load_average_1min']['end']:.1f} at the end")
