@@ -46,7 +46,8 @@ def run_script(tmp_path, tiny_model_dir, mode: str) -> str:
     script = tmp_path / "noise.py"
     script.write_text(SCRIPT)
     env_drop = ("HF_HUB_DISABLE_PROGRESS_BARS", "TQDM_DISABLE", "TRANSFORMERS_VERBOSITY", "PYTHONWARNINGS",
-                "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "LMFORGE_VERBOSE", "DS_ACCELERATOR")  # set by an earlier in-process configure()
+                # DS_ACCELERATOR: an earlier in-process quiet.configure() leaves it in this process
+                "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "LMFORGE_VERBOSE", "DS_ACCELERATOR")
     import os
 
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
