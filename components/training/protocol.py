@@ -125,3 +125,18 @@ def watch_supervisor(*, interval_s: float = 2.0) -> None:
                 pass
 
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+
+
+def run_rank(main: Any) -> None:
+    """A rank entry's `__main__`: exit with main()'s code; a UserError becomes one USER_ERROR_PREFIX line,
+    which the launcher turns back into the same UserError in the parent process, and exit code 2."""
+    import json
+
+    from lmforge.components.errors import UserError
+
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(USER_ERROR_PREFIX + json.dumps({"what": e.what, "value": None if e.value is None else str(e.value),
+                                              "problem": e.problem, "fix": e.fix}), flush=True)
+        sys.exit(2)

@@ -29,14 +29,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmforge.components.errors import UserError
 from lmforge.components.training.layout import Layout
 from lmforge.components.training.protocol import (
     EVENT_PREFIX,
     METRICS_FILE,
-    USER_ERROR_PREFIX,
     RankRequest,
     read_request,
+    run_rank,
     straggler_delay,
     watch_supervisor,
 )
@@ -469,10 +468,4 @@ def _export(engine: Any, req: RankRequest, layout: Layout, tokenizer: Any, cfg: 
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        # The launcher turns this line back into the same UserError in the parent process.
-        print(USER_ERROR_PREFIX + json.dumps({"what": e.what, "value": None if e.value is None else str(e.value),
-                                              "problem": e.problem, "fix": e.fix}), flush=True)
-        sys.exit(2)
+    run_rank(main)

@@ -14,7 +14,6 @@ checkpoints are saved (a resume is refused before launch, components/training/ps
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import sys
 import time
@@ -23,8 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmforge.components.errors import UserError
-from lmforge.components.training.protocol import USER_ERROR_PREFIX, RankRequest, read_request, watch_supervisor
+from lmforge.components.training.protocol import RankRequest, read_request, run_rank, watch_supervisor
 
 STATS_FILE = "ps_stats.json"
 
@@ -123,9 +121,4 @@ def _export(ctx: Any, req: RankRequest, tokenizer: Any, windows: Any, n_params: 
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(USER_ERROR_PREFIX + json.dumps({"what": e.what, "value": None if e.value is None else str(e.value),
-                                              "problem": e.problem, "fix": e.fix}), flush=True)
-        sys.exit(2)
+    run_rank(main)
