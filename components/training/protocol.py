@@ -17,6 +17,7 @@ naming the key, instead of as a KeyError (or a silently ignored setting) minutes
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -135,8 +136,16 @@ def run_rank(main: Any) -> None:
     from lmforge.components.errors import UserError
 
     try:
-        sys.exit(main())
+        code = main()
     except UserError as e:
         print(USER_ERROR_PREFIX + json.dumps({"what": e.what, "value": None if e.value is None else str(e.value),
                                               "problem": e.problem, "fix": e.fix}), flush=True)
-        sys.exit(2)
+        code = 2
+    # A rank that returned has written everything it owns (checkpoints behind a barrier, the export, its metrics) and
+    # passed the final barrier, so no peer waits on it. The interpreter's own teardown is skipped: it runs the C++
+    # destructors of DeepSpeed's native ops (async_io's and cpu_adam's worker threads), and CI saw a finished rank
+    # abort there ("terminate called without an active exception", exit -6), which failed a run that had succeeded.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
