@@ -36,11 +36,10 @@ def load_tokenizer(path: Path) -> Any:
     return PreTrainedTokenizerFast.from_pretrained(str(path))
 
 
-def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
-    from transformers import LlamaConfig
-
+def _decoder_fields(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype) -> dict[str, Any]:
+    """The preset's decoder shape and token ids: the fields a LlamaConfig and a Qwen3MoeConfig share."""
     s = cfg.sizes()
-    return LlamaConfig(
+    return dict(
         vocab_size=len(tokenizer),
         hidden_size=s["hidden_size"],
         intermediate_size=s["intermediate_size"],
@@ -59,6 +58,12 @@ def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch
     )
 
 
+def llama_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**_decoder_fields(cfg, tokenizer, seq_len=seq_len, dtype=dtype))
+
+
 def moe_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.dtype = torch.float32) -> Any:
     """The preset's shape as a Qwen3MoeConfig: every `moe.every`-th layer sparse, no layer forced dense.
 
@@ -67,31 +72,17 @@ def moe_config(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, dtype: torch.d
     """
     from transformers import Qwen3MoeConfig
 
-    s, moe = cfg.sizes(), cfg.moe
+    fields, moe = _decoder_fields(cfg, tokenizer, seq_len=seq_len, dtype=dtype), cfg.moe
     return Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=s["hidden_size"],
-        intermediate_size=s["intermediate_size"],
-        num_hidden_layers=s["num_layers"],
-        num_attention_heads=s["num_heads"],
-        num_key_value_heads=s["num_kv_heads"],
-        head_dim=s["hidden_size"] // s["num_heads"],
-        max_position_embeddings=max(seq_len, 256),
-        rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_embeddings,
+        **fields,
+        head_dim=fields["hidden_size"] // fields["num_attention_heads"],
         num_experts=moe.num_experts,
         num_experts_per_tok=moe.top_k,
-        moe_intermediate_size=moe.expert_size or s["intermediate_size"],
+        moe_intermediate_size=moe.expert_size or fields["intermediate_size"],
         decoder_sparse_step=moe.every,
         mlp_only_layers=[],
         norm_topk_prob=moe.top_k > 1,
         router_aux_loss_coef=moe.aux_loss_coef,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        attn_implementation="sdpa",
-        use_cache=False,
-        dtype=str(dtype).removeprefix("torch."),
     )
 
 
