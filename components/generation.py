@@ -92,6 +92,45 @@ def encode_prompt(tokenizer: Any, prompt: str, *, max_tokens: int | None = None)
     return ids[-max_tokens:] if max_tokens else ids
 
 
+def _limits(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]) -> list[int]:
+    limits = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(v) for v in max_new_tokens]
+    assert len(limits) == len(prompts) and all(v >= 1 for v in limits) and all(len(p) >= 1 for p in prompts)
+    return limits
+
+
+def _eos_pad(tokenizer: Any) -> tuple[int, int]:
+    eos = tokenizer.eos_token_id
+    return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
+    """The prompts as one left-padded LongTensor [B, width] and its attention mask (1 on real tokens)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
+        mask[row, width - len(ids):] = 1
+    return input_ids, mask
+
+
+def _outputs(tokenizer: Any, generated: list[list[int]], logps: list[list[float]], limits: list[int],
+             stops: list[str], steps: list[float], start: float, end: float) -> list[Output]:
+    """One Output per row: its tokens cut by the stopping rule, their mean log-probability, and its timings
+    (first token, and the step that produced its last kept token)."""
+    results = []
+    for row, limit in enumerate(limits):
+        n, text = stopping_rule(tokenizer, generated[row][:limit], stops)
+        lp = logps[row][:n]
+        last = steps[n - 1] if 0 < n <= len(steps) else end
+        results.append(Output(token_ids=tuple(generated[row][:n]), text=text,
+                              mean_logprob=sum(lp) / len(lp) if lp else 0.0,
+                              first_token_s=(steps[0] if steps else end) - start, total_s=last - start))
+    return results
+
+
 def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
              temperature: float = 0.0, seed: int = 0, stop_strings: Sequence[str] = STOP_STRINGS,
              scores: bool = False) -> list[Output]:
@@ -103,19 +142,13 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     from transformers import LogitsProcessorList, StoppingCriteriaList
     from transformers.generation.stopping_criteria import StopStringCriteria
 
-    limits = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(v) for v in max_new_tokens]
-    assert len(limits) == len(prompts) and all(v >= 1 for v in limits) and all(len(p) >= 1 for p in prompts)
+    limits = _limits(prompts, max_new_tokens)
     if not prompts:
         return []
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    eos, pad = _eos_pad(tokenizer)
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
-        mask[row, width - len(ids):] = 1
+    input_ids, mask = _left_padded(prompts, pad)
+    width = input_ids.shape[1]
     clock = _StepClock()
     stops = [s for s in stop_strings if s]
     sample = temperature > 0
@@ -133,17 +166,9 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
         logprobs = (model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True).float().cpu()
                     if scores else None)
     end = time.perf_counter()
-    first = (clock.steps[0] if clock.steps else end) - start
     generated = out.sequences[:, width:].cpu().tolist()
-    results = []
-    for row, limit in enumerate(limits):
-        n, text = stopping_rule(tokenizer, generated[row][:limit], stops)
-        lp = logprobs[row, :n].tolist() if logprobs is not None else []
-        last = clock.steps[n - 1] if 0 < n <= len(clock.steps) else end
-        results.append(Output(token_ids=tuple(generated[row][:n]), text=text,
-                              mean_logprob=sum(lp) / len(lp) if lp else 0.0, first_token_s=first,
-                              total_s=last - start))
-    return results
+    logps = logprobs.tolist() if logprobs is not None else [[] for _ in prompts]
+    return _outputs(tokenizer, generated, logps, limits, stops, clock.steps, start, end)
 
 
 def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str]:
@@ -190,18 +215,11 @@ def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     """
     import torch
 
-    limits = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(v) for v in max_new_tokens]
-    assert len(limits) == len(prompts) and all(v >= 1 for v in limits) and all(len(p) >= 1 for p in prompts)
+    limits = _limits(prompts, max_new_tokens)
     if not prompts:
         return []
-    eos = tokenizer.eos_token_id
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, ids in enumerate(prompts):
-        input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
-        mask[row, width - len(ids):] = 1
+    eos, pad = _eos_pad(tokenizer)
+    input_ids, mask = _left_padded(prompts, pad)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     stops = [s for s in stop_strings if s]
     generated: list[list[int]] = [[] for _ in prompts]
@@ -230,15 +248,7 @@ def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
             mask = torch.cat([mask, torch.ones_like(input_ids)], dim=1)
             positions = positions[:, -1:] + 1
     end = time.perf_counter()
-    results = []
-    for row, limit in enumerate(limits):
-        n, text = stopping_rule(tokenizer, generated[row][:limit], stops)
-        lp = logps[row][:n]
-        last_s = steps[n - 1] if 0 < n <= len(steps) else end
-        results.append(Output(token_ids=tuple(generated[row][:n]), text=text,
-                              mean_logprob=sum(lp) / len(lp) if lp else 0.0,
-                              first_token_s=(steps[0] if steps else end) - start, total_s=last_s - start))
-    return results
+    return _outputs(tokenizer, generated, logps, limits, stops, steps, start, end)
 
 
 def torch_forward(model: Any) -> Any:
