@@ -16,7 +16,7 @@ cores are shared, and a busy neighbour slows whichever rank it lands on.
 Per run the first `--skip` steps are left out (the torch schedules exchange shapes on their
 first step; every run warms its allocator), and the medians over the rest are reported:
 measured bubble = idle / compute per stage (mean over the 2 ranks), its formula evaluated with the
-run's measured per-chunk F/I/W times (components/training/schedules.py bubble_formula), the
+run's measured per-chunk F/I/W times (components/training/bubble.py bubble_formula), the
 bubble torch's own action list gives with those times and free communication (simulated; torch
 schedules only), idle / step, and tokens/s over the kept steps.
 Writes benchmarks/results/parallel.json and parallel.md.

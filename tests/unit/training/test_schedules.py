@@ -9,16 +9,18 @@ import random
 import pytest
 
 from lmforge.components.errors import UserError
-from lmforge.components.training.schedules import (
-    TORCH_SCHEDULES,
+from lmforge.components.training.bubble import (
     ChunkTimes,
     StageClock,
     bubble_formula,
     bubble_report,
     deepspeed_bubble_report,
+    simulate_bubble,
+)
+from lmforge.components.training.schedules import (
+    TORCH_SCHEDULES,
     partition_by_cost,
     schedule_rule,
-    simulate_bubble,
     stage_to_rank,
 )
 from tests.integration.train_support import tiny_training
@@ -180,7 +182,7 @@ def test_stage_clock_idle_fraction_is_of_the_schedule_time():
 
 
 def test_chunk_times_leave_out_stage_0s_unsplit_backward():
-    from lmforge.components.training.schedules import chunk_times
+    from lmforge.components.training.bubble import chunk_times
 
     # Stage 0's I is empty and its W a whole backward (torch's first stage); stage 1 splits 2 + 1.
     stats = [{"schedule_s": 1.0, "compute_s": 0.0, "stages": {"0:F": [4.0, 4], "0:I": [0.0, 4], "0:W": [12.0, 4],
