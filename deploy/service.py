@@ -3,7 +3,7 @@
     info = ensure_server(ws, cfg.deploy)                         # reuse the running one, or start and wait
     version, folder = resolve_model(ws, cfg.registry.model_name, "champion")
     result = deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name,
-                            version=version, model_dir=folder)  # gated; moves `production` on success,
+                            version=version, model_dir=folder)  # gated; moves production_alias(cfg.deploy.name),
                                                                  # only if it still holds what it held at the start
     rollback_production(ws, cfg.deploy, info, registry_model=cfg.registry.model_name)
     stop(ws)
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.registry.gate import PRODUCTION
+from lmforge.components.registry.gate import production_alias
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
@@ -73,11 +73,12 @@ def shards_for(ws: Workspace, model_dir: Path) -> Path | None:
 def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str, version: int,
                    model_dir: Path | None, reason: str = "passed the Triton rollout gate",
                    action: str = "set") -> RolloutResult:
-    """Roll `version` out through the gate; on success the registry's `production` alias points at it."""
+    """Roll `version` out through the gate; on success this target's serving alias (production_alias) points at it."""
     from lmforge.components.registry import current, set_alias
 
     repo = repo_dir(ws)
-    holder = current(ws, registry_model, PRODUCTION)   # what this rollout replaces; the move is a CAS on it
+    alias = production_alias(cfg.name)
+    holder = current(ws, registry_model, alias)   # what this rollout replaces; the move is a CAS on it
 
     check_format(repo, cfg, version)
 
@@ -96,7 +97,7 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
                              stage=True)
 
     def promote(v: int) -> None:
-        set_alias(ws, registry_model, PRODUCTION, str(v), reason=f"{reason} (Triton model {cfg.model_name})",
+        set_alias(ws, registry_model, alias, str(v), reason=f"{reason} (Triton model {cfg.model_name})",
                   action=action, expect=holder)
 
     try:
@@ -128,15 +129,16 @@ def check_format(repo: Path, cfg: DeployConfig, version: int) -> None:
 
 def rollback_production(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str,
                         reason: str = "rollback") -> RolloutResult:
-    """Serve the version that held `production` before the current one, through the same gate."""
+    """Serve the version that held this target's serving alias before the current one, through the same gate."""
     from lmforge.components.registry.aliases import current, history, holders
 
-    now = current(ws, registry_model, PRODUCTION)
-    stack = holders(history(ws, registry_model, alias=PRODUCTION))
+    alias = production_alias(cfg.name)
+    now = current(ws, registry_model, alias)
+    stack = holders(history(ws, registry_model, alias=alias))
     if stack and stack[-1] == now:
         stack.pop()
     if not stack:
-        raise UserError("deploy rollback", f"{registry_model}@{PRODUCTION}",
+        raise UserError("deploy rollback", f"{registry_model}@{alias}",
                         f"has had no version before {now}", "There is nothing to roll back to")
     return deploy_version(ws, cfg, info, registry_model=registry_model, version=int(stack[-1]), model_dir=None,
                           reason=f"{reason}: from version {now}", action="rollback")

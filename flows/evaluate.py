@@ -10,6 +10,11 @@ The model becomes `challenger`; it becomes `champion` when the registry rules pa
 version, another evaluation config (hash) or another context, it is scored again on
 the candidate's terms first (registry.reevaluate_champion), so the two sides compare on
 the same text, windows and settings. No model is scored beyond its trained context.
+The evaluation set is addressed by its content hash and logged with the registered version
+(the `dataset/` bundle, monitoring/travel.py, which also carries what monitoring and
+retraining need), so a workspace that did not make the champion's dataset compares on a set
+any workspace can fetch from the registry; the decision names the set that decided
+(`eval_set` in decision_json, the version's `decision_eval_set` tag, and the printed line).
 A model fine-tuned from a base (its lmforge.json names `base`) with no champion yet is gated
 against that base: the base folder is scored by the same evaluation on the same sample and
 context, and the candidate must beat its BPC by `bpc_margin` (not merely the unigram baseline).
@@ -35,10 +40,13 @@ from lmforge.components.evaluation import EvalResult, evaluate_model_dir
 from lmforge.components.evaluation.rag import Rag, build_rag, release
 from lmforge.components.evaluation.report import write_report
 from lmforge.components.registry import current, download_model, gate, register_model, version_tags
-from lmforge.components.registry.gate import CHAMPION, BaseScore
+from lmforge.components.registry.gate import CHAMPION, BaseScore, EvalSet
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_tree
 from lmforge.flows.workspace_flow import workspace_flow
+from lmforge.monitoring.travel import log_dataset_bundle
+
+EVAL_SET_TAG = "eval_set_sha256"   # on the registering run: the hash of the set the version was scored on
 
 
 @task(name="evaluate-model", cache_policy=NO_CACHE, persist_result=False)
@@ -61,9 +69,10 @@ def register_task(model_dir: str, cfg: PipelineConfig, metrics: dict[str, float]
 @task(name="gate-promotion", cache_policy=NO_CACHE, persist_result=False)
 def gate_task(cfg: PipelineConfig, version: str, metrics: dict[str, float],
               champion_metrics: dict[str, float] | None, scored_champion: str | None = None,
-              base: dict[str, Any] | None = None) -> dict[str, Any]:
+              base: dict[str, Any] | None = None, eval_set: dict[str, Any] | None = None) -> dict[str, Any]:
     return gate(Workspace.from_env(), cfg.registry, version, metrics, champion_metrics=champion_metrics,
-                scored_champion=scored_champion, base=BaseScore(**base) if base is not None else None).to_dict()
+                scored_champion=scored_champion, base=BaseScore(**base) if base is not None else None,
+                eval_set=EvalSet(**eval_set) if eval_set is not None else None).to_dict()
 
 
 def base_score_on(cfg: PipelineConfig, lineage: dict[str, Any] | None, dataset_version: str,
@@ -87,24 +96,52 @@ def base_score_on(cfg: PipelineConfig, lineage: dict[str, Any] | None, dataset_v
     return BaseScore(name=name, sha256=sha, metrics=result["metrics"])
 
 
+def eval_set_sha256(ws: Workspace, dataset_version: str, split: str) -> str:
+    """The content hash of this workspace's evaluation set: the dataset's records/<split>.jsonl."""
+    return sha256_file(ws.dataset_dir(dataset_version) / "records" / f"{split}.jsonl")
+
+
+def registered_eval_set(ws: Workspace, model_name: str, version: str) -> str | None:
+    """The hash of the evaluation set `version` was scored on at registration (its run's `eval_set_sha256` tag,
+    beside the `dataset/` bundle that holds the set); None for a version registered before sets were logged."""
+    from mlflow import MlflowClient
+
+    from lmforge.components.tracking import use_workspace
+
+    use_workspace(ws)
+    client = MlflowClient()
+    run_id = client.get_model_version(model_name, str(version)).run_id
+    return client.get_run(run_id).data.tags.get(EVAL_SET_TAG) if run_id else None
+
+
 def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str,
                         context: int) -> tuple[dict[str, float] | None, str, str | None]:
     """(the champion's metrics, where they come from, its version) on the candidate's terms.
 
     The champion is re-scored unless its registered metrics were measured on the same
-    dataset version, the same evaluation config (hash) and the same scored context as the
-    candidate's; the re-score uses the candidate's context, so both sides see the same windows.
+    evaluation set (by content hash: the same records, whichever workspace scored them; a
+    version registered before sets were hashed compares its dataset version), the same
+    evaluation config (hash) and the same scored context as the candidate's. The re-score is
+    on the candidate's evaluation set, which this registration logs with the candidate (the
+    `dataset/` bundle), so the set that decided is in the registry for any workspace to fetch;
+    it uses the candidate's context, so both sides see the same windows.
     """
     holder = current(ws, cfg.registry.model_name, CHAMPION)
     if holder is None:
         return None, "no champion", None
     tags = version_tags(ws, cfg.registry.model_name, holder)
+    theirs_set = registered_eval_set(ws, cfg.registry.model_name, holder)
+    set_check = (("evaluation set", theirs_set, eval_set_sha256(ws, dataset_version, cfg.evaluation.split))
+                 if theirs_set else ("dataset", tags.get("dataset_version"), dataset_version))
     differs = [what for what, theirs, ours in (
-        ("dataset", tags.get("dataset_version"), dataset_version),
+        set_check,
         ("evaluation config", tags.get("evaluation_config_hash"), config_hash(cfg.evaluation)),
         ("scored context", tags.get("evaluation_context"), str(context))) if theirs != ours]
-    if not differs or not cfg.registry.reevaluate_champion:
-        return None, f"champion v{holder}: registered metrics", holder
+    if not differs:
+        return None, f"champion v{holder}: registered metrics on the same evaluation set", holder
+    if not cfg.registry.reevaluate_champion:
+        return None, (f"champion v{holder}: registered metrics although its {', '.join(differs)} differed "
+                      "(registry.reevaluate_champion = false)"), holder
     path = download_model(ws, cfg.registry.model_name, holder)
     same = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"context_length": context})})
     result = evaluate_task.with_options(name="evaluate-champion")(str(path), dataset_version, same, False)
@@ -145,9 +182,15 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         mlflow.log_metrics({k: v for k, v in result.metrics.items() if math.isfinite(v)})  # e.g. no TPOT: nothing to log
         if base is not None and base.metrics is not None and math.isfinite(base.metrics["bpc"]):
             mlflow.log_metric("base_bpc", base.metrics["bpc"])
+        # What monitoring and retraining need, and the evaluation set, travel with the version (any workspace).
+        bundle = log_dataset_bundle(ws, version, eval_split=cfg.evaluation.split)
+        mlflow.set_tags({EVAL_SET_TAG: bundle["eval_set_sha256"], "eval_set_split": cfg.evaluation.split})
         model_version = register_task(str(model_dir), cfg, result.metrics, tags)
+        eval_set = EvalSet(sha256=bundle["eval_set_sha256"], split=cfg.evaluation.split, dataset_version=version,
+                           logged_with=f"v{model_version}", how=champion_source)
         decision = gate_task(cfg, model_version, result.metrics, champion, scored,
-                             base=json_safe(asdict(base)) if base is not None else None)
+                             base=json_safe(asdict(base)) if base is not None else None,
+                             eval_set=asdict(eval_set))
         decision["champion_metrics_source"] = champion_source
         mlflow.set_tags({"registered_version": model_version, "decision": decision["outcome"]})
         with tempfile.TemporaryDirectory() as tmp:
@@ -159,6 +202,7 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
 
     m = result.metrics
     print(f"model {cfg.registry.model_name} v{model_version}: {decision['outcome'].upper()}: {decision['reason']}")
+    print(f"  decided on {eval_set.label()}; {champion_source}")
     print(f"  BPC {m['bpc']:.4f} (unigram {m['unigram_bpc']:.4f}), ROUGE-L {m['rougeL']:.4f}, BLEU {m['bleu']:.2f}, "
           f"{m['tokens_per_s']:.1f} tokens/s; RAG {result.rag.get('status')}"
           + (f" (ROUGE-L {result.rag['delta']['rougeL']:+.4f})" if result.rag.get("status") == "ok" else
@@ -166,6 +210,7 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     if base is not None and base.metrics is not None:
         print(f"  base {base.name}: BPC {base.metrics['bpc']:.4f} on the same sample")
     summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
+               "eval_set": eval_set.sha256[:12],
                "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
                "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
     if base is not None and base.metrics is not None:

@@ -1,10 +1,12 @@
 """The monitor stage: profile the request log against the training reference, decide, report, retrain on drift.
 
-    lmforge run monitor                         # the production version's traffic against its own reference
+    lmforge run monitor                         # the served version's traffic against its own reference
     monitor_flow(load_config("configs/demo.toml"))   # {"decision", "report", "summary", ...}
 
-The reference is the served version's own (the `production` alias: its dataset, its
-tokenizer), and only that version's rows of the request log are read.
+The reference is the served version's own (the deployment's serving alias, `production` or
+`production-<deploy.name>`: its dataset, its tokenizer), and only that version's rows of the
+request log are read. The dataset is this workspace's, or the copy that travelled with the
+version in the registry (monitoring/travel.py) when another workspace trained it.
 Monitoring decides (monitoring/), this flow acts: on "drift: retrain", outside the
 cool-down and when no retrain holds the lock, it starts retraining, the lifecycle of
 flows/retrain.py: the `monitoring.training_deployment` (retrain/on-demand) with
@@ -36,7 +38,7 @@ from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.assess import Assessment, assess
 from lmforge.monitoring.profiles import build_reference, load_reference, reference_rows, save_reference
 from lmforge.monitoring.report import write_report
-from lmforge.monitoring.served import Served, served_model, serving_featurizer
+from lmforge.monitoring.served import Served, served_model, served_rare_ids, serving_featurizer
 from lmforge.monitoring.trigger import STARTED, plan_trigger, read_triggers, record_trigger
 
 # The options that change the reference profile (the calibration has its own key).
@@ -53,23 +55,20 @@ def reference_folder(ws: Workspace, served: Served, cfg: MonitoringConfig, rare_
       retries=1, retry_delay_seconds=2)
 def reference_task(ws_root: str, served: Served, cfg: MonitoringConfig, rare_min_count: int) -> str:
     """Build and save the reference profile of the served version (its dataset, its tokenizer; once per version)."""
-    from lmforge.deploy.repository import rare_token_ids
-
     ws = Workspace(Path(ws_root))
     folder = reference_folder(ws, served, cfg, rare_min_count)
     if (folder / "reference.json").is_file():
         return str(folder)
     version = served.dataset_version
-    data = ws.dataset_dir(version)
-    records = data / "records" / f"{cfg.reference_split}.jsonl"
+    records = served.records / f"{cfg.reference_split}.jsonl"
     if not records.is_file():
-        raise UserError("monitoring.reference_split", cfg.reference_split, f"has no records in {data}",
+        raise UserError("monitoring.reference_split", cfg.reference_split, f"has no records in {served.records}",
                         "Re-run the data stage (lmforge run data) or choose another split")
     with open(records, encoding="utf-8") as f:
         parsed = [json.loads(line) for line in f if line.strip()]
     signatures = [r["signature"] for r in parsed]
-    shards = ws.training_shards(version)
-    rare_ids = frozenset(rare_token_ids(shards, rare_min_count))
+    shards = served.travelled or ws.training_shards(version)
+    rare_ids = served_rare_ids(ws, served, rare_min_count)
     featurize = serving_featurizer(served.model_dir, rare_ids)   # the served model's tokenizer, as serving uses
     rows = reference_rows(signatures, featurize, [r.get("module", "-") for r in parsed])
     if len(rows) < 2 * 10:
@@ -78,7 +77,7 @@ def reference_task(ws_root: str, served: Served, cfg: MonitoringConfig, rare_min
     ref = build_reference(rows, cfg)
     meta = {"dataset_version": version, "split": cfg.reference_split, "signatures": len(signatures),
             "rare_token_min_count": rare_min_count, "rare_ids": len(rare_ids), "shards": str(shards),
-            "served_version": served.version, "model_sha256": sha256_tree(served.model_dir),
+            "served_version": served.version, "dataset_source": served.source, "model_sha256": sha256_tree(served.model_dir),
             "created_at": datetime.now(timezone.utc).isoformat(),
             "options": {k: getattr(cfg, k) for k in REFERENCE_KEYS}}
     save_reference(folder, ref, meta)
@@ -228,4 +227,4 @@ def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: 
     return {"decision": summary["decision"], "report": paths["html"], "summary": brief, "reason": a.result.reason,
             "trigger": {k: v for k, v in trigger.items() if k != "result"}, "retrain": trigger.get("result"),
             "mlflow_run_id": run_id,
-            "dataset_version": version, "served_version": served.version}
+            "dataset_version": version, "dataset_source": served.source, "served_version": served.version}

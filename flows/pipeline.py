@@ -25,7 +25,7 @@ from typing import Any
 from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
-from lmforge.components.registry.gate import PRODUCTION
+from lmforge.components.registry.gate import production_alias
 from lmforge.components.workspace import Workspace
 from lmforge.flows.lateness import too_late
 from lmforge.flows.workspace_flow import workspace_flow
@@ -96,7 +96,8 @@ def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:
 
 def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
     """Why a stage that starts from a registry alias has nothing to start from (the gate promoted no model yet)."""
-    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias, "monitor": PRODUCTION}.get(stage)
+    alias = {"compress": cfg.compression.source_alias, "deploy": cfg.deploy.alias,
+             "monitor": production_alias(cfg.deploy.name)}.get(stage)
     if alias is None:
         return None
     from lmforge.components.registry.aliases import current
@@ -104,7 +105,8 @@ def missing_model(ws: Workspace, cfg: PipelineConfig, stage: str) -> str | None:
     if current(ws, cfg.registry.model_name, alias) is not None:
         return None
     if stage == "monitor":   # monitoring compares the served version's traffic with its own reference
-        return f"skipped: no {cfg.registry.model_name}@production yet (nothing serves: the deploy stage sets it)"
+        return (f"skipped: no {cfg.registry.model_name}@{alias} yet (nothing serves on deployment "
+                f"{cfg.deploy.name!r}: its deploy stage sets it)")
     return (f"skipped: no {cfg.registry.model_name}@{alias} in the registry yet "
             f"(the evaluate stage promotes a model only when it passes the gate)")
 

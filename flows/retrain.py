@@ -7,7 +7,10 @@ flows/monitor.py starts this on drift (the `retrain/on-demand` deployment on a P
 server, or this flow directly in the embedded default). The stages, as subflows:
 
 1. data: the served model's dataset (every split's records) plus the new traffic's
-   domain, `monitoring.retrain_source` (a second corpus), written as one JSONL source;
+   domain, `monitoring.retrain_source` (a second corpus), written as one JSONL source. The
+   records are this workspace's, or, when another workspace trained and deployed the version,
+   the copy that travelled with it in the registry (monitoring/travel.py): a retrain anywhere
+   adapts the served model to the same data plus the new domain, as its own workspace's would;
 2. train: a fine-tune (training.model.init set) starts from the served version
    (`models:/<name>/<version>`; for a compressed variant, the float version it came from), so
    the retrain adapts what serves; a from-scratch model trains from scratch again;
@@ -35,7 +38,7 @@ from typing import Any
 
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
-from lmforge.components.registry.gate import PRODUCTION
+from lmforge.components.registry.gate import production_alias
 from lmforge.components.workspace import Workspace, atomic_write_text
 from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.trigger import append_record
@@ -83,11 +86,11 @@ def jsonl_lines(path: Path) -> list[str]:
     return [line.removesuffix("\r") for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
-def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out: Path) -> dict[str, Any]:
-    """One JSONL source: the served dataset's records and the retrain_source corpus; {"path", "old", "new"}."""
+def retrain_corpus(records: Path, cfg: PipelineConfig, dataset_version: str, out: Path) -> dict[str, Any]:
+    """One JSONL source: the served dataset's records (the folder `records`: this workspace's, or the copy that
+    travelled with the served version) and the retrain_source corpus; {"path", "old", "new"}."""
     v = cfg.data.validation
     rows: list[str] = []
-    records = ws.dataset_dir(dataset_version) / "records"
     for split in ("train", "validation", "test"):
         path = records / f"{split}.jsonl"
         for line in jsonl_lines(path) if path.is_file() else []:
@@ -96,7 +99,7 @@ def retrain_corpus(ws: Workspace, cfg: PipelineConfig, dataset_version: str, out
                                     v.reference_field: r["summary"], v.group_field: r["module"]}))
     old = len(rows)
     if not old:
-        raise UserError("retrain", f"dataset {dataset_version}", "has no records to retrain on",
+        raise UserError("retrain", f"dataset {dataset_version}", f"has no records to retrain on in {records}",
                         "Re-run the data stage that made the served model's dataset")
     new = 0
     source = cfg.monitoring.retrain_source
@@ -142,13 +145,13 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
     with retrain_lock(ws) as holder:
         if holder is not None:
             return _record(ws, {"at": started, "trigger": reason, "outcome": BUSY, "reason": holder,
-                                "serving": current(ws, name, PRODUCTION), "stages": {}})
+                                "serving": current(ws, name, production_alias(cfg.deploy.name)), "stages": {}})
         stages: dict[str, Any] = {}
         try:
             return _record(ws, _lifecycle(ws, cfg, reason, started, stages))
         except BaseException as e:   # the old version still serves; say which stage failed and why, then re-raise
             _record(ws, {"at": started, "trigger": reason, "outcome": FAILED, "stages": stages,
-                         "serving": current(ws, name, PRODUCTION),
+                         "serving": current(ws, name, production_alias(cfg.deploy.name)),
                          "reason": f"{next(iter(STAGES[len(stages):]), 'retrain')} failed: {type(e).__name__}: {e}"})
             raise
 
@@ -161,8 +164,9 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
 
     name = cfg.registry.model_name
     served = served_model(ws, cfg)
-    corpus = retrain_corpus(ws, cfg, served.dataset_version,
+    corpus = retrain_corpus(served.records, cfg, served.dataset_version,
                             ws.monitoring / "retrain" / started.replace(":", "") / "corpus.jsonl")
+    corpus["dataset"] = {"version": served.dataset_version, "from": served.source}
     run_cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": corpus["path"]})})
     base = retrain_base(ws, cfg, served.version)
     if base is not None:
@@ -178,7 +182,7 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
     result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
               "stages": stages}
     if not decision["promote"]:
-        result.update(outcome=REFUSED, serving=current(ws, name, PRODUCTION),
+        result.update(outcome=REFUSED, serving=current(ws, name, production_alias(cfg.deploy.name)),
                       reason=f"gate: {decision['reason']}")
     else:
         stages["compress"] = stage_flow("compress")(run_cfg).get("summary")
@@ -187,6 +191,6 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
             result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
         except RolloutRefused as e:
             result.update(outcome=REFUSED, reason=f"rollout: {e}")
-        result["serving"] = current(ws, name, PRODUCTION)
+        result["serving"] = current(ws, name, production_alias(cfg.deploy.name))
     print(f"retrain: {result['outcome']}: v{result['serving']} serves; {result['reason']}")
     return result

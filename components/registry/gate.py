@@ -29,12 +29,25 @@ from typing import Any
 from lmforge.components.registry.aliases import AliasConflict, current, set_alias
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.registry.store import finite, version_metrics
+from lmforge.components.sections.deploy import DEFAULT_DEPLOYMENT
 from lmforge.components.sections.registry import RegistryConfig
 from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
 CHALLENGER, CHAMPION = "challenger", "champion"
 PRODUCTION = "production"   # moved by deploy once a version serves and validates (deploy/service.py)
+
+
+def production_alias(deployment: str = DEFAULT_DEPLOYMENT) -> str:
+    """The alias the deployment target `deployment` ([deploy] name) moves when a version serves there.
+
+    The default target keeps plain `production`, so a registry made before targets had names
+    means what it meant; any other is `production-<name>`, so two Triton servers on one shared
+    registry never move each other's alias. Every reader and writer of a serving alias asks here.
+    """
+    return PRODUCTION if deployment == DEFAULT_DEPLOYMENT else f"{PRODUCTION}-{deployment}"
+
+
 SHOWN = ("bpc", "unigram_bpc", "perplexity", "rougeL", "bleu", "exact_match", "tokens_per_s")
 
 
@@ -48,6 +61,7 @@ class Decision:
     champion: dict[str, float] | None
     rules: dict[str, float]
     base: dict[str, Any] | None = None   # {"name", "sha256", "metrics"} when the first fine-tune was gated against its base
+    eval_set: dict[str, Any] | None = None   # the evaluation set both sides were scored on (EvalSet.to_dict())
 
     @property
     def outcome(self) -> str:
@@ -55,6 +69,28 @@ class Decision:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "outcome": self.outcome}
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """The evaluation set a decision was made on, addressed by its content hash.
+
+    `logged_with` names the registered version whose run carries the set as an artifact (the
+    `dataset/` bundle, monitoring/travel.py), so any workspace on the registry can fetch the
+    very set that decided; `how` says how each side's metrics relate to it.
+    """
+    sha256: str           # records/<split>.jsonl's content hash
+    split: str
+    dataset_version: str
+    logged_with: str      # "v<version>" of the model whose registration logged it
+    how: str              # e.g. "champion v3: re-scored on it" / "champion v3: registered metrics on the same set"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        return (f"evaluation set {self.split} {self.sha256[:12]} (dataset {self.dataset_version}, "
+                f"logged with {self.logged_with})")
 
 
 @dataclass(frozen=True)
@@ -118,14 +154,15 @@ def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None,
 
 def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str, float], *,
          champion_metrics: Mapping[str, float] | None = None, scored_champion: str | None = None,
-         base: BaseScore | None = None, who: str | None = None) -> Decision:
+         base: BaseScore | None = None, eval_set: EvalSet | None = None, who: str | None = None) -> Decision:
     """Make `version` the challenger, decide against the champion, promote if the rules pass, record it all.
 
     `champion_metrics` replaces the champion's registered metrics (e.g. re-scored on the
     candidate's dataset, so both sides compare on the same text); `scored_champion` names the
     version those metrics belong to, and when the champion is another version by now, the
     registered metrics of the actual holder are used instead. `base` (the candidate's base, scored
-    on the same sample) is what a first fine-tune must beat when there is no champion.
+    on the same sample) is what a first fine-tune must beat when there is no champion. `eval_set`
+    is the set both sides were scored on: it goes into the decision and its `decision_eval_set` tag.
     """
     from mlflow import MlflowClient
 
@@ -146,7 +183,8 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
                         champion={k: float(champ[k]) for k in SHOWN if k in champ} if champ is not None else None,
                         rules={"bpc_margin": cfg.bpc_margin, "rougeL_tolerance": cfg.rougeL_tolerance,
                                "baseline_margin": cfg.baseline_margin},
-                        base=base.to_dict() if against_base else None)
+                        base=base.to_dict() if against_base else None,
+                        eval_set=eval_set.to_dict() if eval_set is not None else None)
     if promote:
         try:
             set_alias(ws, cfg.model_name, CHAMPION, name, reason=reason, action="promote", who=who, expect=holder)
@@ -159,7 +197,8 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
     use_workspace(ws)
     client = MlflowClient()
     for key, value in (("decision", decision.outcome), ("decision_reason", reason[:4000]),
-                       ("decision_json", json.dumps(decision.to_dict())[:8000])):
+                       ("decision_json", json.dumps(decision.to_dict())[:8000]),
+                       *((("decision_eval_set", eval_set.sha256),) if eval_set is not None else ())):
         with_retries(lambda k=key, v=value: client.set_model_version_tag(cfg.model_name, name, k, v),
                      attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
     return decision

@@ -2,6 +2,10 @@
 
     cfg = DeployConfig(alias="compressed", max_batch_size=16, http_port=0)   # 0 = a free port
     cfg = DeployConfig(format="onnx")   # serve the version's ONNX export (onnxruntime in the python backend)
+    cfg = DeployConfig(name="eu")       # this target's serving alias is `production-eu` (gate.production_alias)
+
+`name` names the deployment target: several Triton servers (one a workspace, host or region) can serve
+versions of one shared registry, each behind its own alias, so they never move each other's.
 """
 
 from __future__ import annotations
@@ -12,11 +16,17 @@ from pydantic import Field, model_validator
 
 from ._base import Name, Section
 
+DEFAULT_DEPLOYMENT = "default"   # its alias stays plain `production`: existing registries keep their meaning
+
 
 class DeployConfig(Section):
     """Triton Inference Server on loopback, python backend, gated rollout."""
 
     enabled: bool = True
+    name: str = Field(DEFAULT_DEPLOYMENT, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$",
+                      description="the deployment target's name (letters, digits, '_', '-': an MLflow alias holds "
+                                  "no dot): its registry alias is `production` for \"default\", else "
+                                  "`production-<name>`; give each Triton server that serves one shared registry its own")
     model_name: Name = Field("lmforge", description="the Triton model's name (its folder in the model repository)")
     alias: Literal["champion", "compressed", "challenger"] = Field(
         "champion", description="the registry alias whose model version is deployed")

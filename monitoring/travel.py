@@ -1,0 +1,115 @@
+"""What monitoring and retraining need, travelling with a registered version, so any workspace on the registry can
+monitor and retrain what another one deployed.
+
+    with start_run(ws, "evaluation"):                     # the run the version is registered in
+        bundle = log_dataset_bundle(ws, dataset_version, eval_split="test")   # artifact `dataset/` of that run
+    folder = fetch_dataset_bundle(ws, "lmforge-tiny", "10")   # <ws>/registry/lmforge-tiny/10.dataset/ (cached)
+    rare_ids_from_counts(folder, min_count=2)               # the rare-token ids serving uses, from token counts
+
+The bundle (artifact `dataset/` of the version's run):
+- records/<split>.jsonl: the dataset's records, as the data stage wrote them (the reference profile's prompts,
+  the retrain corpus, and the evaluation set the gate scores on);
+- token_counts.json: how often each token id occurs in the training shards' train split (rare-token ids);
+- dataset.json: the dataset reference: version, manifest hash, each split's content hash, and which split
+  is the evaluation set (`eval_set_sha256`: the set is addressed by its hash).
+The tokenizer travels in the logged model itself (the Hugging Face folder holds it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lmforge.components.errors import UserError
+from lmforge.components.workspace import Workspace, atomic_dir, atomic_write_json, sha256_file
+
+ARTIFACT = "dataset"
+SPLITS = ("train", "validation", "test")
+BUNDLE_FILE = "dataset.json"
+
+
+def log_dataset_bundle(ws: Workspace, dataset_version: str, *, eval_split: str) -> dict[str, Any]:
+    """Log this workspace's dataset `dataset_version` as the artifact `dataset/` of the active MLflow run.
+
+    Returns the dataset reference (dataset.json). UserError when the dataset has no records.
+    """
+    import mlflow
+    import numpy as np
+
+    from lmforge.components.data.shards import open_shard, read_index
+
+    ds = ws.dataset_dir(dataset_version)
+    records = ds / "records"
+    missing = [s for s in SPLITS if not (records / f"{s}.jsonl").is_file()]
+    if missing:
+        raise UserError("dataset", ds, f"has no records for {', '.join(missing)}",
+                        "Re-run the data stage (lmforge run data) before registering a model trained on it")
+    shards = ws.training_shards(dataset_version)
+    index = read_index(shards)
+    counts = np.bincount(np.asarray(open_shard(shards, "train")).astype(np.int64),
+                         minlength=int(index["vocab_size"]))
+    sha = {s: sha256_file(records / f"{s}.jsonl") for s in SPLITS}
+    ref = {"dataset_version": dataset_version, "manifest_sha256": sha256_file(ds / "manifest.json"),
+           "records_sha256": sha, "eval_split": eval_split, "eval_set_sha256": sha[eval_split],
+           "shards": shards.relative_to(ds).as_posix()}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        (out / "records").mkdir()
+        for s in SPLITS:
+            shutil.copyfile(records / f"{s}.jsonl", out / "records" / f"{s}.jsonl")
+        atomic_write_json(out / "token_counts.json", {"vocab_size": int(index["vocab_size"]),
+                                                      "counts": [int(c) for c in counts]})
+        atomic_write_json(out / BUNDLE_FILE, ref)
+        mlflow.log_artifacts(tmp, artifact_path=ARTIFACT)
+    return ref
+
+
+def fetch_dataset_bundle(ws: Workspace, model_name: str, version: str) -> Path | None:
+    """The version's travelled dataset bundle as a local folder (cached under <ws>/registry/); None when the
+    version carries none (it was registered before bundles travelled, or by something other than the
+    evaluate stage)."""
+    import mlflow.artifacts
+    from mlflow import MlflowClient
+
+    from lmforge.components.tracking import use_workspace
+
+    dest = ws.root / "registry" / model_name / f"{version}.dataset"
+    if (dest / BUNDLE_FILE).is_file():
+        return dest
+    use_workspace(ws)
+    run_id = MlflowClient().get_model_version(model_name, str(version)).run_id
+    if not run_id:
+        return None
+    listed = {Path(f.path).name for f in MlflowClient().list_artifacts(run_id, ARTIFACT)}
+    if BUNDLE_FILE not in listed:
+        return None
+    with atomic_dir(dest) as tmp:
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ARTIFACT, dst_path=str(tmp))
+        for item in list((tmp / ARTIFACT).iterdir()):
+            os.replace(item, tmp / item.name)
+        (tmp / ARTIFACT).rmdir()
+        check_bundle(tmp, f"{model_name} v{version}")
+    return dest
+
+
+def check_bundle(folder: Path, what: str) -> dict[str, Any]:
+    """The bundle's dataset reference, after checking each split's records against the hash it names."""
+    ref = json.loads((folder / BUNDLE_FILE).read_text())
+    for split, sha in ref["records_sha256"].items():
+        got = sha256_file(folder / "records" / f"{split}.jsonl")
+        if got != sha:
+            raise UserError("registered dataset", what, f"records/{split}.jsonl hashes to {got[:12]}, not the "
+                            f"{sha[:12]} its dataset.json names (a damaged download or artifact)",
+                            f"Delete {folder} and run again; if it repeats, re-register the version")
+    return ref
+
+
+def rare_ids_from_counts(folder: Path, min_count: int) -> frozenset[int]:
+    """Ids that occur fewer than `min_count` times in the travelled train-split token counts (as
+    deploy.repository.rare_token_ids computes them from the shards)."""
+    data = json.loads((folder / "token_counts.json").read_text())
+    return frozenset(i for i, c in enumerate(data["counts"]) if c < min_count)
