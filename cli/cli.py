@@ -2,7 +2,7 @@
 
     lmforge run data|features|train|evaluate|compress|deploy|monitor|all [--config demo|tiny|F.toml] [--set k=v ...] [--json]
     lmforge status [--json]             # datasets, training runs, models and aliases, deployments
-    lmforge ui mlflow [--port 5000]     # the MLflow UI on the workspace's store, on loopback
+    lmforge ui mlflow [--port 5000]     # the MLflow UI of the registry the runs go to (a server's own, or on loopback)
     lmforge --version
 
 Conventions, for every command:
@@ -140,11 +140,18 @@ def status(as_json: JsonOpt = False) -> None:
 
 @ui_app.command("mlflow")
 def ui_mlflow(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 5000) -> None:
-    """Serve the MLflow UI for the workspace's tracking store and registry."""
+    """The MLflow UI of the registry the runs go to: an MLflow server's own UI, else one served for the store."""
+    from lmforge.components.tracking import is_server, registry_label, tracking_uri
+
     ws = Workspace.from_env().ensure()
-    console.print(f"MLflow UI: http://127.0.0.1:{port}  (store {ws.mlflow_uri}; Ctrl-C to stop)")
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", ws.mlflow_uri,
-           "--default-artifact-root", ws.mlflow_artifacts.as_uri(), "--host", "127.0.0.1", "--port", str(port)]
+    uri = tracking_uri(ws)
+    if is_server(uri):   # MLFLOW_TRACKING_URI names a server: it serves its UI itself, with its registry
+        console.print(f"MLflow UI: {uri.rstrip('/')}/#/models  ({registry_label(ws)})")
+        return
+    console.print(f"MLflow UI: http://127.0.0.1:{port}  ({registry_label(ws)}; Ctrl-C to stop)")
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
+    if uri == ws.mlflow_uri:   # another store keeps the artifact locations its experiments were made with
+        cmd += ["--default-artifact-root", ws.mlflow_artifacts.as_uri()]
     raise typer.Exit(subprocess.call(cmd))
 
 

@@ -1,4 +1,4 @@
-"""`lmforge status`: what the workspace holds, read from its files and the MLflow registry.
+"""`lmforge status`: what the workspace holds, read from its files, and the registry its runs go to.
 
     render_status(Workspace.from_env(), Console())
     status_dict(Workspace.from_env())       # the same, as JSON-able data (`lmforge status --json`)
@@ -68,23 +68,19 @@ def run_rows(ws: Workspace) -> list[dict[str, Any]]:
 
 
 def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
-    if not ws.mlflow_db.exists():
-        return []
-    from mlflow import MlflowClient
+    """Each registered model in the registry the runs go to (MLFLOW_TRACKING_URI, else the workspace's store):
+    its aliases, its versions (newest first, each with its aliases) and the base behind each alias."""
+    from lmforge.components.registered import registered_models
 
-    from lmforge.components.tracking import use_workspace
-
-    use_workspace(ws)
-    client = MlflowClient()
     rows = []
-    for rm in client.search_registered_models():
-        aliases = {a: v for a, v in (rm.aliases or {}).items()}
-        versions = client.search_model_versions(f"name='{rm.name}'")
-        tags = {str(v.version): v.tags or {} for v in versions}
-        bases = {alias: base for alias, v in aliases.items()
-                 if (base := base_of({k[len("base_"):]: t for k, t in tags.get(str(v), {}).items()
+    for m in registered_models(ws):
+        tags = {v["version"]: v["tags"] for v in m["versions"]}
+        bases = {alias: base for alias, v in m["aliases"].items()
+                 if (base := base_of({k[len("base_"):]: t for k, t in tags.get(v, {}).items()
                                       if k.startswith("base_")}))}
-        rows.append({"model": rm.name, "versions": len(versions), "aliases": aliases, "bases": bases})
+        rows.append({"model": m["model"], "aliases": m["aliases"],
+                     "versions": [{"version": v["version"], "aliases": v["aliases"]} for v in m["versions"]],
+                     "bases": bases})
     return _with_base_column(rows, "bases")
 
 
@@ -106,14 +102,18 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
 
 
 def status_dict(ws: Workspace) -> dict[str, Any]:
-    """{"workspace": root, "datasets": [...], "training_runs": [...], "registered_models": [...], "deployments": [...]}."""
-    return {"workspace": str(ws.root), "datasets": dataset_rows(ws), "training_runs": run_rows(ws),
-            "registered_models": registry_rows(ws), "deployments": deployment_rows(ws)}
+    """{"workspace": root, "registry": which, "datasets": [...], "training_runs": [...], "registered_models": [...],
+    "deployments": [...]}."""
+    from lmforge.components.tracking import registry_label
+
+    return {"workspace": str(ws.root), "registry": registry_label(ws), "datasets": dataset_rows(ws),
+            "training_runs": run_rows(ws), "registered_models": registry_rows(ws), "deployments": deployment_rows(ws)}
 
 
 def render_status(ws: Workspace, console: Console) -> None:
     status = status_dict(ws)
     console.print(f"workspace: {status.pop('workspace')}")
+    console.print(f"registry: {status.pop('registry')}")
     for key, rows in status.items():
         title = key.replace("_", " ")
         if not rows:
@@ -132,4 +132,8 @@ def _cell(key: str, value: Any) -> str:
         return show_base(value)
     if key == "bases":
         return ", ".join(f"{alias}: {show_base(b)}" for alias, b in value.items())
+    if key == "aliases":
+        return ", ".join(f"{alias} -> v{v}" for alias, v in sorted(value.items()))
+    if key == "versions":
+        return ", ".join(f"v{v['version']}" + (f" ({', '.join(v['aliases'])})" if v["aliases"] else "") for v in value)
     return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)

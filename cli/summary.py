@@ -76,17 +76,10 @@ def headline(stage: str, result: Any) -> str:
 
 
 def aliases(ws: Workspace, model_name: str) -> dict[str, str]:
-    if not ws.mlflow_db.exists():
-        return {}
-    from mlflow import MlflowClient
+    """{alias: version} of `model_name` in the registry the runs went to ({} when it has no such model)."""
+    from lmforge.components.registered import registered_models
 
-    from lmforge.components.tracking import use_workspace
-
-    use_workspace(ws)
-    try:
-        return dict(MlflowClient().get_registered_model(model_name).aliases or {})
-    except Exception:  # no model registered yet: nothing to show, not an error of the run
-        return {}
+    return next((m["aliases"] for m in registered_models(ws, model_name)), {})
 
 
 def print_run_summary(result: dict[str, Any], console: Console, *, ws: Workspace, model_name: str) -> None:
@@ -101,9 +94,17 @@ def print_run_summary(result: dict[str, Any], console: Console, *, ws: Workspace
     total = sum(info["seconds"] for info in result["stages"].values())
     console.print(f"total stage time: {total / 60:.1f} min")
     console.print(f"dataset version: {ws.latest_dataset()}")
-    held = aliases(ws, model_name)
-    if held:
-        console.print(f"model {model_name}: " + ", ".join(f"{a} -> v{v}" for a, v in sorted(held.items())))
+    from lmforge.components.errors import UserError
+    from lmforge.components.tracking import registry_label
+
+    try:
+        held = aliases(ws, model_name)
+    except UserError as e:   # the run is over and its stages printed: say why the aliases are missing, go on
+        console.print(f"model {model_name}: aliases not shown: {e}")
+    else:
+        if held:
+            console.print(f"model {model_name} in {registry_label(ws)}: "
+                          + ", ".join(f"{a} -> v{v}" for a, v in sorted(held.items())))
     deploy = result["stages"].get("deploy", {}).get("result") or {}
     if deploy.get("endpoint"):
         console.print(f"served at {deploy['endpoint']}: curl {deploy['endpoint']}/v2/health/ready ; "

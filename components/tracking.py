@@ -5,7 +5,11 @@
         mlflow.log_metric("docs_in", 100)
 
 `MLFLOW_TRACKING_URI` in the environment wins, which is how a scaled-out deployment
-points every stage at an MLflow server on PostgreSQL + S3 with no code change.
+points every stage at an MLflow server on PostgreSQL + S3 with no code change. Commands that
+only read (status, the run summary, gc, `ui mlflow`) reach the same registry the runs go to:
+
+    client = registry_client(ws)     # MlflowClient on it; None when there is none yet (no server, no store)
+    registry_label(ws)               # "MLflow server http://10.0.0.5:5000 (MLFLOW_TRACKING_URI)"
 """
 
 from __future__ import annotations
@@ -30,6 +34,46 @@ def external_uri() -> str | None:
 
 def tracking_uri(ws: Workspace) -> str:
     return external_uri() or ws.mlflow_uri
+
+
+def is_server(uri: str) -> bool:
+    """A tracking URI that names an MLflow server (REST over http or https), not a store this process opens."""
+    return uri.startswith(("http://", "https://"))
+
+
+def shown_uri(uri: str) -> str:
+    """The URI with any password replaced by ***, to print (a postgresql:// store URI may carry one)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if not parts.password:
+        return uri
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+def registry_label(ws: Workspace) -> str:
+    """Which registry the runs go to, in words: the workspace's store, or the one MLFLOW_TRACKING_URI names."""
+    uri = tracking_uri(ws)
+    if uri == ws.mlflow_uri:
+        return f"workspace store {uri}"
+    return f"{'MLflow server' if is_server(uri) else 'store'} {shown_uri(uri)} (MLFLOW_TRACKING_URI)"
+
+
+def registry_client(ws: Workspace) -> Any:
+    """An MlflowClient on the registry the runs go to; None when there is none yet.
+
+    With MLFLOW_TRACKING_URI set that is its server or store, always. Otherwise it is the
+    workspace's SQLite store, and a workspace that never logged anything has none: reading
+    it must not create an empty one.
+    """
+    if external_uri() is None and not ws.mlflow_db.is_file():
+        return None
+    use_workspace(ws)
+    from mlflow import MlflowClient
+
+    uri = tracking_uri(ws)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def use_workspace(ws: Workspace) -> Any:

@@ -5,7 +5,10 @@
     lmforge gc --json
 
 Kept: the version in datasets/LATEST, versions named by training runs (runs/*/ JSON files)
-and versions named by registered model versions in MLflow (their `dataset_version` tag).
+and versions any registered model version names, in the registry the runs go to
+(MLFLOW_TRACKING_URI's server or store, else the workspace's): its `dataset` or
+`dataset_version` tag, else its run's (components/registered.py). A registry that cannot be
+read stops gc before it removes anything.
 See components/data/retention.py. Exit 0 on success, 1 when something could not be removed,
 2 for a bad config.
 """
@@ -22,25 +25,6 @@ from lmforge.cli.output import emit_json
 from lmforge.components.workspace import Workspace
 
 err = Console(stderr=True)
-
-
-
-def registry_versions(ws: Workspace) -> list[tuple[str, str]]:
-    """(model/version, dataset_version) of every registered model version in the workspace's MLflow."""
-    if not ws.mlflow_db.is_file():
-        return []
-    from lmforge.components.tracking import use_workspace
-
-    use_workspace(ws)
-    from mlflow import MlflowClient
-
-    client = MlflowClient()
-    out = []
-    for rm in client.search_registered_models():
-        for mv in client.search_model_versions(f"name='{rm.name}'"):
-            if mv.tags.get("dataset_version"):
-                out.append((f"{rm.name}/{mv.version}", mv.tags["dataset_version"]))
-    return out
 
 
 def _collections(ws: Workspace, cfg: Any) -> tuple[Any, list[str]]:
@@ -65,10 +49,11 @@ def register(app: typer.Typer) -> None:
         from lmforge.cli.work import WorkFailed
         from lmforge.components.config import load_config
         from lmforge.components.data.retention import gc_plan, referenced_versions, remove
+        from lmforge.components.registered import registry_datasets
 
         cfg = load_config(config, set_ or [])
         ws = Workspace.from_env()
-        refs = referenced_versions(ws, registry_versions=registry_versions(ws))
+        refs = referenced_versions(ws, registry_versions=registry_datasets(ws))
         client, names = _collections(ws, cfg)
         plan = gc_plan(ws, refs, collections=names)
         result: dict[str, Any] = {"dry_run": dry_run, **plan}
