@@ -5,19 +5,17 @@
     history(ws, "lmforge-lm")                  # every move, oldest first: who, when, alias, from, to, why
     rollback(ws, "lmforge-lm", reason="bad outputs in prod")   # champion back to its previous holder
 
-Each move is a registered-model tag, `lmforge.audit.<time_ns>.<random>`, holding the move
-as JSON, so the trail lives wherever the registry lives. A move is written ahead: under
-an exclusive file lock per model (`<ws>/registry/.<model>.aliases.lock`, fcntl), the
-holder is read and compared with `expect` (the holder the caller decided against), the
-record is written as `pending`, the alias moves, and the record is marked `done`. A
-crash between the move and the mark leaves a pending record that the next move (or
-`history`) settles against the registry: `done` when the alias holds its target,
-`aborted` when it does not. So no move is ever unrecorded, and two deciders that both
-read holder X cannot both move the alias: the second gets AliasConflict.
-
-The lock is a local file lock: it serialises movers on one machine (the embedded
-default and one Prefect worker host). Movers on several hosts against one MLflow
-server need the lock file on shared storage.
+A move is written ahead, under the model's alias claim (claim.py): a registered model
+`<model>.alias-claim` that the shared MLflow store lets exactly one mover create at a
+time, across processes, workspaces and hosts. Holding it, the mover reads the holder and
+compares it with `expect` (the holder the caller decided against), appends the move to
+the audit trail as `pending` (audit.py: a JSON-lines artifact of the model's audit run),
+moves the alias, appends it as `done`, and deletes the claim. A crash between the move
+and the mark leaves a pending record that the next mover (or `history`) settles against
+the registry under the claim: `done` when the alias holds its target, `aborted` when it
+does not; the crashed mover's claim is broken as claim.py says. So no move is ever
+unrecorded, each move is one record, and two deciders that both read holder X cannot
+both move the alias: the second gets AliasConflict.
 
 Rollback replays the alias's moves as a stack: a promotion pushes, a rollback pops. So
 rolling back twice walks back two holders instead of swapping between the last two.
@@ -25,27 +23,19 @@ rolling back twice walks back two holders instead of swapping between the last t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import getpass
-import json
-import os
-import re
-import socket
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from lmforge.components.errors import UserError
+from lmforge.components.registry.audit import AuditLog
+from lmforge.components.registry.claim import claim, holder_label
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
-AUDIT_PREFIX = "lmforge.audit."
-ACTOR_ENV = "LMFORGE_ACTOR"
 RETRY = dict(attempts=12, backoff_s=0.1)
 PENDING, DONE, ABORTED = "pending", "done", "aborted"
 ANY: Any = object()   # `expect` default: move whatever the holder is
@@ -73,13 +63,7 @@ class AliasMove:
 
 def actor() -> str:
     """Who is moving an alias: $LMFORGE_ACTOR, else user@host."""
-    if who := os.environ.get(ACTOR_ENV):
-        return who
-    try:
-        user = getpass.getuser()
-    except Exception:  # no passwd entry, e.g. in some containers
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname()}"
+    return holder_label()
 
 
 def current(ws: Workspace, model_name: str, alias: str) -> str | None:
@@ -94,41 +78,34 @@ def current(ws: Workspace, model_name: str, alias: str) -> str | None:
         raise
 
 
-@contextlib.contextmanager
-def alias_lock(ws: Workspace, model_name: str) -> Iterator[None]:
-    """Exclusive, blocking: one alias mover of `model_name` at a time (threads and processes alike)."""
-    path = ws.root / "registry" / f".{re.sub(r'[^A-Za-z0-9_.-]', '_', model_name)}.aliases.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:   # a new open file description per call, so threads exclude each other too
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _records(log: AuditLog) -> dict[str, AliasMove]:
+    """{move id: the move in its latest state}, in the order the moves were first written."""
+    out: dict[str, AliasMove] = {}
+    for line in with_retries(log.lines, **RETRY):
+        entry = dict(line)
+        key = str(entry.pop("id"))
+        out[key] = AliasMove(**entry)
+    return out
 
 
-def _write_record(client: Any, model_name: str, key: str, move: AliasMove) -> None:
-    with_retries(lambda: client.set_registered_model_tag(model_name, key, json.dumps(move.to_dict())), **RETRY)
+def _line(key: str, move: AliasMove) -> dict[str, object]:
+    return {"id": key, **move.to_dict()}
 
 
-def _records(client: Any, model_name: str) -> dict[str, AliasMove]:
-    tags = client.get_registered_model(model_name).tags
-    return {k: AliasMove(**json.loads(v)) for k, v in tags.items() if k.startswith(AUDIT_PREFIX)}
-
-
-def _settle(ws: Workspace, client: Any, model_name: str, records: dict[str, AliasMove]) -> dict[str, AliasMove]:
+def _settle(ws: Workspace, log: AuditLog, model_name: str, records: dict[str, AliasMove]) -> dict[str, AliasMove]:
     """Decide every pending record (a mover crashed mid-move): done if the alias holds its target, else aborted.
 
-    Only called under alias_lock, when no move is in flight.
+    Only called under the model's alias claim, when no move is in flight.
     """
     out = dict(records)
     for key, move in records.items():
         if move.state != PENDING:
             continue
         held = current(ws, model_name, move.alias) == move.to_version
-        settled = AliasMove(**{**move.to_dict(), "state": DONE if held else ABORTED})
-        _write_record(client, model_name, key, settled)
-        out[key] = settled
+        out[key] = AliasMove(**{**move.to_dict(), "state": DONE if held else ABORTED})
+    settled = [_line(k, m) for k, m in out.items() if m.state != records[k].state]
+    if settled:
+        log.append(settled)
     return out
 
 
@@ -145,8 +122,9 @@ def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *
         raise UserError("reason", repr(reason), "is empty", "Say why the alias moves, e.g. --reason 'regression in prod'")
     use_workspace(ws)
     client = MlflowClient()
-    with alias_lock(ws, model_name):
-        _settle(ws, client, model_name, with_retries(lambda: _records(client, model_name), **RETRY))
+    log = AuditLog(client, ws, model_name)
+    with claim(client, model_name):
+        _settle(ws, log, model_name, _records(log))
         before = current(ws, model_name, alias)
         if expect is not ANY and before != expect:
             raise AliasConflict("alias", f"{model_name}@{alias}",
@@ -156,15 +134,15 @@ def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *
         move = AliasMove(when=datetime.fromtimestamp(now / 1e9, timezone.utc).isoformat(), who=who or actor(),
                          alias=alias, from_version=before, to_version=None if version is None else str(version),
                          why=reason, action="delete" if version is None else action, time_ns=now, state=PENDING)
-        key = f"{AUDIT_PREFIX}{now:020d}.{uuid.uuid4().hex[:8]}"
-        _write_record(client, model_name, key, move)        # ahead of the move: a crash after it is still recorded
+        key = f"{now:020d}.{uuid.uuid4().hex[:8]}"
+        log.append([_line(key, move)])        # ahead of the move: a crash after it is still recorded
         if version is None:
             if before is not None:
                 with_retries(lambda: client.delete_registered_model_alias(model_name, alias), **RETRY)
         else:
             with_retries(lambda: client.set_registered_model_alias(model_name, alias, str(version)), **RETRY)
         done = AliasMove(**{**move.to_dict(), "state": DONE})
-        _write_record(client, model_name, key, done)
+        log.append([_line(key, done)])
     return done
 
 
@@ -175,13 +153,15 @@ def history(ws: Workspace, model_name: str, *, alias: str | None = None) -> list
     use_workspace(ws)
     client = MlflowClient()
     try:
-        records = _records(client, model_name)
+        client.get_registered_model(model_name)
     except Exception as e:
         raise UserError("model", model_name, "is not in the registry",
                         "Check [registry] model_name, or register one with `lmforge run evaluate`") from e
+    log = AuditLog(client, ws, model_name)
+    records = _records(log)
     if any(m.state == PENDING for m in records.values()):
-        with alias_lock(ws, model_name):
-            records = _settle(ws, client, model_name, _records(client, model_name))
+        with claim(client, model_name):
+            records = _settle(ws, log, model_name, _records(log))
     moves = sorted((m for m in records.values() if m.state == DONE), key=lambda m: m.time_ns)
     return [m for m in moves if alias is None or m.alias == alias]
 

@@ -20,7 +20,10 @@ MLflow run, or in a new run of the `evaluation` experiment.
 
 Version tags: dataset_manifest_hash, config_hash, git_commit, training_run_id,
 dataset_version, run_name (from the folder's lmforge.json, overridable by `tags`),
-parent_version (derived models), model_sha256, and `metric.<name>` for each metric.
+parent_version (derived models) and model_sha256 (checked when a version is loaded as a
+base). Metrics are not tags: they are logged to the run the version comes from, against
+the version's MLflow 3 logged model (`model_id`), so the MLflow UI shows them on the run
+and the model, each version's own; version_metrics reads them back from there.
 Every write is retried on a locked store (retry.py), so concurrent registrations get
 distinct versions.
 """
@@ -33,6 +36,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,9 +57,8 @@ LINEAGE_KEYS = {"dataset_version": "dataset_version", "config_hash": "config_has
                 "mlflow_run_id": "training_run_id", "run_name": "run_name", "strategy": "strategy"}
 
 
-def model_tags(model_dir: Path, metrics: Mapping[str, float], tags: Mapping[str, Any],
-               parent_version: str | None) -> dict[str, str]:
-    """The tags a version carries: lineage from lmforge.json, the caller's tags, metrics."""
+def model_tags(model_dir: Path, tags: Mapping[str, Any], parent_version: str | None) -> dict[str, str]:
+    """The tags a version carries: lineage from lmforge.json and the caller's tags."""
     meta_path = Path(model_dir) / "lmforge.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     out = {tag: str(meta[key]) for key, tag in LINEAGE_KEYS.items() if meta.get(key) is not None}
@@ -63,8 +66,22 @@ def model_tags(model_dir: Path, metrics: Mapping[str, float], tags: Mapping[str,
     out.update({k: str(v) for k, v in tags.items() if v is not None})
     if parent_version is not None:
         out["parent_version"] = str(parent_version)
-    out.update({f"{METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items() if isinstance(v, (int, float))})
     return out
+
+
+def numeric(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The metrics MLflow can hold (numbers; bools and text left out)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def log_model_metrics(client: Any, run_id: str, model_id: str | None, metrics: Mapping[str, Any]) -> None:
+    """Log `metrics` to the run, attached to the logged model `model_id` (so each version keeps its own)."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    batch = [Metric(k, v, now, 0, model_id=model_id) for k, v in numeric(metrics).items()]
+    for i in range(0, len(batch), 1000):   # MLflow's log_batch limit
+        client.log_batch(run_id, metrics=batch[i:i + 1000])
 
 
 def init_store(ws: Workspace) -> None:
@@ -147,7 +164,7 @@ def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metri
     if found := pickle_files(model_dir):
         raise UserError("model folder", model_dir, f"holds pickle-format files ({', '.join(p.name for p in found[:3])})",
                         "Remove them: lmforge registers safetensors only")
-    all_tags = model_tags(model_dir, metrics, tags, parent_version)
+    all_tags = model_tags(model_dir, tags, parent_version)
     retry = dict(attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
     with _run(ws, cfg, f"register-{all_tags.get('run_name', model_dir.name)}") as run_id, \
             tempfile.TemporaryDirectory() as code:
@@ -163,6 +180,7 @@ def register_model(ws: Workspace, cfg: RegistryConfig, model_dir: Path, *, metri
                     raise
 
         with_retries(ensure_registered, **retry)
+        with_retries(lambda: log_model_metrics(client, run_id, info.model_id, metrics), **retry)
         mv = with_retries(lambda: client.create_model_version(
             cfg.model_name, source=info.model_uri, run_id=run_id, tags=all_tags, model_id=info.model_id,
             await_creation_for=0), **retry)
@@ -193,8 +211,31 @@ def version_tags(ws: Workspace, model_name: str, version: str) -> dict[str, str]
 
 
 def version_metrics(ws: Workspace, model_name: str, version: str) -> dict[str, float]:
-    tags = version_tags(ws, model_name, version)
-    return {k[len(METRIC_PREFIX):]: float(v) for k, v in tags.items() if k.startswith(METRIC_PREFIX)}
+    """The metrics the version was registered with: its logged model's, else its run's."""
+    from mlflow import MlflowClient
+
+    use_workspace(ws)
+    client = MlflowClient()
+    return metrics_of(client, client.get_model_version(model_name, str(version)))
+
+
+def metrics_of(client: Any, mv: Any) -> dict[str, float]:
+    """A model version's metrics: those of its logged model (MLflow 3), else those of its run; {} with neither.
+
+    Versions registered before metrics moved to the runs kept them as `metric.<name>` tags; those are read too.
+    """
+    if getattr(mv, "model_id", None):
+        found = client.get_logged_model(mv.model_id).metrics or []
+        if found:
+            latest: dict[str, Any] = {}
+            for m in found:
+                if m.key not in latest or (m.timestamp, m.step) >= (latest[m.key].timestamp, latest[m.key].step):
+                    latest[m.key] = m
+            return {k: float(m.value) for k, m in latest.items()}
+    legacy = {k[len(METRIC_PREFIX):]: float(v) for k, v in (mv.tags or {}).items() if k.startswith(METRIC_PREFIX)}
+    if legacy:
+        return legacy
+    return dict(client.get_run(mv.run_id).data.metrics) if mv.run_id else {}
 
 
 def name_filter(model_name: str) -> str:
@@ -222,7 +263,7 @@ def list_versions(ws: Workspace, model_name: str) -> list[dict[str, Any]]:
     for mv in sorted(versions, key=lambda m: -int(m.version)):
         tags = dict(mv.tags)
         rows.append({"version": str(mv.version), "aliases": sorted(by_version.get(str(mv.version), [])), "run_id": mv.run_id,
-                     "metrics": {k[len(METRIC_PREFIX):]: float(v) for k, v in tags.items() if k.startswith(METRIC_PREFIX)},
+                     "metrics": metrics_of(client, mv),
                      "tags": {k: v for k, v in tags.items() if not k.startswith(METRIC_PREFIX)}})
     return rows
 
