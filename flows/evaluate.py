@@ -138,7 +138,7 @@ def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str
         ("evaluation config", tags.get("evaluation_config_hash"), config_hash(cfg.evaluation)),
         ("scored context", tags.get("evaluation_context"), str(context))) if theirs != ours]
     if not differs:
-        return None, f"champion v{holder}: registered metrics on the same evaluation set", holder
+        return None, f"champion v{holder}: registered metrics", holder   # measured on this very set
     if not cfg.registry.reevaluate_champion:
         return None, (f"champion v{holder}: registered metrics although its {', '.join(differs)} differed "
                       "(registry.reevaluate_champion = false)"), holder

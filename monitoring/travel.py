@@ -9,7 +9,8 @@ monitor and retrain what another one deployed.
 The bundle (artifact `dataset/` of the version's run):
 - records/<split>.jsonl: the dataset's records, as the data stage wrote them (the reference profile's prompts,
   the retrain corpus, and the evaluation set the gate scores on);
-- token_counts.json: how often each token id occurs in the training shards' train split (rare-token ids);
+- token_counts.json: how often each token id occurs in the training shards' train split (rare-token ids;
+  absent when the dataset has no shards);
 - dataset.json: the dataset reference: version, manifest hash, each split's content hash, and which split
   is the evaluation set (`eval_set_sha256`: the set is addressed by its hash).
 The tokenizer travels in the logged model itself (the Hugging Face folder holds it).
@@ -30,6 +31,7 @@ from lmforge.components.workspace import Workspace, atomic_dir, atomic_write_jso
 ARTIFACT = "dataset"
 SPLITS = ("train", "validation", "test")
 BUNDLE_FILE = "dataset.json"
+COUNTS_FILE = "token_counts.json"
 
 
 def log_dataset_bundle(ws: Workspace, dataset_version: str, *, eval_split: str) -> dict[str, Any]:
@@ -49,20 +51,22 @@ def log_dataset_bundle(ws: Workspace, dataset_version: str, *, eval_split: str) 
         raise UserError("dataset", ds, f"has no records for {', '.join(missing)}",
                         "Re-run the data stage (lmforge run data) before registering a model trained on it")
     shards = ws.training_shards(dataset_version)
-    index = read_index(shards)
-    counts = np.bincount(np.asarray(open_shard(shards, "train")).astype(np.int64),
-                         minlength=int(index["vocab_size"]))
+    has_shards = (shards / "index.json").is_file()   # a records-only dataset (tests) has no token counts
     sha = {s: sha256_file(records / f"{s}.jsonl") for s in SPLITS}
     ref = {"dataset_version": dataset_version, "manifest_sha256": sha256_file(ds / "manifest.json"),
            "records_sha256": sha, "eval_split": eval_split, "eval_set_sha256": sha[eval_split],
-           "shards": shards.relative_to(ds).as_posix()}
+           "shards": shards.relative_to(ds).as_posix() if has_shards else None}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         (out / "records").mkdir()
         for s in SPLITS:
             shutil.copyfile(records / f"{s}.jsonl", out / "records" / f"{s}.jsonl")
-        atomic_write_json(out / "token_counts.json", {"vocab_size": int(index["vocab_size"]),
-                                                      "counts": [int(c) for c in counts]})
+        if has_shards:
+            index = read_index(shards)
+            counts = np.bincount(np.asarray(open_shard(shards, "train")).astype(np.int64),
+                                 minlength=int(index["vocab_size"]))
+            atomic_write_json(out / COUNTS_FILE, {"vocab_size": int(index["vocab_size"]),
+                                                  "counts": [int(c) for c in counts]})
         atomic_write_json(out / BUNDLE_FILE, ref)
         mlflow.log_artifacts(tmp, artifact_path=ARTIFACT)
     return ref
@@ -111,5 +115,9 @@ def check_bundle(folder: Path, what: str) -> dict[str, Any]:
 def rare_ids_from_counts(folder: Path, min_count: int) -> frozenset[int]:
     """Ids that occur fewer than `min_count` times in the travelled train-split token counts (as
     deploy.repository.rare_token_ids computes them from the shards)."""
-    data = json.loads((folder / "token_counts.json").read_text())
+    path = folder / COUNTS_FILE
+    if not path.is_file():
+        raise UserError("registered dataset", folder, "carries no token counts (its dataset had no training shards)",
+                        "Register a model trained on a dataset the data stage made (lmforge run data)")
+    data = json.loads(path.read_text())
     return frozenset(i for i, c in enumerate(data["counts"]) if c < min_count)
