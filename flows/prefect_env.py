@@ -18,7 +18,13 @@ The user's Prefect wins, in Prefect's own order:
   4. else the server `lmforge prefect up` started for this workspace, if it is running;
   5. else an embedded home, <workspace>/prefect: a temporary local API over SQLite there.
 Only mode 5 (and 4, which shares its database) points PREFECT_HOME at the workspace; the
-others leave Prefect's settings alone, so a profile for Prefect Cloud keeps working.
+others leave Prefect's API settings alone, so a profile for Prefect Cloud keeps working.
+
+Persisted task and flow results go to <workspace>/prefect/storage in every mode (never to
+~/.prefect/storage, Prefect's default outside mode 5), unless the user chose a result storage
+(PREFECT_RESULTS_LOCAL_STORAGE_PATH, PREFECT_LOCAL_STORAGE_PATH or
+PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK, in the environment or the active profile). Tasks on
+Dask workers write there too: Prefect sends the flow run's settings with each task.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class PrefectMode:
     source: str                 # why: the variable or file that chose it
     env: dict[str, str] = field(default_factory=dict)   # variables lmforge sets for this mode
     home: Path | None = None    # the embedded home, which `prepare` creates
+    results: Path | None = None  # where persisted results go, when lmforge chose it (`prepare` creates it)
 
     @property
     def embedded(self) -> bool:
@@ -65,7 +72,12 @@ class PrefectMode:
         return f"prefect: {what} {self.detail} ({self.source})"
 
     def to_dict(self) -> dict[str, str]:
-        return {"kind": self.kind, "detail": self.detail, "source": self.source}
+        return {"kind": self.kind, "detail": self.detail, "source": self.source,
+                "results": str(self.results) if self.results else "as the user's Prefect settings say"}
+
+    def results_env(self) -> dict[str, str]:
+        """The variable that puts persisted results in `results` ({} when the user chose a result storage)."""
+        return {"PREFECT_LOCAL_STORAGE_PATH": str(self.results)} if self.results else {}
 
 
 def active_profile(environ: Mapping[str, str]) -> tuple[str, dict[str, str], Path] | None:
@@ -94,6 +106,18 @@ def workspace_server_url(ws: Workspace) -> str | None:
     return data["api_url"] if rec is not None else None
 
 
+# Prefect's names for a result storage (prefect/settings/models/results.py): set by the user, they win.
+RESULT_STORAGE_VARS = ("PREFECT_RESULTS_LOCAL_STORAGE_PATH", "PREFECT_LOCAL_STORAGE_PATH",
+                       "PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK")
+
+
+def results_path(ws: Workspace, environ: Mapping[str, str]) -> Path | None:
+    """<ws>/prefect/storage, unless the environment or the active profile names a result storage (then None)."""
+    profile = active_profile(environ)
+    chosen = {**(profile[1] if profile else {}), **environ}
+    return None if any(chosen.get(var) for var in RESULT_STORAGE_VARS) else ws.prefect / "storage"
+
+
 def embedded_env(ws: Workspace) -> dict[str, str]:
     """The variables that put Prefect's home, database and result storage in the workspace."""
     return {"PREFECT_HOME": str(ws.prefect), "PREFECT_LOCAL_STORAGE_PATH": str(ws.prefect / "storage")}
@@ -102,29 +126,30 @@ def embedded_env(ws: Workspace) -> dict[str, str]:
 def choose(ws: Workspace, environ: Mapping[str, str] | None = None) -> PrefectMode:
     """Decide, without writing anything, which Prefect this process should use."""
     env = os.environ if environ is None else environ
+    results = results_path(ws, env)
     if env.get("PREFECT_API_URL"):
-        return PrefectMode("api_url", env["PREFECT_API_URL"], "PREFECT_API_URL")
+        return PrefectMode("api_url", env["PREFECT_API_URL"], "PREFECT_API_URL", results=results)
     if env.get("PREFECT_HOME"):
-        return PrefectMode("home", env["PREFECT_HOME"], "PREFECT_HOME")
+        return PrefectMode("home", env["PREFECT_HOME"], "PREFECT_HOME", results=results)
     profile = active_profile(env)
     if profile is not None:
         name, settings, path = profile
         if env.get("PREFECT_PROFILE") or {"PREFECT_API_URL", "PREFECT_API_KEY"} & settings.keys():
             target = settings.get("PREFECT_API_URL", "Prefect Cloud" if "PREFECT_API_KEY" in settings else "")
-            return PrefectMode("profile", f"{name!r} {target}".strip(), f"active profile in {path}")
+            return PrefectMode("profile", f"{name!r} {target}".strip(), f"active profile in {path}", results=results)
     embedded = embedded_env(ws)
     url = workspace_server_url(ws)
     if url:
         return PrefectMode("workspace_server", url, "started by `lmforge prefect up`",
-                           env={**embedded, "PREFECT_API_URL": url}, home=ws.prefect)
+                           env={**embedded, "PREFECT_API_URL": url}, home=ws.prefect, results=results)
     return PrefectMode("embedded", str(ws.prefect), "no PREFECT_API_URL, PREFECT_HOME or Prefect profile set",
-                       env=embedded, home=ws.prefect)
+                       env=embedded, home=ws.prefect, results=results)
 
 
 def apply(mode: PrefectMode, environ: MutableMapping[str, str] | None = None) -> None:
     """Set the mode's variables and lmforge's defaults in the environment (children inherit them)."""
     env = os.environ if environ is None else environ
-    for key, value in {**DEFAULTS, **mode.env}.items():
+    for key, value in {**DEFAULTS, **mode.env, **mode.results_env()}.items():
         env.setdefault(key, value)
     if mode.embedded and environ is None:
         # `import prefect` tries to make PREFECT_HOME without its parents and warns when the workspace
@@ -150,9 +175,11 @@ def quiet_children() -> None:
 
 
 def prepare(mode: PrefectMode) -> None:
-    """Create the embedded home's folders (Prefect creates only the last level itself)."""
+    """Create the embedded home's folders and the results folder (Prefect creates only the last level itself)."""
     if mode.home is not None:
         (mode.home / "storage").mkdir(parents=True, exist_ok=True)
+    if mode.results is not None:
+        mode.results.mkdir(parents=True, exist_ok=True)
 
 
 @contextmanager

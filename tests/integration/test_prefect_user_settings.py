@@ -41,7 +41,9 @@ def test_run_data_reports_to_the_users_server(prefect_server, tmp_path):
     runs = flow_runs_since(prefect_server, "data", since)
     assert [run.state.type.value for run in runs] == ["COMPLETED"], runs
     assert (cwd / ".lmforge" / "datasets").is_dir()          # the work ran here ...
-    assert not (cwd / ".lmforge" / "prefect").exists()       # ... but Prefect's state lives with the user's server
+    assert not (cwd / ".lmforge" / "prefect" / "prefect.db").exists()   # ... Prefect's state lives with its server,
+    assert any((cwd / ".lmforge" / "prefect" / "storage").iterdir())    # the steps' results with the work,
+    assert not (tmp_path / "home" / ".prefect").exists()                # and nothing goes to ~/.prefect
 
 
 def test_an_active_profile_or_home_is_respected_and_only_then_embedded(tmp_path):
