@@ -73,7 +73,8 @@ def log_dataset_bundle(ws: Workspace, dataset_version: str, *, eval_split: str) 
 
 
 def fetch_dataset_bundle(ws: Workspace, model_name: str, version: str) -> Path | None:
-    """The version's travelled dataset bundle as a local folder (cached under <ws>/registry/); None when the
+    """The version's travelled dataset bundle as a local folder (cached under <ws>/registry/, checked against its
+    hashes on every use); None when the
     version carries none (it was registered before bundles travelled, or by something other than the
     evaluate stage)."""
     import mlflow.artifacts
@@ -83,6 +84,7 @@ def fetch_dataset_bundle(ws: Workspace, model_name: str, version: str) -> Path |
 
     dest = ws.root / "registry" / model_name / f"{version}.dataset"
     if (dest / BUNDLE_FILE).is_file():
+        check_bundle(dest, f"{model_name} v{version}")   # a cached copy is checked as a fresh one is
         return dest
     use_workspace(ws)
     run_id = MlflowClient().get_model_version(model_name, str(version)).run_id
