@@ -192,7 +192,7 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
         shutil.copy2(MODEL_PY, tmp / "model.py")
         write_runtime(tmp / "lmforge_runtime", extra=(processing_module, requestlog_module, onnxrun_module))
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
-        rare = rare_token_ids(shard_dir, cfg.rare_token_min_count) if shard_dir else None
+        rare = rare_ids_from(shard_dir, cfg.rare_token_min_count) if shard_dir else None
         atomic_write_json(tmp / RARE_TOKENS_FILE, {
             "min_count": cfg.rare_token_min_count, "source": str(shard_dir) if shard_dir else None,
             "ids": rare if rare is not None else []})
@@ -268,6 +268,16 @@ def rare_token_ids(shard_dir: Path, min_count: int) -> list[int]:
     tokens = np.asarray(open_shard(shard_dir, "train"))
     counts = np.bincount(tokens.astype(np.int64), minlength=int(index["vocab_size"]))
     return [int(i) for i in np.nonzero(counts < min_count)[0]]
+
+
+def rare_ids_from(source: Path, min_count: int) -> list[int]:
+    """Rare-token ids from the training shards, or from the train-split token counts that travelled with a
+    registered version (its dataset bundle, components/registry/travel.py) when the shards are not here."""
+    from lmforge.components.registry.travel import BUNDLE_FILE, rare_ids_from_counts
+
+    if (Path(source) / BUNDLE_FILE).is_file():
+        return sorted(rare_ids_from_counts(Path(source), min_count))
+    return rare_token_ids(source, min_count)
 
 
 def _skip_unsafe(folder: str, names: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.registry.gate import production_alias
+from lmforge.components.registry.travel import COUNTS_FILE
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
@@ -58,16 +59,22 @@ def resolve_model(ws: Workspace, registry_model: str, alias: str) -> tuple[int, 
     return int(version), download_model(ws, registry_model, version)
 
 
-def shards_for(ws: Workspace, model_dir: Path) -> Path | None:
-    """The training shards of the model's dataset, for the rare-token list; None when unknown."""
+def shards_for(ws: Workspace, model_dir: Path, registry_model: str | None = None,
+               version: int | None = None) -> Path | None:
+    """Where the rare-token list comes from: the training shards of the model's dataset when this workspace
+    has them, else the dataset bundle that travelled with the registered version (another workspace
+    trained it: components/registry/travel.py); None when neither is there."""
+    from lmforge.components.registry.travel import fetch_dataset_bundle
+
     meta = Path(model_dir) / "lmforge.json"
-    if not meta.is_file():
+    dataset = json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
+    shards = ws.training_shards(dataset) if dataset else None
+    if shards is not None and (shards / "index.json").is_file():
+        return shards
+    if registry_model is None or version is None:
         return None
-    dataset = json.loads(meta.read_text()).get("dataset_version")
-    if not dataset:
-        return None
-    shards = ws.training_shards(dataset)
-    return shards if (shards / "index.json").is_file() else None
+    bundle = fetch_dataset_bundle(ws, registry_model, str(version))
+    return bundle if bundle is not None and (bundle / COUNTS_FILE).is_file() else None
 
 
 def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str, version: int,
@@ -92,8 +99,9 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
 
             onnx = ensure_onnx(ws, registry_model, str(version), model_dir=folder, tolerance=cfg.onnx_tolerance)
             return build_version(repo, cfg, version=version, model_dir=onnx.folder,
-                                 shard_dir=shards_for(ws, folder), stage=True)
-        return build_version(repo, cfg, version=version, model_dir=folder, shard_dir=shards_for(ws, folder),
+                                 shard_dir=shards_for(ws, folder, registry_model, version), stage=True)
+        return build_version(repo, cfg, version=version, model_dir=folder,
+                             shard_dir=shards_for(ws, folder, registry_model, version),
                              stage=True)
 
     def promote(v: int) -> None:

@@ -11,7 +11,7 @@ version, another evaluation config (hash) or another context, it is scored again
 the candidate's terms first (registry.reevaluate_champion), so the two sides compare on
 the same text, windows and settings. No model is scored beyond its trained context.
 The evaluation set is addressed by its content hash and logged with the registered version
-(the `dataset/` bundle, monitoring/travel.py, which also carries what monitoring and
+(the `dataset/` bundle, components/registry/travel.py, which also carries what monitoring and
 retraining need), so a workspace that did not make the champion's dataset compares on a set
 any workspace can fetch from the registry; the decision names the set that decided
 (`eval_set` in decision_json, the version's `decision_eval_set` tag, and the printed line).
@@ -41,10 +41,10 @@ from lmforge.components.evaluation.rag import Rag, build_rag, release
 from lmforge.components.evaluation.report import write_report
 from lmforge.components.registry import current, download_model, gate, register_model, version_tags
 from lmforge.components.registry.gate import CHAMPION, BaseScore, EvalSet
+from lmforge.components.registry.travel import log_dataset_bundle
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_tree
 from lmforge.flows.workspace_flow import workspace_flow
-from lmforge.monitoring.travel import log_dataset_bundle
 
 EVAL_SET_TAG = "eval_set_sha256"   # on the registering run: the hash of the set the version was scored on
 

@@ -6,7 +6,7 @@
 The reference is the served version's own (the deployment's serving alias, `production` or
 `production-<deploy.name>`: its dataset, its tokenizer), and only that version's rows of the
 request log are read. The dataset is this workspace's, or the copy that travelled with the
-version in the registry (monitoring/travel.py) when another workspace trained it.
+version in the registry (components/registry/travel.py) when another workspace trained it.
 Monitoring decides (monitoring/), this flow acts: on "drift: retrain", outside the
 cool-down and when no retrain holds the lock, it starts retraining, the lifecycle of
 flows/retrain.py: the `monitoring.training_deployment` (retrain/on-demand) with

@@ -9,7 +9,7 @@ server, or this flow directly in the embedded default). The stages, as subflows:
 1. data: the served model's dataset (every split's records) plus the new traffic's
    domain, `monitoring.retrain_source` (a second corpus), written as one JSONL source. The
    records are this workspace's, or, when another workspace trained and deployed the version,
-   the copy that travelled with it in the registry (monitoring/travel.py): a retrain anywhere
+   the copy that travelled with it in the registry (components/registry/travel.py): a retrain anywhere
    adapts the served model to the same data plus the new domain, as its own workspace's would;
 2. train: a fine-tune (training.model.init set) starts from the served version
    (`models:/<name>/<version>`; for a compressed variant, the float version it came from), so

@@ -47,7 +47,7 @@ class Served:
     model_dir: Path            # its Hugging Face folder: the tokenizer serving uses
     dataset_version: str       # the dataset it was trained on: the reference's prompts
     records: Path              # that dataset's records/ folder: this workspace's, or the copy that travelled
-    travelled: Path | None = None   # the version's dataset bundle (monitoring/travel.py) when records came from it
+    travelled: Path | None = None   # the version's dataset bundle (components/registry/travel.py) when records came from it
 
     @property
     def source(self) -> str:
@@ -58,11 +58,11 @@ def served_model(ws: Workspace, cfg: PipelineConfig) -> Served:
     """The version serving on this deployment target ([deploy] name), its folder and its training dataset.
 
     The dataset is this workspace's when it has it; otherwise the copy that travelled with the version
-    (monitoring/travel.py), so a workspace can monitor what another one trained and deployed.
+    (components/registry/travel.py), so a workspace can monitor what another one trained and deployed.
     UserError when nothing serves, or when the dataset is neither here nor in the registry.
     """
     from lmforge.components.registry import current, download_model
-    from lmforge.monitoring.travel import fetch_dataset_bundle
+    from lmforge.components.registry.travel import fetch_dataset_bundle
 
     name, alias = cfg.registry.model_name, production_alias(cfg.deploy.name)
     version = current(ws, name, alias)
@@ -89,9 +89,6 @@ def served_model(ws: Workspace, cfg: PipelineConfig) -> Served:
 def served_rare_ids(ws: Workspace, served: Served, min_count: int) -> frozenset[int]:
     """The rare-token ids serving uses for the served version: from this workspace's training shards, or from
     the token counts that travelled with it."""
-    from lmforge.deploy.repository import rare_token_ids
-    from lmforge.monitoring.travel import rare_ids_from_counts
+    from lmforge.deploy.repository import rare_ids_from
 
-    if served.travelled is not None:
-        return rare_ids_from_counts(served.travelled, min_count)
-    return frozenset(rare_token_ids(ws.training_shards(served.dataset_version), min_count))
+    return frozenset(rare_ids_from(served.travelled or ws.training_shards(served.dataset_version), min_count))

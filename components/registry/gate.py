@@ -76,7 +76,7 @@ class EvalSet:
     """The evaluation set a decision was made on, addressed by its content hash.
 
     `logged_with` names the registered version whose run carries the set as an artifact (the
-    `dataset/` bundle, monitoring/travel.py), so any workspace on the registry can fetch the
+    `dataset/` bundle, components/registry/travel.py), so any workspace on the registry can fetch the
     very set that decided; `how` says how each side's metrics relate to it.
     """
     sha256: str           # records/<split>.jsonl's content hash

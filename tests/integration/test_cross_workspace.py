@@ -32,6 +32,7 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
 
     from lmforge.components.registry import current, set_alias
     from lmforge.components.registry.gate import production_alias
+    from lmforge.components.registry.travel import fetch_dataset_bundle
     from lmforge.components.requestlog import RequestLog
     from lmforge.components.workspace import Workspace
     from lmforge.flows.data import data_flow
@@ -40,7 +41,6 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
     from lmforge.flows.train import train_flow
     from lmforge.monitoring.served import served_model, served_rare_ids, serving_featurizer
     from lmforge.monitoring.traffic import shifted_prompts
-    from lmforge.monitoring.travel import fetch_dataset_bundle
     from tests.unit.monitoring.dataset import write_requests
 
     corpus = new_domain_corpus(tmp_path / "new_domain.jsonl")

@@ -30,10 +30,10 @@ def test_each_deployment_target_names_its_own_alias():
 
 def test_a_version_is_monitored_from_what_travelled_once_its_dataset_is_gone(workspace, tiny_model_dir):
     from lmforge.components.registry import register_model, set_alias
+    from lmforge.components.registry.travel import check_bundle, fetch_dataset_bundle, log_dataset_bundle
     from lmforge.components.tracking import start_run
     from lmforge.deploy.repository import rare_token_ids
     from lmforge.monitoring.served import served_model, served_rare_ids
-    from lmforge.monitoring.travel import check_bundle, fetch_dataset_bundle, log_dataset_bundle
 
     cfg = load_config(TINY_CONFIG, ["deploy.name=eu"])
     version = make_dataset(workspace, tiny_model_dir)
