@@ -6,6 +6,7 @@
                                      #                 "run_id": "..."}, ...]}]   newest version first
     registry_datasets(ws)            # [("lmforge-tiny/3", "3f2a9c1b7d0e"), ...]: the dataset of every version
 
+Alias claims (registered models named `<model>.alias-claim`, registry/claim.py) are left out.
 The registry is the one components/tracking.py resolves: the server or store
 MLFLOW_TRACKING_URI names, else the workspace's SQLite store (none yet: nothing registered).
 A registry that cannot be read raises a UserError naming it; a caller that deletes on the
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lmforge.components.errors import UserError
+from lmforge.components.registry.claim import BREAK_INFIX, CLAIM_SUFFIX
 from lmforge.components.tracking import registry_client, registry_label
 from lmforge.components.workspace import Workspace
 
@@ -70,6 +72,8 @@ def registered_models(ws: Workspace, name: str | None = None) -> list[dict[str, 
         out = []
         found = _pages(client.search_registered_models, **({"filter_string": _name_is(name)} if name else {}))
         for rm in sorted(found, key=lambda m: m.name):
+            if rm.name.endswith(CLAIM_SUFFIX) or CLAIM_SUFFIX + BREAK_INFIX in rm.name:
+                continue   # an alias move's claim (registry/claim.py), not a model: `lmforge registry claims` lists them
             aliases = {a: str(v) for a, v in (rm.aliases or {}).items()}
             # search_model_versions leaves aliases empty on the SQL store: the registered model holds them all
             by_version: dict[str, list[str]] = {}
