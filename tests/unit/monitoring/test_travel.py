@@ -32,7 +32,8 @@ def test_a_version_is_monitored_from_what_travelled_once_its_dataset_is_gone(wor
     from lmforge.components.registry import register_model, set_alias
     from lmforge.components.registry.travel import check_bundle, fetch_dataset_bundle, log_dataset_bundle
     from lmforge.components.tracking import start_run
-    from lmforge.deploy.repository import rare_token_ids
+    from lmforge.deploy.repository import rare_ids_from, rare_token_ids
+    from lmforge.deploy.service import shards_for
     from lmforge.monitoring.served import served_model, served_rare_ids
 
     cfg = load_config(TINY_CONFIG, ["deploy.name=eu"])
@@ -54,6 +55,8 @@ def test_a_version_is_monitored_from_what_travelled_once_its_dataset_is_gone(wor
     assert (away.source, away.dataset_version, away.version) == ("registry", version, v)
     assert (away.records / "validation.jsonl").read_text() == records
     assert served_rare_ids(workspace, away, cfg.deploy.rare_token_min_count) == rare
+    source = shards_for(workspace, away.model_dir, cfg.registry.model_name, int(v))   # what Triton's list is built from
+    assert source == away.travelled and rare_ids_from(source, cfg.deploy.rare_token_min_count) == sorted(rare)
     assert check_bundle(away.travelled, "v")["eval_set_sha256"] == ref["eval_set_sha256"]
 
     assert fetch_dataset_bundle(workspace, cfg.registry.model_name, v) == away.travelled   # the cached copy
