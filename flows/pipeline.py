@@ -126,9 +126,9 @@ def run_links() -> dict[str, str]:
     """Where to look next: the Prefect flow run and the MLflow store."""
     from prefect.runtime import flow_run
 
-    from lmforge.components.tracking import tracking_uri
+    from lmforge.components.tracking import shown_uri, tracking_uri
 
-    links = {"mlflow": f"{tracking_uri(Workspace.from_env())}  (open it: lmforge ui mlflow)"}
+    links = {"mlflow": f"{shown_uri(tracking_uri(Workspace.from_env()))}  (open it: lmforge ui mlflow)"}
     run_id = flow_run.get_id()
     if run_id:
         links["prefect_flow_run"] = f"{flow_run.get_name()} ({run_id}; lmforge ui prefect -> Runs)"
