@@ -1,7 +1,9 @@
-"""`lmforge registry list|history|rollback|promote`: the model registry from the command line.
+"""`lmforge registry list|history|audit|claims|rollback|promote`: the model registry from the command line.
 
     lmforge registry list                                  # versions, aliases, key metrics, decisions
     lmforge registry history [--alias champion] [--json]   # every alias move: when, who, alias, from, to, why
+    lmforge registry audit [--json]                        # the audit trail in full, each state of each move, and where it is
+    lmforge registry claims [--json]                       # alias claims held now (in flight, or left by a crash)
     lmforge registry rollback --reason "regression on prod traffic"   # champion back to its previous holder
     lmforge registry promote 3 --alias champion --reason "manual override after review"
 
@@ -21,7 +23,7 @@ from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 from lmforge.cli.output import emit_json
 from lmforge.components.workspace import Workspace
 
-app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, rollback.")
+app = typer.Typer(no_args_is_help=True, help="Registered models: versions, aliases, audit trail, claims, rollback.")
 console = Console()
 
 ModelOpt = Annotated[str | None, typer.Option("--model", "-m", help="registered model name (default: [registry] model_name)")]
@@ -76,6 +78,47 @@ def history(alias: Annotated[str | None, typer.Option(help="only this alias")] =
         table.add_column(col, overflow="fold")
     for m in moves:
         table.add_row(m.when[:19], m.who, m.alias, m.action, m.from_version or "-", m.to_version or "-", m.why)
+    console.print(table)
+
+
+@app.command()
+def audit(model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """The alias audit trail in full: every line of the audit run's JSON-lines artifact (pending, done, aborted)."""
+    from lmforge.components.registry.aliases import audit_trail
+
+    name = _model(model, config, set_)
+    where, lines = audit_trail(Workspace.from_env(), name)
+    if as_json:
+        emit_json({"model": name, "artifact": where, "lines": lines})
+        return
+    # one line a record, unwrapped: the trail in full, whatever the terminal's width
+    typer.echo(f"{name}: alias audit trail, {len(lines)} lines, in {where or '(no moves yet)'}")
+    for e in lines:
+        typer.echo(f"{str(e['when'])[:19]}  {e['state']:<7}  {e['alias']}: {e['from_version'] or '-'} -> "
+                   f"{e['to_version'] or '-'}  {e['action']} by {e['who']}: {e['why']}  [{e['id']}]")
+
+
+@app.command()
+def claims(as_json: JsonOpt = False) -> None:
+    """Alias claims present in the registry now: a move in flight, or one left by a crashed mover (see claim.py)."""
+    from lmforge.components.registry.claim import HOST, PID, SINCE, WHO, leftover_claims
+    from lmforge.components.tracking import registry_client
+
+    client = registry_client(Workspace.from_env())
+    found = [] if client is None else leftover_claims(client)
+    rows = [{"claim": rm.name, "who": rm.tags.get(WHO), "host": rm.tags.get(HOST), "pid": rm.tags.get(PID),
+             "since": rm.tags.get(SINCE)} for rm in found]
+    if as_json:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("no alias claims held")
+        return
+    table = Table(title="alias claims", title_justify="left")
+    for col in rows[0]:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*(str(v or "") for v in r.values()))
     console.print(table)
 
 

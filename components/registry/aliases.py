@@ -3,6 +3,7 @@
     move = set_alias(ws, "lmforge-lm", "production", "4", reason="passed validation")
     move = set_alias(ws, "lmforge-lm", "champion", "5", reason="gate", expect="4")  # AliasConflict if no longer "4"
     history(ws, "lmforge-lm")                  # every move, oldest first: who, when, alias, from, to, why
+    audit_trail(ws, "lmforge-lm")              # ("runs:/<id>/alias-audit.jsonl", every line, pending ones too)
     rollback(ws, "lmforge-lm", reason="bad outputs in prod")   # champion back to its previous holder
 
 A move is written ahead, under the model's alias claim (claim.py): a registered model
@@ -164,6 +165,15 @@ def history(ws: Workspace, model_name: str, *, alias: str | None = None) -> list
             records = _settle(ws, log, model_name, _records(log))
     moves = sorted((m for m in records.values() if m.state == DONE), key=lambda m: m.time_ns)
     return [m for m in moves if alias is None or m.alias == alias]
+
+
+def audit_trail(ws: Workspace, model_name: str) -> tuple[str | None, list[dict[str, object]]]:
+    """(where the trail is stored, every line of it oldest first: each state of each move, aborted ones too)."""
+    from mlflow import MlflowClient
+
+    use_workspace(ws)
+    log = AuditLog(MlflowClient(), ws, model_name)
+    return log.location(), with_retries(log.lines, **RETRY)
 
 
 def holders(moves: list[AliasMove]) -> list[str]:

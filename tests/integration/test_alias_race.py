@@ -110,8 +110,8 @@ def test_two_workspaces_on_one_server_never_both_move_champion(tmp_path, tiny_mo
 def test_a_claim_left_by_a_dead_mover_is_broken(workspace, tiny_model_dir):
     from mlflow import MlflowClient
 
-    from lmforge.components.registry import current, history, register_model, set_alias
     from lmforge.components.registry import claim as claims
+    from lmforge.components.registry import current, history, register_model, set_alias
     from lmforge.components.sections.registry import RegistryConfig
     from lmforge.components.tracking import use_workspace
 
