@@ -69,10 +69,9 @@ def registry_client(ws: Workspace) -> Any:
     """
     if external_uri() is None and not ws.mlflow_db.is_file():
         return None
-    use_workspace(ws)
     from mlflow import MlflowClient
 
-    uri = tracking_uri(ws)
+    uri = tracking_uri(ws)   # named to the client, not set for the process: a read creates no workspace folder
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 

@@ -18,3 +18,14 @@ def test_the_label_names_the_server_the_store_or_the_workspace(tmp_path, monkeyp
     assert registry_label(ws) == "MLflow server https://mlflow.example:8443 (MLFLOW_TRACKING_URI)"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://u:pw@db/mlflow")
     assert registry_label(ws) == "store postgresql://u:***@db/mlflow (MLFLOW_TRACKING_URI)"
+
+
+def test_reading_a_shared_registry_writes_nothing_in_the_workspace(tmp_path, monkeypatch):
+    from lmforge.components.registered import registered_models
+
+    shared = tmp_path / "shared" / "mlflow.db"
+    shared.parent.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{shared}")
+    ws = Workspace(tmp_path / "project" / ".lmforge")
+    assert registered_models(ws) == []
+    assert shared.is_file() and not (tmp_path / "project").exists()   # `status` in a folder leaves it as it was
