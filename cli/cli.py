@@ -143,11 +143,12 @@ def ui_mlflow(port: Annotated[int, typer.Option(help="port on 127.0.0.1")] = 500
     """The MLflow UI of the registry the runs go to: an MLflow server's own UI, else one served for the store."""
     from lmforge.components.tracking import is_server, registry_label, tracking_uri
 
-    ws = Workspace.from_env().ensure()
+    ws = Workspace.from_env()
     uri = tracking_uri(ws)
     if is_server(uri):   # MLFLOW_TRACKING_URI names a server: it serves its UI itself, with its registry
         console.print(f"MLflow UI: {uri.rstrip('/')}/#/models  ({registry_label(ws)})")
         return
+    ws.ensure()
     console.print(f"MLflow UI: http://127.0.0.1:{port}  ({registry_label(ws)}; Ctrl-C to stop)")
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)]
     if uri == ws.mlflow_uri:   # another store keeps the artifact locations its experiments were made with
