@@ -20,8 +20,11 @@ run itself is created under the claim too, so there is one per model.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,22 @@ EXPERIMENT = "registry-audit"
 ARTIFACT = "alias-audit.jsonl"
 AUDIT_OF = "lmforge.audit_of"
 RETRY = dict(attempts=12, backoff_s=0.1)
+PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """mlflow draws a "Downloading artifacts" bar on stderr for one small file; reading the trail (history,
+    every move) must not, as `lmforge registry history --json` and callers' own output share the terminal."""
+    before = os.environ.get(PROGRESS_BAR_ENV)
+    os.environ[PROGRESS_BAR_ENV] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_BAR_ENV, None)
+        else:
+            os.environ[PROGRESS_BAR_ENV] = before
 
 
 class AuditLog:
@@ -70,7 +89,7 @@ class AuditLog:
         names = {Path(f.path).name for f in with_retries(lambda: self.client.list_artifacts(run_id), **RETRY)}
         if ARTIFACT not in names:
             return []
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
             path = with_retries(lambda: self.client.download_artifacts(run_id, ARTIFACT, tmp), **RETRY)
             text = Path(path).read_text()
         return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -83,4 +102,5 @@ class AuditLog:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / ARTIFACT
             path.write_text(text)
-            with_retries(lambda: self.client.log_artifact(run_id, str(path)), **RETRY)
+            with _no_progress_bar():
+                with_retries(lambda: self.client.log_artifact(run_id, str(path)), **RETRY)
