@@ -74,7 +74,7 @@ def log_dataset_bundle(ws: Workspace, dataset_version: str, *, eval_split: str) 
 
 def fetch_dataset_bundle(ws: Workspace, model_name: str, version: str) -> Path | None:
     """The version's travelled dataset bundle as a local folder (cached under <ws>/registry/, checked against its
-    hashes on every use); None when the
+    hashes on every use; a compressed variant's is its parent version's); None when the
     version carries none (it was registered before bundles travelled, or by something other than the
     evaluate stage)."""
     import mlflow.artifacts
@@ -87,12 +87,12 @@ def fetch_dataset_bundle(ws: Workspace, model_name: str, version: str) -> Path |
         check_bundle(dest, f"{model_name} v{version}")   # a cached copy is checked as a fresh one is
         return dest
     use_workspace(ws)
-    run_id = MlflowClient().get_model_version(model_name, str(version)).run_id
-    if not run_id:
-        return None
-    listed = {Path(f.path).name for f in MlflowClient().list_artifacts(run_id, ARTIFACT)}
-    if BUNDLE_FILE not in listed:
-        return None
+    mv = MlflowClient().get_model_version(model_name, str(version))
+    listed = {Path(f.path).name for f in MlflowClient().list_artifacts(mv.run_id, ARTIFACT)} if mv.run_id else set()
+    if BUNDLE_FILE not in listed:   # a compressed variant was trained on its parent's dataset: the parent's bundle
+        parent = (mv.tags or {}).get("parent_version")
+        return fetch_dataset_bundle(ws, model_name, parent) if parent and parent != str(version) else None
+    run_id = mv.run_id
     with atomic_dir(dest) as tmp:
         mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=ARTIFACT, dst_path=str(tmp))
         for item in list((tmp / ARTIFACT).iterdir()):

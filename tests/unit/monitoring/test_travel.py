@@ -60,6 +60,8 @@ def test_a_version_is_monitored_from_what_travelled_once_its_dataset_is_gone(wor
     assert check_bundle(away.travelled, "v")["eval_set_sha256"] == ref["eval_set_sha256"]
 
     assert fetch_dataset_bundle(workspace, cfg.registry.model_name, v) == away.travelled   # the cached copy
+    variant = register_model(workspace, cfg.registry, src, metrics={}, tags={}, parent_version=v)   # no bundle
+    assert fetch_dataset_bundle(workspace, cfg.registry.model_name, variant) == away.travelled  # its parent's
     (away.records / "test.jsonl").write_text("{}\n")        # a damaged copy is refused by its hash, with the fix
     with pytest.raises(UserError, match=f"hashes to .* Delete {away.travelled}"):
         served_model(workspace, cfg)
