@@ -58,6 +58,7 @@ class AuditLog:
     def __init__(self, client: Any, ws: Workspace, model_name: str) -> None:
         self.client, self.ws, self.model_name = client, ws, model_name
         self._run_id: str | None = None
+        self._read: list[dict[str, Any]] | None = None   # the trail as last read, which append extends
 
     def run_id(self, *, create: bool) -> str | None:
         if self._run_id is None:
@@ -82,7 +83,11 @@ class AuditLog:
         return None if run_id is None else f"runs:/{run_id}/{ARTIFACT}"
 
     def lines(self) -> list[dict[str, Any]]:
-        """Every line of the trail, oldest first ([] when the model has none yet)."""
+        """Every line of the trail, oldest first ([] when the model has none yet), read from the store now."""
+        self._read = self._fetch()
+        return list(self._read)
+
+    def _fetch(self) -> list[dict[str, Any]]:
         run_id = self.run_id(create=False)
         if run_id is None:
             return []
@@ -95,12 +100,16 @@ class AuditLog:
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
     def append(self, entries: list[dict[str, Any]]) -> None:
-        """Add lines at the end; the caller holds the model's alias claim."""
+        """Add lines at the end; the caller holds the model's alias claim, and has read the trail under it
+        (lines()), so no one else has written since: that read is extended rather than fetched again."""
+        base = self._read if self._read is not None else self._fetch()
         run_id = self.run_id(create=True)
         assert run_id is not None
-        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in [*self.lines(), *entries])
+        new = [*base, *entries]
+        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in new)
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / ARTIFACT
             path.write_text(text)
             with _no_progress_bar():
                 with_retries(lambda: self.client.log_artifact(run_id, str(path)), **RETRY)
+        self._read = new
