@@ -15,6 +15,9 @@ The evaluation set is addressed by its content hash and logged with the register
 retraining need), so a workspace that did not make the champion's dataset compares on a set
 any workspace can fetch from the registry; the decision names the set that decided
 (`eval_set` in decision_json, the version's `decision_eval_set` tag, and the printed line).
+With evaluation.gate_set = "champion", the gate instead scores the candidate (and, unless its
+registered metrics were measured on it, the champion) on the champion's own registered set,
+fetched by hash: the comparison then never depends on this workspace's data.
 A model fine-tuned from a base (its lmforge.json names `base`) with no champion yet is gated
 against that base: the base folder is scored by the same evaluation on the same sample and
 context, and the candidate must beat its BPC by `bpc_margin` (not merely the unigram baseline).
@@ -39,7 +42,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.evaluation import EvalResult, evaluate_model_dir
 from lmforge.components.evaluation.rag import Rag, build_rag, release
 from lmforge.components.evaluation.report import write_report
-from lmforge.components.registry import current, download_model, gate, register_model, version_tags
+from lmforge.components.registry import current, download_model, gate, register_model, version_metrics, version_tags
 from lmforge.components.registry.gate import CHAMPION, BaseScore, EvalSet
 from lmforge.components.registry.travel import log_dataset_bundle
 from lmforge.components.tracking import start_run
@@ -50,13 +53,17 @@ EVAL_SET_TAG = "eval_set_sha256"   # on the registering run: the hash of the set
 
 
 @task(name="evaluate-model", cache_policy=NO_CACHE, persist_result=False)
-def evaluate_task(model_dir: str, dataset_version: str, cfg: PipelineConfig, use_rag: bool) -> dict[str, Any]:
+def evaluate_task(model_dir: str, dataset_version: str, cfg: PipelineConfig, use_rag: bool,
+                  dataset_dir: str | None = None) -> dict[str, Any]:
+    """Score `model_dir` on this workspace's dataset `dataset_version`, or on the records under `dataset_dir`
+    (a registered version's travelled bundle)."""
     ws = Workspace.from_env()
     rag: Rag | None = None
     if use_rag and cfg.evaluation.rag:
         rag = build_rag(ws, cfg.vectors, cfg.features, k=cfg.evaluation.rag_k, dataset_version=dataset_version)
+    data = Path(dataset_dir) if dataset_dir is not None else ws.dataset_dir(dataset_version)
     try:
-        return evaluate_model_dir(Path(model_dir), ws.dataset_dir(dataset_version), cfg.evaluation, rag=rag).to_dict()
+        return evaluate_model_dir(Path(model_dir), data, cfg.evaluation, rag=rag).to_dict()
     finally:
         release()
 
@@ -149,6 +156,44 @@ def champion_metrics_on(ws: Workspace, cfg: PipelineConfig, dataset_version: str
                                f"{dataset_version} at context {result['info']['context_length']}", holder)
 
 
+def on_champion_set(ws: Workspace, cfg: PipelineConfig, model_dir: Path,
+                    context: int) -> tuple[dict[str, float], dict[str, float], str, str, dict[str, str]] | None:
+    """(candidate's metrics, champion's metrics, where the champion's come from, its version, the set) on the
+    champion's own evaluation set, fetched by hash from the registry (evaluation.gate_set = "champion").
+
+    None without a champion. The champion's registered metrics are used when it was scored on this very set,
+    config and context; otherwise it is re-scored on the set at the candidate's context. UserError when the
+    champion carries no set (it was registered before sets travelled with versions).
+    """
+    from lmforge.components.registry.travel import fetch_dataset_bundle
+
+    name, split = cfg.registry.model_name, cfg.evaluation.split
+    holder = current(ws, name, CHAMPION)
+    if holder is None:
+        return None
+    bundle = fetch_dataset_bundle(ws, name, holder)
+    if bundle is None:
+        raise UserError("evaluation.gate_set", "champion", f"needs champion v{holder}'s evaluation set, and none "
+                        "travelled with it in the registry (registered before sets did)",
+                        'Set evaluation.gate_set = "candidate", or register the champion again (lmforge run evaluate)')
+    ref = json.loads((bundle / "dataset.json").read_text())
+    sha = ref["records_sha256"][split]
+    same = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update={"context_length": context})})
+    cand = evaluate_task.with_options(name="evaluate-on-champion-set")(str(model_dir), ref["dataset_version"], same,
+                                                                        False, dataset_dir=str(bundle))
+    tags = version_tags(ws, name, holder)
+    if (registered_eval_set(ws, name, holder) == sha and tags.get("evaluation_config_hash") == config_hash(cfg.evaluation)
+            and tags.get("evaluation_context") == str(context)):
+        champ, source = version_metrics(ws, name, holder), f"champion v{holder}: registered metrics on its own set"
+    else:
+        path = download_model(ws, name, holder)
+        champ = evaluate_task.with_options(name="evaluate-champion")(str(path), ref["dataset_version"], same, False,
+                                                                     dataset_dir=str(bundle))["metrics"]
+        source = f"champion v{holder}: re-scored on its own evaluation set at context {context}"
+    where = {"sha256": sha, "split": split, "dataset_version": ref["dataset_version"], "logged_with": f"v{holder}"}
+    return cand["metrics"], champ, source, holder, where
+
+
 @workspace_flow(name="evaluate", log_prints=True)
 def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Evaluate ws.latest_run() on ws.latest_dataset(), register, gate. Returns {"version", "decision", "summary"}."""
@@ -166,7 +211,12 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
 
     result = EvalResult.from_dict(evaluate_task(str(model_dir), version, cfg, True))
     context = int(result.info["context_length"])
-    champion, champion_source, scored = champion_metrics_on(ws, cfg, version, context)
+    on_theirs = on_champion_set(ws, cfg, model_dir, context) if cfg.evaluation.gate_set == "champion" else None
+    if on_theirs is not None:   # both sides on the champion's registered set, fetched by hash
+        gate_metrics, champion, champion_source, scored, theirs = on_theirs
+    else:
+        gate_metrics, theirs = result.metrics, None
+        champion, champion_source, scored = champion_metrics_on(ws, cfg, version, context)
     # No champion yet: a fine-tune must beat the base it started from, scored on the same sample.
     base = base_score_on(cfg, meta.get("base"), version, context) if scored is None else None
     tags = {"dataset_version": version, "dataset_manifest_hash": sha256_file(ws.dataset_dir(version) / "manifest.json"),
@@ -186,9 +236,10 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         bundle = log_dataset_bundle(ws, version, eval_split=cfg.evaluation.split)
         mlflow.set_tags({EVAL_SET_TAG: bundle["eval_set_sha256"], "eval_set_split": cfg.evaluation.split})
         model_version = register_task(str(model_dir), cfg, result.metrics, tags)
-        eval_set = EvalSet(sha256=bundle["eval_set_sha256"], split=cfg.evaluation.split, dataset_version=version,
-                           logged_with=f"v{model_version}", how=champion_source)
-        decision = gate_task(cfg, model_version, result.metrics, champion, scored,
+        eval_set = EvalSet(**(theirs or {"sha256": bundle["eval_set_sha256"], "split": cfg.evaluation.split,
+                                          "dataset_version": version, "logged_with": f"v{model_version}"}),
+                           how=champion_source)
+        decision = gate_task(cfg, model_version, gate_metrics, champion, scored,
                              base=json_safe(asdict(base)) if base is not None else None,
                              eval_set=asdict(eval_set))
         decision["champion_metrics_source"] = champion_source

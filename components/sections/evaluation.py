@@ -28,3 +28,7 @@ class EvaluationConfig(Section):
     rag_k: int = Field(2, ge=1, le=16, description="retrieved training examples per prompt")
     report_examples: int = Field(5, ge=0, le=100, description="worst and best examples shown in the report")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads; unset = torch's default")
+    gate_set: Literal["candidate", "champion"] = Field(
+        "candidate", description="the evaluation set the gate compares candidate and champion on: the candidate's "
+                                 "(its dataset's split, logged with it by hash), or the champion's, fetched by hash "
+                                 "from the registry (the set it was registered with, wherever it was trained)")

@@ -5,7 +5,8 @@ A runs data, train and evaluate (v1, which logs its dataset bundle with it) and 
 `b`, sees shifted traffic, and its monitor builds the reference from what travelled with v1 (no "names
 no dataset in this workspace"), decides drift and retrains: on v1's records plus the new domain, from
 v1's weights; the gate re-scores the champion on B's evaluation set, which B's registration logged with
-v2, and the decision names that set, by hash, as a set any workspace can fetch. The two targets' aliases
+v2, and the decision names that set, by hash, as a set any workspace can fetch; with evaluation.gate_set =
+"champion" both sides are scored on v1's own set instead, fetched by hash. The two targets' aliases
 never move each other. The deploy stage's alias move is made through the function it uses
 (gate.production_alias), not through a Triton server: test_deploy_triton covers the rollout itself.
 """
@@ -107,6 +108,14 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
         bundle = fetch_dataset_bundle(ws_a, NAME, "2")      # A (or anyone) fetches the very set that decided
         ref = json.loads((bundle / "dataset.json").read_text())
         assert ref["eval_set_sha256"] == eval_set["sha256"] and ref["eval_split"] == eval_set["split"]
+
+        # With evaluation.gate_set = "champion", both sides are scored on v1's own set, fetched by its hash.
+        v1_set = json.loads((fetch_dataset_bundle(ws_b, NAME, "1") / "dataset.json").read_text())
+        theirs = evaluate_flow(cfg("b", "registry.bpc_margin=10.0", "evaluation.gate_set=champion"))
+        assert theirs["version"] == "3" and theirs["summary"]["eval_set"] == v1_set["eval_set_sha256"][:12]
+        d3 = theirs["decision"]
+        assert d3["champion_version"] == "1" and d3["eval_set"]["logged_with"] == "v1", d3
+        assert d3["eval_set"]["dataset_version"] == dataset_a and d3["eval_set"]["how"].startswith("champion v1: ")
 
         # Two targets, two aliases: moving B's does not move A's.
         deploy(ws_b, cfg_b, "2")
