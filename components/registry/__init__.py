@@ -7,9 +7,10 @@
     set_alias(ws, cfg.registry.model_name, production_alias(cfg.deploy.name), v, reason="rolled out")
 
 Modules: store.py (log, register, read, download), aliases.py (moves, rollback), claim.py
-(the store-granted claim that serialises alias moves), audit.py (the audit trail artifact), gate.py (promotion rules; production_alias, the serving alias of a deployment
-target), travel.py (the dataset bundle that travels with a version: records, token counts,
-the evaluation set by hash), loading.py (safetensors-only loading), retry.py.
+(the store-granted claim that serialises alias moves), audit.py (the audit trail artifact),
+gate.py (promotion rules; production_alias, the serving alias of a deployment target),
+travel.py (the dataset bundle that travels with a version: records, token counts, the
+evaluation set by hash), loading.py (safetensors-only loading), retry.py.
 MLflow is imported inside the functions, so importing this package is cheap.
 """
 
