@@ -79,6 +79,8 @@ def log_model_metrics(client: Any, run_id: str, model_id: str | None, metrics: M
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
+    if model_id:   # not before the model's creation on the server's clock: metrics_of reads from there on
+        now = max(now, int(client.get_logged_model(model_id).creation_timestamp or 0))
     batch = [Metric(k, v, now, 0, model_id=model_id) for k, v in numeric(metrics).items()]
     for i in range(0, len(batch), 1000):   # MLflow's log_batch limit
         client.log_batch(run_id, metrics=batch[i:i + 1000])
@@ -219,13 +221,26 @@ def version_metrics(ws: Workspace, model_name: str, version: str) -> dict[str, f
     return metrics_of(client, client.get_model_version(model_name, str(version)))
 
 
+def logged_model_id(mv: Any) -> str | None:
+    """The MLflow 3 logged model a version was registered from. The SQL registry store does not keep
+    `model_id` on the version, but its source is the logged model's URI, `models:/<model id>`."""
+    if getattr(mv, "model_id", None):
+        return str(mv.model_id)
+    source = str(mv.source or "")
+    rest = source[len("models:/"):] if source.startswith("models:/") else ""
+    return rest if rest and "/" not in rest and "@" not in rest else None
+
+
 def metrics_of(client: Any, mv: Any) -> dict[str, float]:
-    """A model version's metrics: those of its logged model (MLflow 3), else those of its run; {} with neither.
+    """A model version's metrics: those logged to its logged model (MLflow 3), else those of its run; {} with neither.
 
     Versions registered before metrics moved to the runs kept them as `metric.<name>` tags; those are read too.
     """
-    if getattr(mv, "model_id", None):
-        found = client.get_logged_model(mv.model_id).metrics or []
+    if model_id := logged_model_id(mv):
+        model = client.get_logged_model(model_id)
+        # logging a model in a run links the run's metrics logged before it (a run that registers several
+        # models would hand each the earlier ones'); the version's own were logged to the model after that
+        found = [m for m in model.metrics or [] if m.timestamp >= (model.creation_timestamp or 0)]
         if found:
             latest: dict[str, Any] = {}
             for m in found:
