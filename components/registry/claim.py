@@ -10,12 +10,14 @@ and name), so `create_registered_model` of that name succeeds for exactly one ca
 while the claim exists; every other caller gets RESOURCE_ALREADY_EXISTS, whether the
 store is opened directly (SQLite, PostgreSQL) or reached over REST through an MLflow
 server, because the server runs the same SQL insert. This holds across processes,
-workspaces and hosts that share one store, where a local file lock does not.
+workspaces and hosts that share one store, where a local file lock does not
+(tests/integration/test_alias_race.py: over REST on SQLite, and directly on PostgreSQL).
 
 The claim is created with tags naming its holder (token, who, host, pid, since) and is
 deleted when the move is done. A holder that crashed leaves its claim behind; a waiter
 declares it stale when
-  - it was taken on this host by a process that no longer exists, at once, or
+  - it was taken on this host (by hostname: containers that share a registry need distinct
+    hostnames) by a process that no longer exists, at once, or
   - its token has not changed for CLAIM_TTL_S seconds of the waiter's own clock (a holder
     on another host; a move takes a few requests, so a claim that old is abandoned).
 A stale claim is broken through a second claim, `<claim>.break-<token>`, which only one

@@ -154,3 +154,45 @@ def test_a_claim_from_another_host_is_broken_after_its_ttl_and_waited_on_before(
         assert time.monotonic() - start >= 1.5
         assert client.get_registered_model(claims.claim_name("remote")).tags[claims.TOKEN] == c.token
     assert claims.leftover_claims(client) == []
+
+
+def test_the_claim_is_exclusive_on_a_postgresql_store(tmp_path):
+    """The same claim on MLflow's SQL store over PostgreSQL (the scale-out backend), opened directly:
+    the store refuses a second create, and 4 threads x 3 claims never overlap."""
+    import threading
+
+    from mlflow import MlflowClient
+
+    from lmforge.components.registry import claim as claims
+    from tests.integration.servers import postgres
+
+    with postgres(tmp_path) as pg:
+        uri = pg.create_database("mlflow")
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        first = claims.Claim(client, "pg-model")
+        first.acquire(wait_s=5)
+        assert not claims._create(client, claims.claim_name("pg-model"), {claims.TOKEN: "second"})
+        first.release()
+
+        inside, peak, lock, errors = [0], [0], threading.Lock(), []
+
+        def mover() -> None:
+            try:
+                for _ in range(3):
+                    with claims.claim(MlflowClient(tracking_uri=uri, registry_uri=uri), "pg-model", wait_s=120):
+                        with lock:
+                            inside[0] += 1
+                            peak[0] = max(peak[0], inside[0])
+                        time.sleep(0.05)
+                        with lock:
+                            inside[0] -= 1
+            except Exception as e:   # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=mover) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+        assert not errors and peak[0] == 1, (errors, peak)
+        assert claims.leftover_claims(client) == []
