@@ -10,6 +10,7 @@ move and no claim behind. A claim left by a crashed mover is broken, not waited 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import socket
@@ -147,6 +148,14 @@ def test_a_claim_from_another_host_is_broken_after_its_ttl_and_waited_on_before(
     client = MlflowClient()
     client.create_registered_model(claims.claim_name("remote"), tags={
         claims.TOKEN: "elsewhere", claims.HOST: "another-host", claims.PID: "1", claims.WHO: "remote-mover"})
+    from typer.testing import CliRunner
+
+    from lmforge.cli.commands.registry import app
+
+    listed = CliRunner().invoke(app, ["claims", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [(c["claim"], c["who"], c["host"]) for c in json.loads(listed.stdout)] == [
+        ("remote.alias-claim", "remote-mover", "another-host")]
     with pytest.raises(claims.UserError, match="is held by remote-mover .* not released within 1 s"):
         claims.Claim(client, "remote", ttl_s=60).acquire(wait_s=1)
     start = time.monotonic()
