@@ -1,7 +1,8 @@
 """The registry as people see it: the MLflow UI's registered-model page in headless Chromium.
 
-Against a real `mlflow server`, two versions are registered (with metrics) and `champion` moves
-three times (a promotion, another, a rollback). The registered model's page and a version's
+Against a real `mlflow server`, two versions are registered (with metrics) and gated (challenger,
+champion, decision tags; the second gate reads the champion's metrics back from its run's model),
+then `champion` is rolled back and promoted again by hand. The registered model's page and a version's
 page, rendered by Chromium (the UI is a React app: --virtual-time-budget lets it fetch and
 render before --dump-dom), must show the readable tags and the alias and no `lmforge.audit.`
 or `metric.` tags; the audit trail is read in full from `lmforge registry audit` instead.
@@ -51,7 +52,7 @@ def test_model_page_shows_readable_tags_and_no_audit_or_metric_tags(tmp_path, ti
     from typer.testing import CliRunner
 
     from lmforge.cli.commands.registry import app
-    from lmforge.components.registry import register_model, rollback, set_alias, version_metrics
+    from lmforge.components.registry import gate, register_model, rollback, set_alias, version_metrics
     from lmforge.components.sections.registry import RegistryConfig
     from lmforge.components.workspace import Workspace
 
@@ -62,15 +63,16 @@ def test_model_page_shows_readable_tags_and_no_audit_or_metric_tags(tmp_path, ti
         monkeypatch.setenv("LMFORGE_ACTOR", "ui-tester")
         ws = Workspace(tmp_path / "ws").ensure()
         cfg = RegistryConfig(model_name=MODEL)
-        v1 = register_model(ws, cfg, tiny_model_dir, metrics={"bpc": 3.25, "rougeL": 0.125},
-                            tags={"dataset_version": "ds-readable-1"})
-        v2 = register_model(ws, cfg, tiny_model_dir, metrics={"bpc": 2.5, "rougeL": 0.25},
-                            tags={"dataset_version": "ds-readable-1"}, parent_version=v1)
-        set_alias(ws, MODEL, "champion", v1, reason="first champion", action="promote")
-        set_alias(ws, MODEL, "champion", v2, reason="better bpc", action="promote")
+        first, second = {"bpc": 3.25, "unigram_bpc": 4.0, "rougeL": 0.125}, {"bpc": 2.5, "unigram_bpc": 4.0, "rougeL": 0.25}
+        v1 = register_model(ws, cfg, tiny_model_dir, metrics=first, tags={"dataset_version": "ds-readable-1"})
+        assert gate(ws, cfg, v1, first).promote
+        v2 = register_model(ws, cfg, tiny_model_dir, metrics=second, tags={"dataset_version": "ds-readable-1"},
+                            parent_version=v1)
+        d2 = gate(ws, cfg, v2, second)
+        assert d2.promote and d2.champion_version == v1 and d2.champion == first, d2
         rollback(ws, MODEL, reason="bad answers in production")
         set_alias(ws, MODEL, "champion", v2, reason="fixed serving", action="promote")
-        assert version_metrics(ws, MODEL, v2) == {"bpc": 2.5, "rougeL": 0.25}   # metrics live on the run's model
+        assert version_metrics(ws, MODEL, v2) == second   # metrics live on the run's model
 
         shot = tmp_path / "registered-model-page.png"
         _chrome(chromium, tmp_path / "chrome-shot", f"{url}/#/models/{MODEL}", f"--screenshot={shot}")
@@ -82,7 +84,7 @@ def test_model_page_shows_readable_tags_and_no_audit_or_metric_tags(tmp_path, ti
 
         # rendered, not an empty shell: the model's name, both versions, their tags and the alias are on the page
         assert MODEL in page and f"Version {v1}" in page and f"Version {v2}" in page, page[:2000]
-        for readable in ("dataset_version", "parent_version", "champion"):
+        for readable in ("dataset_version", "parent_version", "decision", "champion", "challenger"):
             assert readable in page, readable
         assert MODEL in version_page and "ds-readable-1" in version_page and "parent_version" in version_page
         for text in (page, version_page):
@@ -101,10 +103,12 @@ def test_model_page_shows_readable_tags_and_no_audit_or_metric_tags(tmp_path, ti
         assert out.exit_code == 0, out.output
         trail = json.loads(out.stdout)
         assert trail["artifact"].startswith("runs:/") and trail["artifact"].endswith("/alias-audit.jsonl")
-        done = [(e["action"], e["from_version"], e["to_version"], e["why"]) for e in trail["lines"] if e["state"] == "done"]
-        assert done == [("promote", None, v1, "first champion"), ("promote", v1, v2, "better bpc"),
-                        ("rollback", v2, v1, "bad answers in production"), ("promote", v1, v2, "fixed serving")]
+        done = [(e["action"], e["from_version"], e["to_version"]) for e in trail["lines"]
+                if e["state"] == "done" and e["alias"] == "champion"]
+        assert done == [("promote", None, v1), ("promote", v1, v2), ("rollback", v2, v1), ("promote", v1, v2)]
+        assert [e["why"] for e in trail["lines"] if e["alias"] == "champion"][-4:] == [
+            "bad answers in production", "bad answers in production", "fixed serving", "fixed serving"]
         assert {e["who"] for e in trail["lines"]} == {"ui-tester"}
         shown = CliRunner().invoke(app, ["audit", "--model", MODEL])
         assert shown.exit_code == 0 and "alias audit trail" in shown.stdout, shown.output
-        assert shown.stdout.count("rollback") == 2 and shown.stdout.count("ui-tester") == 8   # pending + done each
+        assert shown.stdout.count("rollback") == 2 and shown.stdout.count("ui-tester") == 12   # 6 moves: pending, done
