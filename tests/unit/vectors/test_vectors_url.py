@@ -1,0 +1,43 @@
+"""vectors.url: a Qdrant server client, checked against qdrant-client's own contract only.
+
+No Qdrant server installs here (no package on PyPI or Debian carries one), so no test starts one. What is
+checked: with `vectors.url` set, lmforge hands qdrant-client a remote client for that URL and key (never
+local mode, never the workspace folder), and an unreachable server fails the indexing instead of passing.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.index import close_clients, index_dataset, qdrant_client
+from tests.conftest import free_port
+from tests.unit.features.fakedata import make_dataset
+
+
+@pytest.fixture
+def ws(workspace):
+    yield workspace
+    close_clients()
+
+
+def test_url_gives_a_remote_client_for_that_server(ws):
+    from qdrant_client.qdrant_remote import QdrantRemote
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.warns(UserWarning, match="insecure"):   # qdrant-client warns of a key over plain http
+        client = qdrant_client(ws, VectorsConfig(url=url, api_key="k"))
+    remote = client._client   # qdrant-client's transport: QdrantRemote for a server, QdrantLocal for a folder
+    assert isinstance(remote, QdrantRemote)
+    assert remote.rest_uri.rstrip("/") == url and remote._api_key == "k"
+    assert not ws.qdrant.exists()   # local mode would have created the folder
+    assert qdrant_client(ws, VectorsConfig(url=url, api_key="k")) is client   # one client per server per process
+
+
+def test_an_unreachable_server_fails_the_indexing(ws):
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    version, _ = make_dataset(ws)
+    cfg = VectorsConfig(url=f"http://127.0.0.1:{free_port()}", embedder="hashing", hash_dim=32, timeout_s=2)
+    with pytest.raises(ResponseHandlingException, match="Connection refused"):   # qdrant-client's own error
+        index_dataset(ws, version, cfg)
