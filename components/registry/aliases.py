@@ -163,8 +163,9 @@ def history(ws: Workspace, model_name: str, *, alias: str | None = None) -> list
     if any(m.state == PENDING for m in records.values()):
         with claim(client, model_name):
             records = _settle(ws, log, model_name, _records(log))
-    moves = sorted((m for m in records.values() if m.state == DONE), key=lambda m: m.time_ns)
-    return [m for m in moves if alias is None or m.alias == alias]
+    # in the trail's order, which the claim made the order of the moves; time_ns comes from each mover's
+    # own clock, and movers on several hosts need not agree
+    return [m for m in records.values() if m.state == DONE and (alias is None or m.alias == alias)]
 
 
 def audit_trail(ws: Workspace, model_name: str) -> tuple[str | None, list[dict[str, object]]]:
