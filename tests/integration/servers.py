@@ -324,14 +324,16 @@ def prefect_server(tmp: Path, db_url: str | None = None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def dask_cluster(tmp: Path, workers: int = 2) -> Iterator[str]:
-    """`dask scheduler` plus `workers` single-threaded `dask worker` processes; yields tcp://127.0.0.1:<port>."""
+def dask_cluster(tmp: Path, workers: int = 2, env: dict[str, str] | None = None) -> Iterator[str]:
+    """`dask scheduler` plus `workers` single-threaded `dask worker` processes; yields tcp://127.0.0.1:<port>.
+
+    `env` adds to the processes' environment (a HOME of the test's own, for instance)."""
     dask = _need_binary(VENV_BIN / "dask", PIP_FIX.format(pkg="distributed"))
     root = Path(tmp) / "dask"
     root.mkdir(parents=True, exist_ok=True)
     port = free_port()
     address = f"tcp://{HOST}:{port}"
-    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "false"}
+    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "false", **(env or {})}
     scheduler = service.Service("dask scheduler", [dask, "scheduler", "--host", HOST, "--port", str(port),
                                                    "--no-dashboard"],
                                 log=root / "scheduler.log", env=env, cwd=root, ready=_port_open(port), address=address)
