@@ -75,3 +75,16 @@ def test_a_version_with_no_dataset_here_and_none_travelled_is_refused_with_the_f
     with pytest.raises(UserError, match="none travelled") as e:
         served_model(workspace, cfg)
     assert "dataset_version=elsewhere" in str(e.value) and "lmforge run evaluate" in str(e.value)
+
+
+def test_gating_on_the_champions_set_refuses_a_champion_that_carries_none(workspace, tiny_model_dir):
+    from lmforge.components.registry import set_alias
+    from lmforge.flows.evaluate import on_champion_set
+
+    cfg = load_config(TINY_CONFIG, ["evaluation.gate_set=champion"])
+    assert on_champion_set(workspace, cfg, tiny_model_dir, 64) is None          # no champion: nothing to compare
+    v = serve(workspace, tiny_model_dir, "elsewhere", model_name=cfg.registry.model_name)   # registered, no bundle
+    set_alias(workspace, cfg.registry.model_name, "champion", v, reason="test: champion without a set")
+    with pytest.raises(UserError, match=f"champion v{v}'s evaluation set, and none travelled") as e:
+        on_champion_set(workspace, cfg, tiny_model_dir, 64)
+    assert 'evaluation.gate_set = "candidate"' in str(e.value)
