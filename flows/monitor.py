@@ -147,6 +147,7 @@ def _summary(cfg: PipelineConfig, version: str, ref_meta: dict[str, Any], a: Ass
         "log": {"requests_read": a.requests_read, "corrupt_lines_skipped": a.corrupt_lines,
                 "window_minutes": m.window_minutes, "decision_windows": m.decision_windows},
         "reference": {"dataset_version": version, "served_version": ref_meta.get("served_version"),
+                      "dataset_source": ref_meta.get("dataset_source", "workspace"),
                       "split": m.reference_split, "rows": ref_meta["rows"], "modules": ref_meta["modules"]},
         "trigger": trigger,
     }
