@@ -47,7 +47,7 @@ def test_ordinary_names_still_load(key, value):
     assert getattr(getattr(cfg, section), field) == value
 
 
-@pytest.mark.parametrize("config", ["demo", "tiny"])
+@pytest.mark.parametrize("config", ["demo", "tiny", "scaleout.example"])
 def test_packaged_configs_and_defaults_pass(config):
     import re
 

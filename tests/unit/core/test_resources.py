@@ -29,7 +29,7 @@ def test_a_file_in_the_current_folder_wins_over_a_packaged_name(tmp_path, monkey
 @pytest.mark.parametrize("value", ["nosuch", "configs/nosuch.toml", "/no/such/file.toml"])
 def test_an_unknown_config_names_the_packaged_ones(value, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(UserError, match="demo, tiny"):
+    with pytest.raises(UserError, match="demo, scaleout.example, tiny"):
         load_config(value)
 
 
