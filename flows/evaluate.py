@@ -14,7 +14,8 @@ The evaluation set is addressed by its content hash and logged with the register
 (the `dataset/` bundle, components/registry/travel.py, which also carries what monitoring and
 retraining need), so a workspace that did not make the champion's dataset compares on a set
 any workspace can fetch from the registry; the decision names the set that decided
-(`eval_set` in decision_json, the version's `decision_eval_set` tag, and the printed line).
+(`eval_set` in the decision artifact, gate/decision-v<N>.json of the version's run, the version's
+`decision_eval_set` tag, and the printed line).
 With evaluation.gate_set = "champion", the gate instead scores the candidate (and, unless its
 registered metrics were measured on it, the champion) on the champion's own registered set,
 fetched by hash: the comparison then never depends on this workspace's data.

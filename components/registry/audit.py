@@ -40,7 +40,7 @@ PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 
 
 @contextlib.contextmanager
-def _no_progress_bar() -> Iterator[None]:
+def no_progress_bar() -> Iterator[None]:
     """mlflow draws a "Downloading artifacts" bar on stderr for one small file; reading the trail (history,
     every move) must not, as `lmforge registry history --json` and callers' own output share the terminal."""
     before = os.environ.get(PROGRESS_BAR_ENV)
@@ -94,7 +94,7 @@ class AuditLog:
         names = {Path(f.path).name for f in with_retries(lambda: self.client.list_artifacts(run_id), **RETRY)}
         if ARTIFACT not in names:
             return []
-        with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+        with tempfile.TemporaryDirectory() as tmp, no_progress_bar():
             path = with_retries(lambda: self.client.download_artifacts(run_id, ARTIFACT, tmp), **RETRY)
             text = Path(path).read_text()
         return [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -110,6 +110,6 @@ class AuditLog:
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / ARTIFACT
             path.write_text(text)
-            with _no_progress_bar():
+            with no_progress_bar():
                 with_retries(lambda: self.client.log_artifact(run_id, str(path)), **RETRY)
         self._read = new

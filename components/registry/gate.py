@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from lmforge.components.registry.aliases import AliasConflict, current, set_alias
+from lmforge.components.registry.audit import no_progress_bar
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.registry.store import finite, version_metrics
 from lmforge.components.sections.deploy import DEFAULT_DEPLOYMENT
@@ -196,9 +197,30 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
             reason = decision.reason
     use_workspace(ws)
     client = MlflowClient()
+    # The whole decision is an artifact of the version's run (a tag would be cut at MLflow's length limit and
+    # crowd the Versions table); the version keeps the readable outcome, reason and deciding set.
+    run_id = client.get_model_version(cfg.model_name, name).run_id
+    with no_progress_bar():
+        with_retries(lambda: client.log_text(run_id, json.dumps(decision.to_dict(), indent=2), decision_path(name)),
+                     attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
     for key, value in (("decision", decision.outcome), ("decision_reason", reason[:4000]),
-                       ("decision_json", json.dumps(decision.to_dict())[:8000]),
                        *((("decision_eval_set", eval_set.sha256),) if eval_set is not None else ())):
         with_retries(lambda k=key, v=value: client.set_model_version_tag(cfg.model_name, name, k, v),
                      attempts=cfg.register_retries, backoff_s=cfg.retry_backoff_s)
     return decision
+
+
+def decision_path(version: str) -> str:
+    """Where a version's gate decision lies among its run's artifacts."""
+    return f"gate/decision-v{version}.json"
+
+
+def read_decision(ws: Workspace, model_name: str, version: str) -> dict[str, Any]:
+    """The gate's whole decision for `version` (what it compared, on which evaluation set, and why)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    use_workspace(ws)
+    run_id = MlflowClient().get_model_version(model_name, version).run_id
+    with no_progress_bar():
+        return json.loads(mlflow.artifacts.load_text(f"runs:/{run_id}/{decision_path(version)}"))

@@ -32,7 +32,7 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
     from mlflow import MlflowClient
 
     from lmforge.components.registry import current, set_alias
-    from lmforge.components.registry.gate import production_alias
+    from lmforge.components.registry.gate import production_alias, read_decision
     from lmforge.components.registry.travel import fetch_dataset_bundle
     from lmforge.components.requestlog import RequestLog
     from lmforge.components.workspace import Workspace
@@ -100,7 +100,8 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
         # The gate compared on B's evaluation set, logged with v2 and named (by hash) in the decision.
         client = MlflowClient()
         mv = client.get_model_version(NAME, "2")
-        decision = json.loads(mv.tags["decision_json"])
+        assert "decision_json" not in mv.tags                # the whole decision is an artifact of v2's run
+        decision = read_decision(ws_b, NAME, "2")
         eval_set = decision["eval_set"]
         assert eval_set["logged_with"] == "v2" and eval_set["dataset_version"] != dataset_a
         assert mv.tags["decision_eval_set"] == eval_set["sha256"]
