@@ -330,12 +330,22 @@ def main(argv: list[str] | None = None) -> int:
         micro, done = nxt, step + 1
         logging_step = done % cfg.log_every == 0 or done == cfg.max_steps or done == start + 1
         measure_mem = logging_step and state_mem_step < start + 2
+        # DeepSpeed's 1F1B, on a step whose bubble is logged: the stages start and end its clock together, as
+        # torch's schedules do (schedules.py). Unbounded, each stage timed from the end of its own optimizer step,
+        # so the first stage's wait for the last one's first backward overlapped the last stage's previous step,
+        # and the last stage's wait for the first one's final backward fell outside its step: 1F1B read below
+        # (p-1)/m in every benchmark run (benchmarks/results/parallel.md).
+        bounded = pp > 1 and not torch_pp and logging_step
+        if bounded:
+            comms.barrier()
         t0 = time.perf_counter()
         if pp > 1:
             held: dict[str, int] = {}
             if measure_mem and not torch_pp:
                 measure_at_step(engine, held)
             loss = engine.train_batch(iter(micro)).detach().float()
+            if bounded:
+                comms.barrier()
             if measure_mem:
                 state_mem, state_mem_step = held or model_state_bytes(engine), done
         else:
