@@ -7,7 +7,7 @@
         with seaweed_s3(tmp) as s3, redis(tmp) as redis_url, dask_cluster(tmp, workers=2) as scheduler:
             bucket = s3.create_bucket("lmforge")
             with mlflow_server(tmp, backend_uri=mlflow_db, artifacts_destination=f"s3://{bucket}/mlflow",
-                               s3_endpoint=s3.endpoint) as url, \
+                               s3=s3) as url, \
                  prefect_server(tmp, pg.create_database("prefect", driver="postgresql+asyncpg")) as api:
                 ...
 
@@ -21,12 +21,14 @@ with the command that installs it (scripts/bootstrap.sh installs them all).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
 import sys
-import time
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,6 @@ from lmforge.components import service
 from lmforge.components.ports import free_port
 
 VENV_BIN = Path(sys.executable).parent
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 HOST = "127.0.0.1"
 
 # Bounds on start-up, generous against the times seen on 2 busy cores (PostgreSQL < 1 s,
@@ -122,11 +123,16 @@ class Postgres:
             conn.close()
 
 
-def _postgres_home(tmp: Path) -> Path:
-    """A folder the `postgres` user can create its data directory in: pytest's tmp folders are 0700 root."""
-    base = Path(os.environ.get("LMFORGE_PG_TMP", "/tmp"))
-    home = Path(subprocess.run(["mktemp", "-d", str(base / "lmforge-pg-XXXXXX")], check=True,
-                               capture_output=True, text=True).stdout.strip())
+def _pg_bin() -> Path:
+    """The newest installed PostgreSQL's bin folder (Debian keeps each major version apart)."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name)
+                   if p.parent.parent.name.isdigit() else 0)
+    return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
+
+
+def _postgres_home() -> Path:
+    """A folder the `postgres` user can own and reach: pytest's tmp folders are root's alone (0700)."""
+    home = Path(tempfile.mkdtemp(prefix="lmforge-pg-", dir="/tmp"))
     home.chmod(0o755)
     shutil.chown(home, user="postgres", group="postgres")
     return home
@@ -134,21 +140,28 @@ def _postgres_home(tmp: Path) -> Path:
 
 @contextlib.contextmanager
 def postgres(tmp: Path) -> Iterator[Postgres]:
-    """PostgreSQL 15 on a free loopback port, trust auth for local connections; removed again at the end."""
+    """PostgreSQL on a free loopback port, trust auth for local connections; its data removed again at the end."""
     fix = APT_FIX.format(pkg="postgresql")
-    initdb = _need_binary(PG_BIN / "initdb", fix)
-    postgres_bin = _need_binary(PG_BIN / "postgres", fix)
+    initdb = _need_binary(_pg_bin() / "initdb", fix)
+    postgres_bin = _need_binary(_pg_bin() / "postgres", fix)
     _need_module("psycopg2", "psycopg2-binary")
     as_user: list[str] = []
-    if os.geteuid() == 0:  # initdb refuses root
-        as_user = [_need_binary("runuser", "util-linux provides runuser"), "-u", "postgres", "--"]
-    home = _postgres_home(tmp) if as_user else Path(tmp) / "postgres"
+    if os.geteuid() == 0:  # initdb refuses root: run it and the server as the `postgres` user
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip(f"there is no `postgres` user to run PostgreSQL as: {fix}")
+        as_user = [_need_binary("runuser", "apt-get install -y util-linux"), "-u", "postgres", "--"]
+    home = _postgres_home() if as_user else Path(tmp) / "postgres"
     data = home / "data"
     try:
-        subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync",
-                        "-E", "UTF8", "--locale", "C"], check=True, capture_output=True, text=True, timeout=120)
+        init = subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync",
+                               "-E", "UTF8", "--locale", "C"], capture_output=True, text=True, timeout=120)
+        if init.returncode != 0:
+            raise service.ServiceNotReady("postgres", data, f"initdb failed ({init.returncode}): "
+                                          f"{init.stderr.strip()[-1000:]}", "See the message above")
         port = free_port()
-        # fsync off: a test database that a crash may lose; unix sockets in the data dir, not /var/run.
+        # fsync off: a test database that a crash may lose; unix sockets in its own folder, not /var/run.
         cmd = [*as_user, postgres_bin, "-D", str(data), "-h", HOST, "-p", str(port), "-k", str(home),
                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
         svc = service.Service("postgres", cmd, log=Path(tmp) / "postgres.log", ready=_pg_ready(port),
@@ -213,20 +226,29 @@ def seaweed_s3(tmp: Path) -> Iterator[S3]:
     _need_module("boto3", "boto3")
     root = Path(tmp) / "seaweed"
     (root / "data").mkdir(parents=True, exist_ok=True)
-    s3 = S3(endpoint="")
-    config = root / "s3.json"
-    config.write_text('{"identities": [{"name": "lmforge", "credentials": [{"accessKey": "%s", "secretKey": "%s"}],'
-                      ' "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}' % (s3.access_key, s3.secret_key))
-    master, volume, filer, s3_port = (free_port() for _ in range(4))
-    cmd = [weed, "server", "-ip", HOST, "-ip.bind", HOST, "-dir", str(root / "data"),
-           f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-           "-master.port.grpc", str(free_port()), "-volume.port.grpc", str(free_port()),
-           "-filer.port.grpc", str(free_port()),
-           "-s3", f"-s3.port={s3_port}", f"-s3.config={config}", "-volume.max=0", "-master.volumeSizeLimitMB=64"]
+    ports = [free_port() for _ in range(8)]
+    master, volume, filer, s3_port, master_grpc, volume_grpc, filer_grpc, s3_grpc = ports
     s3 = S3(endpoint=f"http://{HOST}:{s3_port}")
+    config = root / "s3.json"   # one identity: the gateway then refuses anonymous requests, as S3 does
+    config.write_text(json.dumps({"identities": [{
+        "name": s3.access_key, "credentials": [{"accessKey": s3.access_key, "secretKey": s3.secret_key}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    # Every port free and explicit: a gRPC port defaults to its HTTP port + 10000 (past 65535 for a high free
+    # port), and the Iceberg catalog to a fixed 8181 (off here). No telemetry: nothing leaves the machine.
+    # -volume.max=0: as many volumes as the disk allows; 64 MB volumes keep the preallocation small.
+    cmd = [weed, "server", "-ip", HOST, "-ip.bind", HOST, "-dir", str(root / "data"), "-master.telemetry=false",
+           f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+           f"-master.port.grpc={master_grpc}", f"-volume.port.grpc={volume_grpc}", f"-filer.port.grpc={filer_grpc}",
+           "-s3", f"-s3.port={s3_port}", f"-s3.port.grpc={s3_grpc}", "-s3.port.iceberg=0",
+           f"-s3.config={config}", "-volume.max=0", "-master.volumeSizeLimitMB=64"]
     svc = service.Service("seaweedfs", cmd, log=Path(tmp) / "seaweed.log", ready=_s3_ready(s3), address=s3.endpoint)
-    with _running(svc, timeout=S3_TIMEOUT_S, grace=1.0):  # `weed` ignores SIGTERM: SIGKILL after a second
-        yield s3
+    try:
+        with _running(svc, timeout=S3_TIMEOUT_S, grace=1.0):  # `weed` ignores SIGTERM: SIGKILL after a second
+            yield s3
+    finally:  # killed, it leaves its unix sockets in /tmp, each named for one of its ports
+        for port in ports:
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
 
 def _s3_ready(s3: S3):
@@ -264,11 +286,12 @@ def redis(tmp: Path) -> Iterator[str]:
 
 @contextlib.contextmanager
 def mlflow_server(tmp: Path, backend_uri: str | None = None, artifacts_destination: str | None = None,
-                  s3_endpoint: str | None = None, s3: S3 | None = None) -> Iterator[str]:
+                  s3: S3 | None = None) -> Iterator[str]:
     """`mlflow server` proxying artifacts; yields its http URL (what MLFLOW_TRACKING_URI takes).
 
     backend_uri defaults to SQLite under `tmp`, artifacts_destination to a folder under `tmp`.
-    With S3, the endpoint and keys go to the server only: clients upload through the server's proxy.
+    With `s3` (an s3:// destination), its endpoint and keys go to the server only: clients upload
+    and download through the server's proxy (mlflow-artifacts:/), as they would in production.
     """
     mlflow = _need_binary(VENV_BIN / "mlflow", PIP_FIX.format(pkg="mlflow"))
     root = Path(tmp) / "mlflow-server"
@@ -281,10 +304,8 @@ def mlflow_server(tmp: Path, backend_uri: str | None = None, artifacts_destinati
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI"):
         env.pop(var, None)
     if s3 is not None:
-        env.update(s3.env())
-    if s3_endpoint:
         _need_module("boto3", "boto3")
-        env["MLFLOW_S3_ENDPOINT_URL"] = s3_endpoint
+        env.update(s3.env())
     port = free_port()
     url = f"http://{HOST}:{port}"
     cmd = [mlflow, "server", "--host", HOST, "--port", str(port), "--workers", "1",
@@ -360,11 +381,3 @@ def _wait_for_workers(address: str, n: int, *, timeout: float, log: Path) -> Non
             raise service.ServiceNotReady("dask cluster", address, f"had fewer than {n} workers after {timeout:.0f} s: "
                                           f"{service.log_tail(log)}", f"See {log.parent}") from e
 
-
-def wait_until(probe, *, timeout: float, what: str) -> None:
-    """Poll `probe()` until true, or fail the test after `timeout` s naming `what`."""
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} not seen within {timeout:.0f} s")
-        time.sleep(0.2)
