@@ -271,7 +271,10 @@ class IdleClock:
     The bubble of a stage is the part of its schedule in which it does no forward or
     backward work: 1 - (forward + backward) / (step time - optimizer and gradient reduction).
     Waits at the end of the step (a later stage finishing its last backward) count, which is
-    why this does not time the send/receive instructions alone.
+    why this does not time the send/receive instructions alone. rank.py bounds a logged step
+    with a barrier before and after `train_batch`, so every stage's step spans the same
+    schedule (as torch's schedules do in schedules.py); without it a stage's clock starts when
+    its own previous optimizer step ends, and the waits the formula counts go partly unseen.
 
     On CUDA the clock waits for the device (torch.cuda.synchronize on the engine's device)
     before each reading: kernels run asynchronously, so without it an instruction's time would
