@@ -26,7 +26,7 @@ Persisted task and flow results go to <workspace>/prefect/storage in every mode 
 PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK, in the environment or the active profile). Tasks on
 Dask workers write there too: Prefect sends the flow run's settings with each task. With workers
 on other hosts, that path is on each worker's own disk: a shared store is the Prefect server's
-default result storage (`prefect result-storage set <block>`, e.g. an S3 block), which Prefect
+default result storage (`prefect experimental result-storage set <block>`, e.g. an S3 block), which Prefect
 prefers to the local path, so it wins over this default (tests/integration/test_prefect_results_on_workers.py).
 """
 

@@ -4,7 +4,7 @@ A real Prefect server and a Dask scheduler with 2 workers (tests/integration/ser
 workers with a HOME of their own, as on other hosts. First no result storage is configured: the
 results go to <workspace>/prefect/storage (Prefect sends the flow run's settings with each task),
 nothing to anyone's ~/.prefect. Then the platform sets the server's default result storage
-(`prefect result-storage set <block>`; here a local-file-system block standing in for an S3 one,
+(`prefect experimental result-storage set <block>`; here a local-file-system block standing in for an S3 one,
 which needs s3fs on the workers): lmforge's workspace default must not override it, and the
 results go there, as JSON.
 """
