@@ -163,10 +163,17 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
     Only the vectors (n x dim float32), ids and splits are kept for the whole corpus, for the
     near-duplicate search; texts and payloads live one batch at a time.
     """
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
     embedder = embedder or make_embedder(cfg)
     client = qdrant_client(ws, cfg)
     name = collection_name(cfg, version, embedder)
-    created = ensure_collection(client, name, embedder, server=cfg.url is not None)
+    try:
+        created = ensure_collection(client, name, embedder, server=cfg.url is not None)
+    except ResponseHandlingException as e:   # qdrant-client's error when the server cannot be reached at all
+        raise UserError("vectors.url", cfg.url, f"cannot be reached ({e})",
+                        "Start the Qdrant server at that address (check host, port and api_key), "
+                        "or remove vectors.url to index into the workspace in Qdrant's local mode") from e
     fast_writes = cfg.url is None and tune_local_storage(client)
     ids: list[str] = []
     splits: list[str] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from lmforge.components.errors import UserError
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.vectors.index import close_clients, index_dataset, qdrant_client
 from tests.conftest import free_port
@@ -34,10 +35,11 @@ def test_url_gives_a_remote_client_for_that_server(ws):
     assert qdrant_client(ws, VectorsConfig(url=url, api_key="k")) is client   # one client per server per process
 
 
-def test_an_unreachable_server_fails_the_indexing(ws):
-    from qdrant_client.http.exceptions import ResponseHandlingException
-
+def test_an_unreachable_server_fails_the_indexing_naming_the_setting(ws):
     version, _ = make_dataset(ws)
-    cfg = VectorsConfig(url=f"http://127.0.0.1:{free_port()}", embedder="hashing", hash_dim=32, timeout_s=2)
-    with pytest.raises(ResponseHandlingException, match="Connection refused"):   # qdrant-client's own error
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg = VectorsConfig(url=url, embedder="hashing", hash_dim=32, timeout_s=2)
+    with pytest.raises(UserError, match="cannot be reached") as e:
         index_dataset(ws, version, cfg)
+    assert e.value.what == "vectors.url" and url in str(e.value) and "Connection refused" in str(e.value)
+    assert "remove vectors.url" in e.value.fix
