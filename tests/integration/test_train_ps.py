@@ -18,7 +18,7 @@ from tests.integration.train_support import make_dataset, run_training, tiny_tra
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STRATEGIES = ("ps-sync", "async-sgd", "hogwild", "easgd")
-STEPS = 60
+STEPS = 100
 SETTINGS = {"precision": "fp32", "max_steps": STEPS, "warmup_steps": 5, "lr": 0.01}
 
 
