@@ -20,6 +20,7 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.registry.claim import BREAK_INFIX, CLAIM_SUFFIX
+from lmforge.components.registry.store import aliases_by_version
 from lmforge.components.tracking import registry_client, registry_label
 from lmforge.components.workspace import Workspace
 
@@ -75,10 +76,7 @@ def registered_models(ws: Workspace, name: str | None = None) -> list[dict[str, 
             if rm.name.endswith(CLAIM_SUFFIX) or CLAIM_SUFFIX + BREAK_INFIX in rm.name:
                 continue   # an alias move's claim (registry/claim.py), not a model: `lmforge registry claims` lists them
             aliases = {a: str(v) for a, v in (rm.aliases or {}).items()}
-            # search_model_versions leaves aliases empty on the SQL store: the registered model holds them all
-            by_version: dict[str, list[str]] = {}
-            for alias, v in aliases.items():
-                by_version.setdefault(v, []).append(alias)
+            by_version = aliases_by_version(aliases)
             versions = [{"version": str(mv.version), "aliases": sorted(by_version.get(str(mv.version), [])),
                          "tags": dict(mv.tags or {}), "run_id": mv.run_id} for mv in _versions(client, rm.name)]
             out.append({"model": rm.name, "aliases": aliases, "versions": versions})

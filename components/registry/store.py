@@ -263,6 +263,15 @@ def name_filter(model_name: str) -> str:
     return f"name='{model_name}'"
 
 
+def aliases_by_version(aliases: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """A registered model's {alias: version} turned into {version: [aliases]}. search_model_versions leaves a
+    version's aliases empty on the SQL store; the registered model holds them all."""
+    by_version: dict[str, list[str]] = {}
+    for alias, v in (aliases or {}).items():
+        by_version.setdefault(str(v), []).append(alias)
+    return by_version
+
+
 def list_versions(ws: Workspace, model_name: str) -> list[dict[str, Any]]:
     """Every version, newest first, with its aliases, lineage tags and metrics."""
     from mlflow import MlflowClient
@@ -270,10 +279,7 @@ def list_versions(ws: Workspace, model_name: str) -> list[dict[str, Any]]:
     use_workspace(ws)
     client = MlflowClient()
     versions = client.search_model_versions(name_filter(model_name))
-    # search_model_versions leaves aliases empty on the SQL store; the registered model has them all
-    by_version: dict[str, list[str]] = {}
-    for alias, v in (client.get_registered_model(model_name).aliases or {}).items() if versions else ():
-        by_version.setdefault(str(v), []).append(alias)
+    by_version = aliases_by_version(client.get_registered_model(model_name).aliases if versions else None)
     rows = []
     for mv in sorted(versions, key=lambda m: -int(m.version)):
         tags = dict(mv.tags)
