@@ -37,6 +37,7 @@ from lmforge.components.ports import free_port
 from lmforge.components.training.ops import load_ops
 from lmforge.components.training.protocol import (
     EVENT_PREFIX,
+    STOPPED_PREFIX,
     SUPERVISOR_ENV,
     USER_ERROR_PREFIX,
     RankRequest,
@@ -117,6 +118,7 @@ class _Tail:
         self.pos, self.buf = 0, ""
         self.last: collections.deque[str] = collections.deque(maxlen=25)
         self.traceback = self.peer_lost = False  # over the whole log: a long traceback outgrows `last`
+        self.stopped = False                     # the rank said it was stopped by SIGTERM (protocol.py, STOPPED_PREFIX)
 
     def poll(self) -> None:
         with open(self.path, encoding="utf-8", errors="replace") as f:
@@ -133,6 +135,7 @@ class _Tail:
         self.last.append(line)
         self.traceback |= "Traceback (most recent call last)" in line or line.startswith(USER_ERROR_PREFIX)
         self.peer_lost |= self.traceback and bool(_PEER_LOST.search(line))
+        self.stopped |= line.startswith(STOPPED_PREFIX)
 
     def flush(self) -> None:
         self.poll()
@@ -242,13 +245,13 @@ def _failed_rank(tails: list[_Tail]) -> tuple[int | None, list[str]]:
 
     A rank whose own code failed prints a traceback that is not about lost peers; when one
     rank dies without a word (SIGKILL, out of memory), the others fail in a collective with
-    a lost-peer error (or are terminated by the launcher), so the silent one is the culprit.
+    a lost-peer error or say they were stopped by the launcher's SIGTERM, so the silent one is the culprit.
     """
     tails = sorted(tails, key=lambda t: t.rank)
     own = [t for t in tails if t.traceback and not t.peer_lost]
     if own:
         return own[0].rank, list(own[0].last)
-    silent = [t for t in tails if not t.traceback]
+    silent = [t for t in tails if not t.traceback and not t.stopped]
     if silent and len(silent) < len(tails):
         return silent[0].rank, list(silent[0].last)
     return (None, list(tails[0].last)) if tails else (None, [])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -34,6 +35,9 @@ from lmforge.components.training.layout import Layout
 # A line a rank prints that starts with one of these is a message to the launcher, not log text.
 EVENT_PREFIX = "LMFORGE_EVENT "
 USER_ERROR_PREFIX = "LMFORGE_USER_ERROR "
+# The last line of a rank stopped by SIGTERM: DeepSpeed's launcher terminates every rank once one has failed, and a rank
+# it stops before that rank has seen the lost peer would otherwise look as silent as the one that died.
+STOPPED_PREFIX = "LMFORGE_STOPPED "
 # "host:pid" of the process that launched training. The deepspeed runner lives in its own
 # session (so that a failure can kill its whole group); if the launching process is killed
 # outright (SIGKILL, OOM), nothing would stop the ranks, so each rank watches it instead.
@@ -128,6 +132,17 @@ def watch_supervisor(*, interval_s: float = 2.0) -> None:
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
+def _say_stopped_and_exit(signum: int, _frame: Any) -> None:
+    """SIGTERM in a rank: one STOPPED_PREFIX line, then exit as the default action would (128 + the signal).
+
+    os.write, not print: a handler may run while the main thread is inside print, and the buffered stream is not
+    reentrant. The launcher (launcher.py, _failed_rank) then knows this rank was stopped, not the one that failed.
+    """
+    line = f"{STOPPED_PREFIX}this rank received {signal.Signals(signum).name}: a peer failed or the run was stopped\n"
+    os.write(sys.stdout.fileno(), line.encode())
+    os._exit(128 + signum)
+
+
 def run_rank(main: Any) -> None:
     """A rank entry's `__main__`: exit with main()'s code; a UserError becomes one USER_ERROR_PREFIX line,
     which the launcher turns back into the same UserError in the parent process, and exit code 2."""
@@ -135,6 +150,7 @@ def run_rank(main: Any) -> None:
 
     from lmforge.components.errors import UserError
 
+    signal.signal(signal.SIGTERM, _say_stopped_and_exit)
     try:
         code = main()
     except UserError as e:
