@@ -158,3 +158,12 @@ def mfu(*, tokens_per_s: float, flops_per_token: float, peak_flops: float) -> fl
                           f"the peak {peak_flops:.4g} FLOP/s; the peak (delete the cached figure in ~/.cache/lmforge/"
                           f"hardware.json to re-measure it) or the FLOP count is wrong")
     return value
+
+
+def devices_in_job(device_type: str, world: int) -> int:
+    """How many devices' peaks the job's throughput is measured against: every GPU, or every
+    machine when the ranks are CPU processes that share one machine's cores."""
+    if device_type == "cuda":
+        return world
+    local = int(os.environ.get("LOCAL_SIZE", world) or world)
+    return max(1, world // max(1, local))

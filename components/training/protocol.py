@@ -17,6 +17,8 @@ naming the key, instead of as a KeyError (or a silently ignored setting) minutes
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
 import signal
@@ -48,6 +50,22 @@ REQUEST_GLOB = "request-*.json"
 METRICS_FILE = "metrics.jsonl"
 # "rank:seconds": that rank sleeps this long every step, a straggler on purpose (benchmarks/bench_ps.py).
 STRAGGLER_ENV = "LMFORGE_STRAGGLER"
+
+
+def parse_rank_args(argv: list[str]) -> argparse.Namespace:
+    """A rank's command line: --request <file>."""
+    # Launchers other than ours may still append --local_rank=N; the rank reads LOCAL_RANK instead.
+    argv = [a for a in argv if not a.startswith("--local_rank")]
+    p = argparse.ArgumentParser(prog="lmforge.components.training.rank")
+    p.add_argument("--request", required=True, type=Path)
+    return p.parse_args(argv)
+
+
+def emit_event(run_dir: Path, event: dict[str, Any]) -> None:
+    """Rank 0's step event: one line appended to <run>/METRICS_FILE, and printed after EVENT_PREFIX for the launcher."""
+    with open(run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(event) + "\n")
+    print(EVENT_PREFIX + json.dumps(event), flush=True)
 
 
 def straggler_delay(rank: int) -> float:
@@ -146,8 +164,6 @@ def _say_stopped_and_exit(signum: int, _frame: Any) -> None:
 def run_rank(main: Any) -> None:
     """A rank entry's `__main__`: exit with main()'s code; a UserError becomes one USER_ERROR_PREFIX line,
     which the launcher turns back into the same UserError in the parent process, and exit code 2."""
-    import json
-
     from lmforge.components.errors import UserError
 
     signal.signal(signal.SIGTERM, _say_stopped_and_exit)

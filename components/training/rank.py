@@ -17,107 +17,27 @@ of the memory figures); throughput is taken over the steps since the last log.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from lmforge.components.training.collectives import DeviceCollectives, memory_rows
 from lmforge.components.training.layout import Layout
+from lmforge.components.training.perf import devices_in_job
 from lmforge.components.training.protocol import (
-    EVENT_PREFIX,
-    METRICS_FILE,
     RankRequest,
+    emit_event,
+    parse_rank_args,
     read_request,
     run_rank,
     straggler_delay,
     watch_supervisor,
 )
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    # Launchers other than ours may still append --local_rank=N; the rank reads LOCAL_RANK instead.
-    argv = [a for a in argv if not a.startswith("--local_rank")]
-    p = argparse.ArgumentParser(prog="lmforge.components.training.rank")
-    p.add_argument("--request", required=True, type=Path)
-    return p.parse_args(argv)
-
-
-def _emit(run_dir: Path, event: dict[str, Any]) -> None:
-    with open(run_dir / METRICS_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(event) + "\n")
-    print(EVENT_PREFIX + json.dumps(event), flush=True)
-
-
-class DeviceCollectives:
-    """Every tensor this rank hands to torch.distributed is made here, on the engine's device.
-
-        comms = DeviceCollectives(engine.device, world=dist.get_world_size())
-        loss = comms.mean(step_loss)                 # one all_reduce and one host read
-        per_rank = comms.gather_floats([1.0, 2.0])   # [[1.0, 2.0], [..]] from every rank
-
-    NCCL has no CPU backend ("No backend type associated with device type cpu"), so a CPU
-    tensor in a collective only fails on a GPU machine; building them in one place keeps the
-    rank loop from creating one by accident. `host` is the only device-to-host read.
-    """
-
-    def __init__(self, device: torch.device | str, *, world: int) -> None:
-        self.device, self.world = torch.device(device), world
-
-    def tensor(self, values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float64, device=self.device)
-
-    def _check(self, t: torch.Tensor) -> torch.Tensor:
-        assert t.device == self.device, f"collective on {t.device}, engine on {self.device}"
-        return t
-
-    def host(self, t: torch.Tensor) -> list[float]:
-        return t.detach().cpu().tolist()
-
-    def mean(self, value: torch.Tensor) -> float:
-        """The mean over ranks of a scalar that lives on the device."""
-        import torch.distributed as dist
-
-        t = self._check(value.detach().to(self.device, torch.float64).reshape(1))
-        dist.all_reduce(t)
-        return self.host(t)[0] / self.world
-
-    def gather_floats(self, values: list[float]) -> list[list[float]]:
-        import torch.distributed as dist
-
-        mine = self._check(self.tensor(values))
-        out = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(out, mine)
-        return [self.host(t) for t in out]
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        """Small picklable objects (the RNG states at a checkpoint). torch moves them through the
-        current device under NCCL, which the rank set with torch.cuda.set_device before init."""
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
-
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-# rss_peak: the process's high-water mark (getrusage); nvme: bytes in this rank's NVMe swap files (components/training/nvme.py)
-MEMORY_KEYS = ("params", "grads", "optimizer", "total", "rss", "device_peak", "idle_fraction", "rss_peak", "nvme")
-
-
-def memory_rows(rows: list[list[float]]) -> list[dict[str, Any]]:
-    """Per-rank memory figures from gathered float rows: byte counts back to ints."""
-    return [{k: (v if k == "idle_fraction" else int(v)) for k, v in zip(MEMORY_KEYS, row, strict=True)} for row in rows]
 
 
 def rng_state() -> dict[str, Any]:
@@ -159,19 +79,10 @@ def keep_grad_norm(engine: Any) -> None:
     engine.clip_fp32_gradients = clip
 
 
-def devices_in_job(device_type: str, world: int) -> int:
-    """How many devices' peaks the job's throughput is measured against: every GPU, or every
-    machine when the ranks are CPU processes that share one machine's cores."""
-    if device_type == "cuda":
-        return world
-    local = int(os.environ.get("LOCAL_SIZE", world) or world)
-    return max(1, world // max(1, local))
-
-
 def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     watch_supervisor()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_rank_args(sys.argv[1:] if argv is None else argv)
     req = read_request(args.request)
     hw = req.hardware
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
@@ -389,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             moe_fields = moe.event(comms.gather_floats) if moe else {}
             norm = None if torch_pp else engine.get_global_grad_norm()  # one value: reduced over the whole grid
             if rank == 0:
-                _emit(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
+                emit_event(run_dir, {"step": done, "loss": loss_val, "lr": lr, "tokens_per_s": tps, "step_s": dt,
                                 **({} if norm is None else {"grad_norm": float(norm)}),
                                 "mfu": mfu(tokens_per_s=tps, flops_per_token=token_flops, peak_flops=peak),
                                 "peak_flops": peak, "flops_per_token": token_flops,

@@ -110,7 +110,7 @@ class Ctx:
     world: int
     token_flops: float
     peak: float
-    emit: Any                     # rank.py's _emit(run_dir, event)
+    emit: Any                     # protocol.emit_event(run_dir, event)
     stats: Stats = field(default_factory=Stats)
     lr: float = 0.0
     steps_done: int = 0

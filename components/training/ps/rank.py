@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from lmforge.components.training.protocol import RankRequest, read_request, run_rank, watch_supervisor
+from lmforge.components.training.protocol import (
+    RankRequest,
+    emit_event,
+    parse_rank_args,
+    read_request,
+    run_rank,
+    watch_supervisor,
+)
 
 STATS_FILE = "ps_stats.json"
 
@@ -32,11 +39,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from lmforge.components.training.data import TokenWindows
     from lmforge.components.training.model import build_model, count_params, flops_per_token, load_tokenizer, model_config
+    from lmforge.components.training.perf import devices_in_job
     from lmforge.components.training.ps.common import Ctx, FlatParams
-    from lmforge.components.training.rank import _emit, devices_in_job, parse_args
 
     watch_supervisor()
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = parse_rank_args(sys.argv[1:] if argv is None else argv)
     req = read_request(args.request)
     threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     if threads > 0:
@@ -59,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def make_ctx(buffer: torch.Tensor | None = None) -> Ctx:
         return Ctx(req=req, model=model, flat=FlatParams(model, buffer), windows=windows, rank=rank, world=world,
-                   token_flops=token_flops, peak=peak, emit=_emit)
+                   token_flops=token_flops, peak=peak, emit=emit_event)
 
     if rank == 0:
         print(f"{strategy}: {world} workers (rank 0 is also the server), model {n_params / 1e6:.2f}M params, "

@@ -16,7 +16,7 @@ import torch
 
 from lmforge.components import accelerator
 from lmforge.components.errors import UserError
-from lmforge.components.training import perf, rank
+from lmforge.components.training import collectives, perf, rank
 from lmforge.components.training.launcher import LaunchRequest, command
 
 
@@ -205,7 +205,7 @@ def nccl_like(monkeypatch):
 
 
 def test_collectives_put_every_tensor_on_the_engine_device(nccl_like, monkeypatch):
-    comms = rank.DeviceCollectives(DEVICE, world=2)
+    comms = collectives.DeviceCollectives(DEVICE, world=2)
     monkeypatch.setattr(comms, "host", lambda t: [3.0] * t.numel())  # a meta tensor has no values to read
     cpu_loss = torch.tensor(1.5)  # built on the host, as a careless loop would
     assert comms.mean(cpu_loss) == 1.5
@@ -215,19 +215,20 @@ def test_collectives_put_every_tensor_on_the_engine_device(nccl_like, monkeypatc
 
 
 def test_the_rank_loop_calls_collectives_only_through_device_collectives():
-    tree = ast.parse(inspect.getsource(rank))
-    collectives = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "reduce", "gather_object",
-                   "all_gather_into_tensor", "reduce_scatter", "barrier"}
-    inside = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "DeviceCollectives"
-              for n in ast.walk(c)}
-    stray = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-             and n.func.attr in collectives and isinstance(n.func.value, ast.Name) and n.func.value.id == "dist"
-             and id(n) not in inside]
-    assert stray == [], f"collectives outside DeviceCollectives at rank.py lines {stray}"
+    names = {"all_reduce", "all_gather", "all_gather_object", "broadcast", "reduce", "gather_object",
+             "all_gather_into_tensor", "reduce_scatter", "barrier"}
+    for module in (rank, collectives):
+        tree = ast.parse(inspect.getsource(module))
+        inside = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "DeviceCollectives"
+                  for n in ast.walk(c)}
+        stray = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr in names and isinstance(n.func.value, ast.Name) and n.func.value.id == "dist"
+                 and id(n) not in inside]
+        assert stray == [], f"collectives outside DeviceCollectives at {module.__name__} lines {stray}"
 
 
 def test_memory_rows_round_trip():
-    rows = rank.memory_rows([[1.0, 2.0, 3.0, 6.0, 7.0, 0.0, 0.25, 9.0, 4096.0]])
+    rows = collectives.memory_rows([[1.0, 2.0, 3.0, 6.0, 7.0, 0.0, 0.25, 9.0, 4096.0]])
     assert rows == [{"params": 1, "grads": 2, "optimizer": 3, "total": 6, "rss": 7, "device_peak": 0, "idle_fraction": 0.25,
                      "rss_peak": 9, "nvme": 4096}]
 
@@ -245,9 +246,9 @@ def test_rng_state_round_trips_and_reads_old_checkpoints():
 
 def test_peak_counts_gpus_or_machines(monkeypatch):
     monkeypatch.setenv("LOCAL_SIZE", "2")
-    assert rank.devices_in_job("cuda", 4) == 4
-    assert rank.devices_in_job("cpu", 2) == 1   # two CPU ranks share one machine's peak
-    assert rank.devices_in_job("cpu", 4) == 2   # two machines
+    assert perf.devices_in_job("cuda", 4) == 4
+    assert perf.devices_in_job("cpu", 2) == 1   # two CPU ranks share one machine's peak
+    assert perf.devices_in_job("cpu", 4) == 2   # two machines
 
 
 def test_no_cpu_only_assumptions_in_the_training_hot_path():
