@@ -1,6 +1,7 @@
 """Build the DeepSpeed C++ ops a job needs once, in the launching process, before its ranks start.
 
     load_ops(job.ds_config, device="cpu")   # prints a line when an op is compiled; a stale lock is a UserError
+    python -m lmforge.components.training.ops   # scripts/bootstrap.sh: every op a job here may load, built now
 
 DeepSpeed compiles an op the first time a rank loads it (deepspeed/ops/op_builder/builder.py,
 jit_load), through torch.utils.cpp_extension.load, into torch's extensions folder under a
@@ -78,9 +79,26 @@ def check_required(class_name: str, builder: Any) -> None:
 
 def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
     """Load (compiling when needed) every op the job's ranks will load; returns their names."""
+    return _load(needed_ops(ds_config, device=device))
+
+
+def prebuild() -> list[str]:
+    """Every op a job on this machine may load, compiled now: the shared-memory allreduce (CPU ranks), cpu_adam
+    (offload) and, where libaio is installed, async_io (NVMe). scripts/bootstrap.sh runs it when it builds .venv,
+    so that no first run (nor the test that first offloads) stalls minutes on a compile; a job loads them in seconds."""
     from deepspeed.accelerator import get_accelerator
 
-    needed = needed_ops(ds_config, device=device)
+    device = "cpu" if get_accelerator().device_name() == "cpu" else "cuda"
+    names = needed_ops({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, device=device)
+    aio = get_accelerator().create_op_builder("AsyncIOBuilder")
+    if aio is not None and aio.is_compatible(verbose=False):
+        names.append("AsyncIOBuilder")
+    return _load(names)
+
+
+def _load(needed: list[str]) -> list[str]:
+    from deepspeed.accelerator import get_accelerator
+
     for class_name in needed:  # before any build: a missing library is named at once, not after minutes of compiling
         if class_name in REQUIRED:
             check_required(class_name, get_accelerator().create_op_builder(class_name))
@@ -110,3 +128,8 @@ def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
             print(f"deepspeed: {builder.NAME} compiled in {time.perf_counter() - start:.0f} s", flush=True)
         loaded.append(builder.NAME)
     return loaded
+
+
+if __name__ == "__main__":
+    start = time.perf_counter()
+    print(f"deepspeed ops ready: {', '.join(prebuild())} ({time.perf_counter() - start:.0f} s)", flush=True)

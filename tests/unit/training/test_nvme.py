@@ -175,3 +175,25 @@ def test_resume_with_the_optimizer_on_nvme_is_refused_as_not_yet(tmp_path):
     with pytest.raises(UserError) as e:
         check_resume(Offload.NVME, tmp_path)
     assert "not yet" in str(e.value) and str(tmp_path) in str(e.value) and "without --resume" in str(e.value)
+
+
+@pytest.mark.parametrize("libaio", [True, False])
+def test_prebuild_builds_what_a_cpu_job_may_load_and_async_io_only_where_libaio_is(monkeypatch, libaio):
+    from deepspeed.accelerator import get_accelerator
+
+    from lmforge.components.training import ops
+
+    class Aio:
+        NAME = "async_io"
+
+        def is_compatible(self, verbose=False):
+            return libaio
+
+    accel = get_accelerator()
+    real = accel.create_op_builder
+    monkeypatch.setattr(accel, "create_op_builder", lambda name: Aio() if name == "AsyncIOBuilder" else real(name))
+    asked: list[str] = []
+    monkeypatch.setattr(ops, "_load", lambda names: asked.extend(names) or names)  # the build itself: every training test
+    ops.prebuild()
+    shm = ["ShareMemCommBuilder"] if accel.device_name() == "cpu" else []   # CPU ranks' allreduce only
+    assert asked == [*shm, "CPUAdamBuilder", *(["AsyncIOBuilder"] if libaio else [])]
