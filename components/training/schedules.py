@@ -33,12 +33,17 @@ the schedule's own action list gives with those times and free communication (`s
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lmforge.components.training.bubble import StageClock, bubble_report, deepspeed_bubble_report
+from lmforge.components.training.partition import (
+    describe_partition,
+    measure_block_costs,
+    partition_by_cost,
+    stage_to_rank,
+)
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zero-bubble", "dualpipev")
 # schedule -> (torch class, stage placement)
@@ -86,88 +91,6 @@ def schedule_rule(schedule: str, *, stages: int, virtual_stages: int, micro_batc
                 f"p x v = {p * v} chunks, and the model has {blocks} blocks (embedding, decoder layers, head) to share out",
                 f"Use fewer stages or virtual_stages, or more layers (at most {blocks} chunks)")
     return None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Partition by measured cost
-# ---------------------------------------------------------------------------------------------------------------------
-
-def partition_by_cost(costs: list[float], parts: int) -> list[int]:
-    """Boundaries [0, b1, ..., n] splitting `costs` into `parts` non-empty contiguous chunks with the smallest
-    possible slowest chunk (exact: dynamic programming over split points). Ties go to the earliest boundaries."""
-    n = len(costs)
-    if not 1 <= parts <= n:
-        raise ValueError(f"cannot split {n} blocks into {parts} non-empty chunks")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    inf = float("inf")
-    # best[k][i]: the smallest slowest chunk splitting the first i blocks into k chunks; cut[k][i] its last boundary.
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for i in range(k, n - (parts - k) + 1):
-            for j in range(k - 1, i):
-                cand = max(best[k - 1][j], prefix[i] - prefix[j])
-                if cand < best[k][i] - 1e-12:
-                    best[k][i], cut[k][i] = cand, j
-    bounds = [n]
-    for k in range(parts, 0, -1):
-        bounds.append(cut[k][bounds[-1]])
-    return bounds[::-1]
-
-
-def measure_block_costs(blocks: list[Any], input_ids: Any, labels: Any, *, repeats: int = 3) -> list[float]:
-    """Seconds of forward + backward of each block on one micro-batch (median of `repeats` after a warm-up).
-
-    Each block runs on the previous block's (detached) output, so a block's time is its own; the
-    last block's backward starts from the LM loss, as in training. Gradients made here are dropped.
-    """
-    import torch
-
-    from lmforge.components.training.pipeline_model import lm_loss
-
-    def sync() -> None:
-        if input_ids.device.type == "cuda":
-            torch.cuda.synchronize(input_ids.device)
-
-    samples: list[list[float]] = [[] for _ in blocks]
-    for rep in range(repeats + 1):
-        x = input_ids
-        for i, block in enumerate(blocks):
-            inp = x.detach().requires_grad_(x.is_floating_point())
-            sync()
-            t0 = time.perf_counter()
-            out = block(inp)
-            loss = lm_loss(out, labels) if i == len(blocks) - 1 else out.float().pow(2).mean()
-            loss.backward()
-            sync()
-            if rep:
-                samples[i].append(time.perf_counter() - t0)
-            x = out
-    for block in blocks:
-        for p in block.parameters():
-            p.grad = None
-    return [sorted(s)[len(s) // 2] for s in samples]
-
-
-def stage_to_rank(stage: int, *, p: int, placement: str) -> int:
-    """The pipeline rank holding `stage`: a loop (s mod p) or a V (s < p: s; else 2p - 1 - s)."""
-    if placement == "loop":
-        return stage % p
-    return stage if stage < p else 2 * p - 1 - stage
-
-
-def describe_partition(bounds: list[int], costs: list[float], names: list[str], *, p: int, placement: str) -> str:
-    """One line per chunk: its stage, rank, blocks and measured cost."""
-    lines = []
-    for s in range(len(bounds) - 1):
-        lo, hi = bounds[s], bounds[s + 1]
-        cost = sum(costs[lo:hi])
-        lines.append(f"stage {s} (rank {stage_to_rank(s, p=p, placement=placement)}): blocks {lo}-{hi - 1} "
-                     f"[{', '.join(names[lo:hi])}] {cost * 1e3:.2f} ms")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

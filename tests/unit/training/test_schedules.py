@@ -17,12 +17,8 @@ from lmforge.components.training.bubble import (
     deepspeed_bubble_report,
     simulate_bubble,
 )
-from lmforge.components.training.schedules import (
-    TORCH_SCHEDULES,
-    partition_by_cost,
-    schedule_rule,
-    stage_to_rank,
-)
+from lmforge.components.training.partition import partition_by_cost, stage_to_rank
+from lmforge.components.training.schedules import TORCH_SCHEDULES, schedule_rule
 from tests.integration.train_support import tiny_training
 
 
