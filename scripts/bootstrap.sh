@@ -103,13 +103,16 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.cli.cli' 2
     pip_quiet .venv/bin/python -m pip install --upgrade pip
     pip_quiet .venv/bin/python -m pip install "torch==$TORCH_VERSION"
     pip_quiet .venv/bin/python -m pip install -c constraints.txt -e ".[dev]"
-    # DeepSpeed compiles its C++ ops on first use; built here, no run (and no test) stalls on it. torch rebuilds an op
-    # whose build flags changed, and they name this .venv's path, so a new .venv builds them again.
-    echo "bootstrap: compiling DeepSpeed's ops for this machine (2-4 min on 2 cores) ..."
-    .venv/bin/python -m lmforge.components.training.ops \
-        || echo "bootstrap: DeepSpeed's ops did not compile now (see above); the first run that needs one tries again and says why" >&2
     echo "bootstrap: .venv ready"
 fi
+
+# DeepSpeed compiles its C++ ops on first use; built here (into .venv/torch_extensions, components/training/ops.py),
+# no run and no test stalls minutes on it. Ops already built load in seconds.
+if [ ! -d .venv/torch_extensions ]; then
+    echo "bootstrap: compiling DeepSpeed's ops for this machine (2-4 min on 2 cores) ..."
+fi
+.venv/bin/python -m lmforge.components.training.ops \
+    || echo "bootstrap: DeepSpeed's ops did not compile now (see above); the first run that needs one tries again and says why" >&2
 
 stub_ok() {
     local backends

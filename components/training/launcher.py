@@ -34,7 +34,7 @@ from typing import Any
 from lmforge.components import supervisor
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
-from lmforge.components.training.ops import load_ops
+from lmforge.components.training.ops import extensions_env, load_ops
 from lmforge.components.training.protocol import (
     EVENT_PREFIX,
     STOPPED_PREFIX,
@@ -145,6 +145,13 @@ class _Tail:
             self.buf = ""
 
 
+def rank_env(num_ranks: int) -> dict[str, str]:
+    """The ranks' environment: this process's, their share of the cores, unbuffered output, the folder the ops were
+    built in (ops.extensions_env) and who supervises them (protocol.watch_supervisor)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(num_ranks)), "PYTHONUNBUFFERED": "1",
+            **extensions_env(), SUPERVISOR_ENV: f"{socket.gethostname()}:{os.getpid()}"}
+
+
 def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = None,
            on_event: Callable[[dict[str, Any]], None] | None = None) -> LaunchResult:
     """Run the job to the end; raise LaunchFailed (or a rank's UserError) when it fails."""
@@ -154,9 +161,7 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     log_dir.mkdir(parents=True, exist_ok=True)
     request_path = write_request(run_dir / request_file(attempt), req.request)
     port = req.master_port or free_port()
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads_per_rank(req.num_ranks)), PYTHONUNBUFFERED="1",
-               **{SUPERVISOR_ENV: f"{socket.gethostname()}:{os.getpid()}"})
+    env = rank_env(req.num_ranks)
     events: list[dict[str, Any]] = []
     user_errors: list[dict[str, Any]] = []
     lines_out = on_line or (lambda rank, line: print(f"[rank{rank}] {line}", flush=True))

@@ -4,19 +4,22 @@
     python -m lmforge.components.training.ops   # scripts/bootstrap.sh: every op a job here may load, built now
 
 DeepSpeed compiles an op the first time a rank loads it (deepspeed/ops/op_builder/builder.py,
-jit_load), through torch.utils.cpp_extension.load, into torch's extensions folder under a
-`lock` file: the shared-memory allreduce (deepspeed_shm_comm) of CPU ranks, and
-DeepSpeedCPUAdam (cpu_adam) when the optimizer is offloaded, and async_io (on libaio) for the
-NVMe tier, which has no fallback: without libaio the job is refused, naming the package to
-install, before anything compiles; a failed build is one error. Left to the ranks, every rank
-of the first run on a machine sits silent for minutes while one of them compiles, and a
-build that was killed half-way leaves its lock behind: torch's FileBaton then waits on it
-forever and prints nothing. Here the build happens once, says so, and an old lock is
-named with the way out instead of waited on.
+jit_load), through torch.utils.cpp_extension.load, into torch's extensions folder (this
+.venv's own, see extensions_env) under a `lock` file: the shared-memory allreduce
+(deepspeed_shm_comm) of CPU ranks, and DeepSpeedCPUAdam (cpu_adam) when the optimizer is
+offloaded, and async_io (on libaio) for the NVMe tier, which has no fallback: without libaio
+the job is refused, naming the package to install, before anything compiles; a failed build
+is one error. Left to the ranks, every rank of the first run on a machine sits silent for
+minutes while one of them compiles, and a build that was killed half-way leaves its lock
+behind: torch's FileBaton then waits on it forever and prints nothing. Here the build happens
+once (scripts/bootstrap.sh runs prebuild), says so, and an old lock is named with the way out
+instead of waited on.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +50,20 @@ REQUIRED = {"AsyncIOBuilder": (
     "Install libaio's development package: apt-get install -y libaio-dev (Debian/Ubuntu; libaio1 alone has no "
     "headers), dnf install libaio-devel (RHEL/Fedora), or run scripts/bootstrap.sh as root; or set the offload to "
     "\"cpu\"")}
+
+
+def extensions_env() -> dict[str, str]:
+    """TORCH_EXTENSIONS_DIR for this process and the ranks it launches: the user's, else `<venv>/torch_extensions`.
+
+    torch's default, ~/.cache/torch_extensions/py311_cpu, is one folder for every .venv of a Python version, and an
+    op's build flags name the .venv's DeepSpeed sources: two checkouts on one machine (a clone and CI's) would rebuild
+    each op whenever the other had built it last (minutes each), and wait on each other's build lock. Outside a venv
+    (sys.prefix == sys.base_prefix) torch's default stays.
+    """
+    chosen = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not chosen and sys.prefix != sys.base_prefix:
+        chosen = str(Path(sys.prefix) / "torch_extensions")
+    return {"TORCH_EXTENSIONS_DIR": chosen} if chosen else {}
 
 
 def build_dir(name: str) -> Path:
@@ -99,6 +116,8 @@ def prebuild() -> list[str]:
 def _load(needed: list[str]) -> list[str]:
     from deepspeed.accelerator import get_accelerator
 
+    os.environ.update(extensions_env())   # the folder the ranks get too (launcher.py passes extensions_env())
+
     for class_name in needed:  # before any build: a missing library is named at once, not after minutes of compiling
         if class_name in REQUIRED:
             check_required(class_name, get_accelerator().create_op_builder(class_name))
@@ -112,8 +131,9 @@ def _load(needed: list[str]) -> list[str]:
             continue   # DeepSpeed falls back to torch for it (or fails in the rank with its own message)
         folder = build_dir(builder.NAME)
         check_lock(folder)
-        built = (folder / f"{builder.NAME}.so").is_file()
-        if not built:
+        library = folder / f"{builder.NAME}.so"
+        built = library.stat().st_mtime_ns if library.is_file() else None
+        if built is None:
             print(f"deepspeed: compiling the {builder.NAME} op once for this machine into {folder} "
                   "(1-5 min on 2 cores; later runs reuse it)", flush=True)
         start = time.perf_counter()
@@ -124,8 +144,12 @@ def _load(needed: list[str]) -> list[str]:
             raise UserError(f"DeepSpeed op {builder.NAME}", folder, f"failed to build or load: {str(e).splitlines()[-1]}",
                             f"Read the compiler output above, fix what it names (g++, headers), delete {folder} and "
                             "run again") from None
-        if not built:
-            print(f"deepspeed: {builder.NAME} compiled in {time.perf_counter() - start:.0f} s", flush=True)
+        took = time.perf_counter() - start
+        if built is None:
+            print(f"deepspeed: {builder.NAME} compiled in {took:.0f} s", flush=True)
+        elif library.stat().st_mtime_ns != built:  # torch rebuilds an op whose sources or flags (the .venv's path) changed
+            print(f"deepspeed: {builder.NAME} was rebuilt in {took:.0f} s: its build flags or sources changed since the "
+                  f"build in {folder} (another .venv or DeepSpeed version builds into the same folder)", flush=True)
         loaded.append(builder.NAME)
     return loaded
 

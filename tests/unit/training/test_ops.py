@@ -8,6 +8,7 @@ import time
 import pytest
 
 from lmforge.components.errors import UserError
+from lmforge.components.training import ops
 from lmforge.components.training.ops import STALE_LOCK_S, build_dir, check_lock, needed_ops
 
 
@@ -38,3 +39,29 @@ def test_an_old_build_lock_is_an_error_that_names_it_and_a_fresh_one_is_a_build_
 def test_the_build_folder_is_the_one_torch_uses(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     assert build_dir("cpu_adam") == tmp_path / "cpu_adam"
+
+
+def test_each_venv_builds_its_ops_in_a_folder_of_its_own_unless_the_user_names_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(ops.sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(ops.sys, "base_prefix", "/usr")
+    assert ops.extensions_env() == {"TORCH_EXTENSIONS_DIR": str(tmp_path / "venv" / "torch_extensions")}
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    assert ops.extensions_env() == {"TORCH_EXTENSIONS_DIR": str(tmp_path / "mine")}
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(ops.sys, "base_prefix", str(tmp_path / "venv"))   # not a venv: torch's default folder
+    assert ops.extensions_env() == {}
+
+
+def test_loading_builds_in_the_venvs_folder_and_the_launcher_hands_the_ranks_the_same(monkeypatch, tmp_path):
+    from lmforge.components.training import launcher
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")                      # restored after the test, set or not
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(ops.sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(ops.sys, "base_prefix", "/usr")
+    ops._load([])                                                       # nothing to build; the folder is chosen
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "venv" / "torch_extensions")
+    assert build_dir("cpu_adam").parent == tmp_path / "venv" / "torch_extensions"
+    assert launcher.rank_env(2)["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "venv" / "torch_extensions")
