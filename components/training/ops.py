@@ -101,8 +101,8 @@ def load_ops(ds_config: dict[str, Any], *, device: str) -> list[str]:
 
 def prebuild() -> list[str]:
     """Every op a job on this machine may load, compiled now: the shared-memory allreduce (CPU ranks), cpu_adam
-    (offload) and, where libaio is installed, async_io (NVMe). scripts/bootstrap.sh runs it when it builds .venv,
-    so that no first run (nor the test that first offloads) stalls minutes on a compile; a job loads them in seconds."""
+    (offload) and, where libaio is installed, async_io (NVMe). scripts/bootstrap.sh runs it every time it runs, so
+    that no first run (nor the test that first offloads) stalls minutes on a compile; built ops load in seconds."""
     from deepspeed.accelerator import get_accelerator
 
     device = "cpu" if get_accelerator().device_name() == "cpu" else "cuda"
@@ -116,7 +116,7 @@ def prebuild() -> list[str]:
 def _load(needed: list[str]) -> list[str]:
     from deepspeed.accelerator import get_accelerator
 
-    os.environ.update(extensions_env())   # the folder the ranks get too (launcher.py passes extensions_env())
+    os.environ.update(extensions_env())   # the folder the ranks get too (launcher.rank_env)
 
     for class_name in needed:  # before any build: a missing library is named at once, not after minutes of compiling
         if class_name in REQUIRED:
