@@ -20,6 +20,7 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -167,3 +168,29 @@ def devices_in_job(device_type: str, world: int) -> int:
         return world
     local = int(os.environ.get("LOCAL_SIZE", world) or world)
     return max(1, world // max(1, local))
+
+
+class ThroughputWindow:
+    """Steps and tokens since the last logged step (or the last checkpoint save, which is not training time).
+
+        window.add(tokens)            # after each step
+        step_s, tokens_per_s = window.read()   # on a logged step: the averages, and a new window starts
+        window.restart()              # after a save
+    """
+
+    def __init__(self, clock: Any = time.perf_counter) -> None:
+        self.clock = clock
+        self.restart()
+
+    def restart(self) -> None:
+        self.t0, self.steps, self.tokens = self.clock(), 0, 0
+
+    def add(self, tokens: int) -> None:
+        self.steps += 1
+        self.tokens += tokens
+
+    def read(self) -> tuple[float, float]:
+        elapsed = self.clock() - self.t0
+        step_s, tokens_per_s = elapsed / max(self.steps, 1), self.tokens / elapsed
+        self.restart()
+        return step_s, tokens_per_s

@@ -28,7 +28,7 @@ import torch
 
 from lmforge.components.training.collectives import DeviceCollectives, memory_rows
 from lmforge.components.training.layout import Layout
-from lmforge.components.training.perf import devices_in_job
+from lmforge.components.training.perf import ThroughputWindow, devices_in_job
 from lmforge.components.training.protocol import (
     RankRequest,
     emit_event,
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     state_mem: dict[str, int] | None = None  # model-state bytes: fixed once Adam's states exist (from step 2)
     state_mem_step = -1
     nxt = place(start) if start < cfg.max_steps else []
-    window_t0, window_steps, window_tokens = time.perf_counter(), 0, 0
+    window = ThroughputWindow()
     for step in range(start, cfg.max_steps):
         lr = float(engine.get_lr()[0])  # the scheduler's host value: no device sync
         micro, done = nxt, step + 1
@@ -279,14 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(straggle)  # a straggler on purpose (protocol.STRAGGLER_ENV, benchmarks/bench_ps.py)
         if done < cfg.max_steps:
             nxt = place(done)  # the next batch is built and copied while the device still works on this one
-        window_steps += 1
-        window_tokens += step_tokens(step)
+        window.add(step_tokens(step))
         if logging_step:
             loss_val = comms.mean(loss)  # the step's one host sync; steps between logs never wait for the device
-            now = time.perf_counter()
-            dt = (now - window_t0) / window_steps
-            tps = window_tokens / (now - window_t0)
-            window_t0, window_steps, window_tokens = now, 0, 0
+            dt, tps = window.read()
             assert state_mem is not None
             idle_fraction = idle.idle_fraction(step_s) if idle is not None else 0.0
             mine = [state_mem["params"], state_mem["grads"], state_mem["optimizer"], state_mem["total"],
@@ -320,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt.mark_complete(ckpt_dir, tag, step=done, world_size=world, extra={"layout": layout.to_dict()})
                 ckpt.prune(ckpt_dir, keep=cfg.keep_checkpoints)
             comms.barrier()
-            window_t0, window_tokens = time.perf_counter(), 0  # a save is not training time
+            window.restart()  # a save is not training time
 
     _export(engine, req, layout, tokenizer, cfg, windows, dtype, loss_val, peak, n_params)
     comms.barrier()
