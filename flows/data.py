@@ -27,8 +27,10 @@ task runs again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +209,33 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
         base = {"path": str(checked.path), "tokenizer_sha256": checked.tokenizer_sha256, "named": checked.named,
                 "pin": checked.pin()}
     inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
-    with api_for_children():  # Dask workers report to this run's Prefect, not a temporary server each
+    with api_for_children(), dask_environ_restored():  # Dask workers report to this run's Prefect
         return inner(cfg, replay=replay, base=base)
+
+
+@contextlib.contextmanager
+def dask_environ_restored() -> Iterator[None]:
+    """Takes back what a local Dask cluster writes into this process's environment.
+
+    distributed's Nanny sets its pre-spawn variables (`distributed.nanny.pre-spawn-environ`:
+    MALLOC_TRIM_THRESHOLD_=65536, OMP/MKL/OPENBLAS_NUM_THREADS=1) and PYTHONHASHSEED in the
+    *parent's* os.environ before each worker starts (distributed/nanny.py) and never restores
+    them, so every process started after the data stage inherited them: the training ranks of
+    `lmforge run all` ran at half the tokens/s of `lmforge run train` (glibc handing every freed
+    block over 64 KiB back to the OS, a third of the CPU in the kernel).
+    """
+    import dask.config
+
+    keys = {*dask.config.get("distributed.nanny.pre-spawn-environ", default={}), "PYTHONHASHSEED"}
+    before = {k: os.environ.get(k) for k in keys}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @workspace_flow(name="data-stage", log_prints=True)

@@ -139,12 +139,21 @@ def test_a_change_to_component_code_reruns_the_steps_that_run_it(workspace, tmp_
     assert healed["tasks"]["data-ingest-shard"] == "Completed"
 
 
-def test_two_worker_dask_cluster_gives_byte_identical_shards(workspace, tmp_path):
+def test_two_worker_dask_cluster_gives_byte_identical_shards(workspace, tmp_path, monkeypatch):
+    import os
+
     from lmforge.flows.data import data_flow
 
+    for leaked in ("MALLOC_TRIM_THRESHOLD_", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED"):
+        monkeypatch.delenv(leaked, raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")     # the user's own value survives the cluster
     source = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
     serial = data_flow(_cfg(source, "data.runner=\"threads\"", "data.workers=1", "data.shard_mb=0.002"))
     dask = data_flow(_cfg(source, "data.runner=\"dask\"", "data.workers=2", "data.shard_mb=0.002"))
+    # distributed's Nanny wrote its worker settings into this process's environment; the data flow took them back,
+    # so the ranks a later stage starts do not inherit them (MALLOC_TRIM_THRESHOLD_ halved training's tokens/s).
+    assert os.environ["OMP_NUM_THREADS"] == "3"
+    assert not {"MALLOC_TRIM_THRESHOLD_", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "PYTHONHASHSEED"} & set(os.environ)
     a, b = (json.loads((workspace.dataset_dir(r["dataset_version"]) / "manifest.json").read_text()) for r in (serial, dask))
     assert a["hashes"] == b["hashes"] and a["counts"] == b["counts"]  # every part, shards included, byte for byte
     for split in ("train", "validation", "test"):
