@@ -38,11 +38,11 @@ def markdown_table(headers: list[str], rows: list[tuple[Any, ...]]) -> str:
 
 
 def write_results(name: str, results: dict[str, Any], headers: list[str], rows: list[tuple[Any, ...]], *,
-                  command: str) -> str:
+                  command: str, notes: str = "") -> str:
     info = results.setdefault("machine", machine_info())
     results["command"] = command
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
-    md = (f"### {name}\n\n{markdown_table(headers, rows)}\n\n"
+    md = (f"### {name}\n\n{markdown_table(headers, rows)}\n\n{notes + chr(10) * 2 if notes else ''}"
           f"Machine: {info['nproc']} cores, {info['cpu']}; Python {info['python']}; {versions}. {info['date']}.\n"
           f"Command: `{command}`\n")
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,8 @@ class ChunkTimes:
 FORMULAS = {
     "1f1b": "(p-1)/m",
     "interleaved-1f1b": "(p-1)/(v*m)",
-    "zero-bubble": "max(0, (p-1)(t_F+t_I-2t_W)) / (m*v*(t_F+t_I+t_W))  [ZB-H2 / ZB-V, Qi et al. 2023]",
+    "zero-bubble": "((p-1)t_F + max(0, (p-1)(t_F+t_I-2t_W))) / (m*v*(t_F+t_I+t_W))  [ZB-H2 / ZB-V, Qi et al. 2023, "
+                   "plus the warm-up ramp a synchronous optimizer step keeps]",
     "dualpipev": "max(0, (PP/2-1)(t_F&B+t_B-3t_W)) / (m*v*(t_F+t_B)), PP = p*v stages, t_F&B = t_F+t_B  "
                  "[DeepSeek-V3 report / DualPipe README]",
 }
@@ -42,8 +43,15 @@ def bubble_formula(schedule: str, *, p: int, v: int, m: int, t: ChunkTimes | Non
     """The schedule's bubble as a fraction of a rank's compute (idle / compute), in per-chunk times.
 
     1F1B: (p-1)(t_F+t_B) idle against m(t_F+t_B) compute = (p-1)/m; interleaved: (p-1)/(v*m).
-    Zero bubble (ZB-V, the ZB-H2 expression of Qi et al. 2023 with t_B the input backward):
-    (p-1)(t_F+t_I-2t_W), floored at 0, against m*v*(t_F+t_I+t_W). DualPipeV (DeepSeek-V3 report,
+    Zero bubble (ZB-V): the ZB-H2 expression of Qi et al. 2023 with t_B the input backward,
+    (p-1)(t_F+t_I-2t_W) floored at 0, plus the warm-up ramp (p-1)t_F, against m*v*(t_F+t_I+t_W).
+    The paper's zero assumes its optimizer post-validation, which lets a step's ramp overlap the
+    previous step's tail; its authors note (huggingface.co/spaces/sail/pipeline-parallelism-with-
+    controllable-memory, "Optimizer Post Validation") that an all-reduce across the stages before the step
+    (the global gradient norm for clipping, which lmforge takes) "makes zero bubble impossible":
+    the last rank cannot start before (p-1) forwards, and with balanced ranks every rank then idles
+    that long. With t_F = t_I = t_W this is (p-1)/(3*m*v), what torch's ZB-V action list gives
+    (bubble_simulated) at p = 2, 3 and 4 (tested). DualPipeV (DeepSeek-V3 report,
     table 2, and the DualPipe README, where B is a full backward chunk and PP the stages of the
     V, p*v): (PP/2-1)(t_F&B+t_B-3t_W), floored at 0, against m*v*(t_F+t_B); on the CPU a rank
     runs the overlapped F and B of torch's OVERLAP_F_B one after the other, so t_F&B = t_F + t_B.
@@ -55,7 +63,8 @@ def bubble_formula(schedule: str, *, p: int, v: int, m: int, t: ChunkTimes | Non
     assert t is not None, "the zero-bubble and DualPipe formulas need the measured F/I/W times"
     if schedule == "zero-bubble":
         compute = m * v * (t.f + t.i + t.w)
-        return max(0.0, (p - 1) * (t.f + t.i - 2 * t.w)) / compute if compute > 0 else float("nan")
+        idle = (p - 1) * t.f + max(0.0, (p - 1) * (t.f + t.i - 2 * t.w))
+        return idle / compute if compute > 0 else float("nan")
     if schedule == "dualpipev":
         compute = m * v * (t.f + t.b)
         stages = p * v

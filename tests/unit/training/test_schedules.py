@@ -130,9 +130,10 @@ def test_formulas():
     assert bubble_formula("1f1b", p=2, v=1, m=8) == pytest.approx(1 / 8)
     assert bubble_formula("interleaved-1f1b", p=4, v=2, m=8) == pytest.approx(3 / 16)
     equal = ChunkTimes(f=1.0, i=1.0, w=1.0, b=2.0)
-    assert bubble_formula("zero-bubble", p=2, v=2, m=4, t=equal) == 0.0          # ZB-V's zero at T_F = T_B = T_W
+    # ZB-V: the paper's 0 at T_F = T_B = T_W, plus the (p-1) t_F warm-up ramp of a synchronous step
+    assert bubble_formula("zero-bubble", p=2, v=2, m=4, t=equal) == pytest.approx(1.0 / (4 * 2 * 3.0))
     slow_w = ChunkTimes(f=1.0, i=2.0, w=0.5, b=2.5)
-    assert bubble_formula("zero-bubble", p=2, v=2, m=4, t=slow_w) == pytest.approx((1.0 + 2.0 - 1.0) / (4 * 2 * 3.5))
+    assert bubble_formula("zero-bubble", p=2, v=2, m=4, t=slow_w) == pytest.approx((1.0 + (1.0 + 2.0 - 1.0)) / (4 * 2 * 3.5))
     # DualPipeV at p = 2 (PP = 4 stages): (4/2 - 1)(F&B + B - 3W) / (m v (F + B)), F&B = F + B on the CPU
     assert bubble_formula("dualpipev", p=2, v=2, m=4, t=equal) == pytest.approx((3.0 + 2.0 - 3.0) / (4 * 2 * 3.0))
     assert bubble_formula("dualpipev", p=2, v=2, m=4, t=ChunkTimes(f=0.1, i=0.1, w=1.0, b=1.1)) == 0.0   # floor 0
@@ -144,6 +145,16 @@ def test_interleaved_action_list_with_equal_times_gives_its_formula(p, v, m):
     durations = {(s, k): 1.0 for s in range(p * v) for k in ("F", "B")}
     sim = simulate_bubble(order, durations, n_stages=p * v)
     assert max(sim.values()) == pytest.approx(bubble_formula("interleaved-1f1b", p=p, v=v, m=m))
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (3, 6), (4, 8), (4, 16)])
+def test_zbv_action_list_with_equal_f_i_w_gives_the_synchronous_formula(p, m):
+    """torch's ZB-V idles exactly the warm-up ramp, (p-1) forwards per rank, when F, I and W take equal time."""
+    durations = {(s, k): 1.0 for s in range(2 * p) for k in ("F", "I", "W")}
+    sim = simulate_bubble(torch_order("zero-bubble", p=p, v=2, m=m), durations, n_stages=2 * p)
+    expected = bubble_formula("zero-bubble", p=p, v=2, m=m, t=ChunkTimes(f=1.0, i=1.0, w=1.0, b=2.0))
+    assert expected == pytest.approx((p - 1) / (3 * m * 2))
+    assert sim == pytest.approx(dict.fromkeys(range(p), expected))
 
 
 def test_zbv_action_list_with_equal_f_i_w_is_near_zero_and_below_interleaved():
