@@ -32,7 +32,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -247,22 +250,51 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
         raise
 
 
+def exited_here(host: str, pid: str | int) -> bool:
+    """True when process `pid` ran on this host (by name) and has exited; False for another host or a live pid."""
+    if host != socket.gethostname() or not str(pid).isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def _leftovers(path: Path) -> Iterator[tuple[Path, str]]:
+    """atomic_dir's temporary and moved-aside folders beside `path` whose writer, on this host, has exited."""
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(?:tmp|old)-(\d+)@(.+?)(?:\.[A-Za-z0-9_]+\.tmp)?$")
+    for sibling in path.parent.iterdir():
+        match = pattern.match(sibling.name)
+        if match and sibling.is_dir() and exited_here(match.group(2), match.group(1)):
+            yield sibling, match.group(1)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: Path, *, overwrite: bool = True) -> Iterator[Path]:
     """Build a folder under a temporary name; rename it to `path` only when the block succeeds.
 
     With overwrite, an existing `path` is replaced (moved aside first, then removed), so a
-    reader sees either the old folder or the new one, never a mix.
+    reader sees either the old folder or the new one, never a mix. The temporary names carry the
+    writer's pid and host: a writer killed with SIGKILL cannot clean up, so the next atomic_dir of
+    the same path removes what a dead writer on this host left (and says so).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    owner = f"{os.getpid()}@{socket.gethostname()}"
+    for leftover, pid in _leftovers(path):
+        print(f"removing {leftover}, an unfinished {path.name} left by process {pid}, which has exited",
+              file=sys.stderr, flush=True)
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-{owner}.", suffix=".tmp"))
     try:
         yield tmp
         if path.exists():
             if not overwrite:
                 raise FileExistsError(path)
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
+            old = path.with_name(f".{path.name}.old-{owner}")
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old, ignore_errors=True)

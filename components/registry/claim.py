@@ -46,6 +46,7 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.registry.retry import is_transient
+from lmforge.components.workspace import exited_here
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +114,7 @@ def _delete(client: Any, name: str) -> bool:
 
 def _dead_here(tags: dict[str, str]) -> bool:
     """The claim was taken on this host by a process that has exited."""
-    if tags.get(HOST) != socket.gethostname() or not str(tags.get(PID, "")).isdigit():
-        return False
-    try:
-        os.kill(int(tags[PID]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return exited_here(str(tags.get(HOST, "")), str(tags.get(PID, "")))
 
 
 @dataclass

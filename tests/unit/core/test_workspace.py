@@ -37,3 +37,29 @@ def test_tree_hash_sees_content_and_names(tmp_path):
     h2 = sha256_tree(tmp_path / "a")
     (tmp_path / "a" / "x").rename(tmp_path / "a" / "y")
     assert len({h1, h2, sha256_tree(tmp_path / "a")}) == 3
+
+
+def test_atomic_dir_removes_what_a_killed_writer_on_this_host_left(tmp_path, capsys):
+    """A SIGKILLed writer cannot clean up: the next atomic_dir of the path removes its temporary and moved-aside
+    folders, and keeps a live writer's and another host's."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    target = tmp_path / "step-0000004_universal"
+    left = [tmp_path / f".{target.name}.tmp-{dead.pid}@{host}.k3j_x9q2.tmp", tmp_path / f".{target.name}.old-{dead.pid}@{host}"]
+    kept = [tmp_path / f".{target.name}.tmp-{os.getpid()}@{host}.abcdefgh.tmp",        # a live writer
+            tmp_path / f".{target.name}.tmp-{dead.pid}@another-host.abcdefgh.tmp",     # maybe alive over there
+            tmp_path / f".other.tmp-{dead.pid}@{host}.abcdefgh.tmp"]                    # another path's
+    for d in left + kept:
+        d.mkdir()
+        (d / "mp_rank_00_model_states.pt").write_bytes(b"half")
+    with atomic_dir(target) as tmp:
+        (tmp / "f.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name] + [d.name for d in kept])
+    err = capsys.readouterr().err
+    assert all(str(d) in err for d in left) and f"left by process {dead.pid}, which has exited" in err
