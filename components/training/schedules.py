@@ -239,6 +239,7 @@ class TorchPipelineEngine:
 
         schedule = getattr(pipelining, class_name)(stages, n_microbatches=micro_batches, loss_fn=loss_fn,
                                                    scale_grads=True)
+        send_after_each_half(schedule)
         opt_params = {k: v for k, v in ds_config["optimizer"]["params"].items() if k not in ("torch_adam",)}
         params = [p for c in chunks for p in c.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, **opt_params)
@@ -336,6 +337,24 @@ class TorchPipelineEngine:
         p = self.partition["stages"] // len(self.stage_ids)
         return bubble_report(self.schedule_name, stats, p=p, v=len(self.stage_ids), m=self.schedule._n_microbatches,
                              pipeline_order=self.schedule.pipeline_order if self.grid.dp_size == 1 else None)
+
+
+def send_after_each_half(schedule: Any) -> None:
+    """Lower an action list whose OVERLAP_F_B pairs (DualPipeV's) run one half after the other, as torch's runtime
+    runs them, so that a forward's output is sent when the forward ends rather than after the paired backward.
+
+    torch's `_add_send_recv` places a pair's sends after the whole pair, and its runtime runs the pair's
+    sub-actions in turn (true overlap needs a function registered for OVERLAP_F_B, which lmforge does
+    not register), so the next stage waited a whole backward longer for each of those forwards. The
+    compute order is unchanged, and with it every number; only the sends move earlier. A no-op for a
+    schedule without pairs.
+    """
+    order = getattr(schedule, "pipeline_order", None)
+    if not order or not any(a is not None and a.sub_actions for actions in order.values() for a in actions):
+        return
+    flat = {rank: [sub for a in actions if a is not None for sub in (a.sub_actions or (a,))]
+            for rank, actions in order.items()}
+    schedule._prepare_schedule_with_comms(flat)  # torch's own lowering (send/recv placement) of the flat list
 
 
 def saved_partition(folder: Path) -> dict[str, Any] | None:

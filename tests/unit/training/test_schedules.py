@@ -198,3 +198,44 @@ def test_chunk_times_leave_out_stage_0s_unsplit_backward():
     t = chunk_times(stats, m=4)
     assert (t.f, t.i, t.w) == (1.0, 2.0, 1.0)
     assert t.b == pytest.approx((6.0 + 8.0 + 16.0) / 10)   # B, I and W of every stage over its 10 backwards
+
+
+def test_dualpipev_sends_a_forwards_output_when_the_forward_ends():
+    """torch lowers an OVERLAP_F_B pair with its sends after the whole pair; send_after_each_half flattens the pairs
+    (the order of compute unchanged), so each remote forward's SEND_F comes right after that forward."""
+    from torch.distributed.pipelining.schedules import _add_send_recv
+
+    from lmforge.components.training.schedules import send_after_each_half
+
+    order = torch_order("dualpipev", p=2, v=2, m=8)
+
+    class Lowered:
+        pipeline_order = order
+
+        def _prepare_schedule_with_comms(self, actions):
+            self.flat = actions
+
+    lowered = Lowered()
+    send_after_each_half(lowered)
+
+    def compute(actions):
+        return [str(a) for a in actions if a is not None and a.is_compute_op]
+    for rank, actions in order.items():
+        pairs_flattened = [str(s) for a in actions if a is not None for s in (a.sub_actions or (a,))]
+        assert compute(lowered.flat[rank]) == pairs_flattened
+    to_rank = {0: 0, 1: 1, 2: 1, 3: 0}
+
+    def late_sends(actions):
+        """How many remote forwards run some other compute between the forward and the send of its output."""
+        with_comms = _add_send_recv({r: list(a) for r, a in actions.items()}, stage_to_rank=to_rank.get, num_stages=4)
+        late = 0
+        for acts in with_comms.values():
+            executed = [s for a in acts for s in (a.sub_actions or (a,))]   # as the runtime runs a pair: in turn
+            for i, a in enumerate(executed):
+                if a.computation_type.value == "SEND_F":
+                    f = next(j for j, b in enumerate(executed) if b.computation_type.value == "F"
+                             and (b.stage_index, b.microbatch_index) == (a.stage_index, a.microbatch_index))
+                    late += any(b.is_compute_op for b in executed[f + 1:i])
+        return late
+
+    assert late_sends(order) > 0 and late_sends(lowered.flat) == 0
