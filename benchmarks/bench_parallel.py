@@ -8,8 +8,8 @@ way `lmforge run train` starts one: 1f1b on DeepSpeed's PipelineEngine (v = 1), 
 interleaved-1f1b, zero-bubble (ZB-V) and dualpipev on torch.distributed.pipelining (v = 2).
 The model is the demo preset's width (hidden 256, MLP 688, 8 heads) with 7 decoder layers
 and a 3,072-token vocabulary, chosen so that the stages are balanced: at that vocabulary the
-norm + head + loss costs one decoder layer (measured 85 ms against 77-82 ms a layer; at 2,048
-it was 0.7 of one) and the embedding next to nothing, so the 9 blocks split by measured cost
+norm + head + loss costs about one decoder layer (77 ms against 72-74 ms a layer at 8 windows;
+at 2,048 it was 0.7 of one) and the embedding next to nothing, so the 9 blocks split by measured cost
 into 4 chunks of two layers' cost each: embedding + 2 layers, 2, 2, and 1 + head (v = 2), or 4
 + 3 layers (1f1b, DeepSpeed's type:DecoderBlock). fp32, seq_len 128, 8 windows a micro-batch
 (a chunk's forward + backward is ~0.1 s, so a point-to-point message's fixed cost is a smaller
