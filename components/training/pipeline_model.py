@@ -271,7 +271,10 @@ class IdleClock:
     The bubble of a stage is the part of its schedule in which it does no forward or
     backward work: 1 - (forward + backward) / (step time - optimizer and gradient reduction).
     Waits at the end of the step (a later stage finishing its last backward) count, which is
-    why this does not time the send/receive instructions alone. rank.py bounds a logged step
+    why this does not time the send/receive instructions alone; a barrier of the pipeline's
+    stages before the first end-of-batch instruction (ReduceTiedGrads) keeps them out of the
+    optimizer step, whose clipping all-reduce across the stages would otherwise absorb them as
+    "outside" time (1F1B then read about (p-1)/m x 3/4 at p = 2). rank.py bounds a logged step
     with a barrier before and after `train_batch`, so every stage's step spans the same
     schedule (as torch's schedules do in schedules.py); without it a stage's clock starts when
     its own previous optimizer step ends, and the waits the formula counts go partly unseen.
@@ -304,8 +307,13 @@ class IdleClock:
         compute = (schedule.ForwardPass, schedule.BackwardPass)
         outside = (schedule.OptimizerStep, schedule.ReduceGrads, schedule.ReduceTiedGrads)
 
-        def timed(fn: Any, bucket: str) -> Any:
+        def timed(fn: Any, bucket: str, *, end_of_schedule: bool = False) -> Any:
             def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if end_of_schedule:
+                    # The schedule ends when the last stage is done: a stage that finished early waits here, as
+                    # idle. Without it the wait hid in the optimizer step's clipping all-reduce (across the stages),
+                    # which is outside, and 1F1B read below (p-1)/m.
+                    torch.distributed.barrier(group=self.grid.get_pipe_parallel_group())
                 t0 = now()  # work queued before this instruction is not its time
                 try:
                     return fn(self, *args, **kwargs)
@@ -315,7 +323,8 @@ class IdleClock:
 
         table = {}
         for k, v in type(engine)._INSTRUCTION_MAP.items():
-            table[k] = timed(v, "compute") if k in compute else timed(v, "outside") if k in outside else v
+            table[k] = (timed(v, "compute") if k in compute
+                        else timed(v, "outside", end_of_schedule=k is schedule.ReduceTiedGrads) if k in outside else v)
         # An instance attribute shadows the class's instruction table for this engine only.
         engine._INSTRUCTION_MAP = table
         return clock
