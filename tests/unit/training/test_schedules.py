@@ -223,11 +223,11 @@ def test_dualpipev_sends_a_forwards_output_when_the_forward_ends():
     for rank, actions in order.items():
         pairs_flattened = [str(s) for a in actions if a is not None for s in (a.sub_actions or (a,))]
         assert compute(lowered.flat[rank]) == pairs_flattened
-    to_rank = {0: 0, 1: 1, 2: 1, 3: 0}
 
     def late_sends(actions):
         """How many remote forwards run some other compute between the forward and the send of its output."""
-        with_comms = _add_send_recv({r: list(a) for r, a in actions.items()}, stage_to_rank=to_rank.get, num_stages=4)
+        with_comms = _add_send_recv({r: list(a) for r, a in actions.items()}, num_stages=4,
+                                    stage_to_rank=lambda s: stage_to_rank(s, p=2, placement="v"))
         late = 0
         for acts in with_comms.values():
             executed = [s for a in acts for s in (a.sub_actions or (a,))]   # as the runtime runs a pair: in turn
