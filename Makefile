@@ -17,8 +17,15 @@ bootstrap: .venv/.bootstrapped
 demo: .venv/.bootstrapped
 	$(PY) -m lmforge.cli run all --config $(CONFIG)
 
+# The tests run on TEST_WORKERS pytest-xdist workers (auto: one per CPU this process may use, at most 4; see
+# pytest_xdist_auto_num_workers in tests/conftest.py; TEST_WORKERS=0 runs them in this process). A test file stays on
+# one worker (--dist loadfile), so the training runs its module fixtures share are made once. Serial, the suite kept
+# ~1.1 of 2 cores busy (process starts, rendezvous, servers coming up); README, "Tests", has the times.
+TEST_WORKERS ?= auto
+TEST_DIST    := -n $(TEST_WORKERS) --dist loadfile
+
 test: .venv/.bootstrapped
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_DIST) $(PYTEST_ARGS)
 
 # ruff (rules in pyproject.toml [tool.ruff]) and the import contracts of docs/architecture.md ([tool.importlinter])
 lint: .venv/.bootstrapped
@@ -26,7 +33,7 @@ lint: .venv/.bootstrapped
 	.venv/bin/lint-imports
 
 test-unit: .venv/.bootstrapped
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_DIST) tests/unit $(PYTEST_ARGS)
 
 bench: .venv/.bootstrapped
 	$(PY) benchmarks/run_all.py

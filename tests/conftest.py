@@ -42,6 +42,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+RANK_RSS_BYTES = 0.7e9   # a tiny-model CPU rank's resident set, read from a training run's memory rows
+MOST_RANKS = 8           # the most ranks one test starts (tests/integration/test_train_3d.py)
+MAX_WORKERS = 4          # each worker also starts its own Prefect server; past 4 the longest file bounds the time
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (`make test`): one worker per CPU this process may use (its affinity, not the machine's count),
+    no more than memory holds if every worker ran the largest test at once, and at most MAX_WORKERS."""
+    import psutil
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    by_memory = int(psutil.virtual_memory().total // (RANK_RSS_BYTES * MOST_RANKS))
+    return max(1, min(cpus, by_memory, MAX_WORKERS))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Send Prefect's queued logs and events, then stop its temporary API server, while pytest still
     captures output: stopped at exit instead, its "Stopping temporary server" line goes to a
