@@ -19,10 +19,13 @@ demo: .venv/.bootstrapped
 
 # The tests run on TEST_WORKERS pytest-xdist workers (auto: one per CPU this process may use, at most 4; see
 # pytest_xdist_auto_num_workers in tests/conftest.py; TEST_WORKERS=0 runs them in this process). A test file stays on
-# one worker (--dist loadfile), so the training runs its module fixtures share are made once. Serial, the suite kept
-# ~1.1 of 2 cores busy (process starts, rendezvous, servers coming up); README, "Tests", has the times.
+# one worker (--dist loadfile), so the training runs its module fixtures share are made once. Files go out in
+# collection order (--no-loadscope-reorder): xdist's default sends the files with the most tests first, which are the
+# quick unit files, and leaves the one-test integration files of a minute or two for the end, where one worker runs
+# them while the other idles; in collection order the integration files go first and the unit files fill the end.
+# Serial, the suite kept ~1.1 of 2 cores busy (process starts, rendezvous, servers coming up); README, "Tests".
 TEST_WORKERS ?= auto
-TEST_DIST    := -n $(TEST_WORKERS) --dist loadfile
+TEST_DIST    := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: .venv/.bootstrapped
 	$(PY) -m pytest $(TEST_DIST) $(PYTEST_ARGS)
