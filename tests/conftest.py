@@ -18,6 +18,20 @@ import pytest
 from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
 from tests.checkpoints import train_tokenizer
 
+
+def usable_cpus() -> int:
+    """The CPUs this process may use: its affinity (taskset, a cpuset), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# Under `make test`'s xdist workers, a worker's own torch work (the in-process flows: evaluation, compression, data)
+# and the child processes it starts get the worker's share of the cores as threads. Left at torch's default, one
+# thread per core, two workers ran 2 x 2 OpenMP threads on 2 cores, whose barriers wait on descheduled threads.
+# DeepSpeed ranks are unaffected: the launcher sets their OMP_NUM_THREADS itself.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, usable_cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 # Before anything imports `lmforge.flows` (which chooses the Prefect to report to, see
 # flows/prefect_env.py): a session workspace of its own, and none of the user's Prefect
 # settings or profiles, so tests use the embedded home there and never a real .lmforge/ or
@@ -53,7 +67,7 @@ def pytest_xdist_auto_num_workers(config):
     no more than memory holds if every worker ran the largest test at once, and at most MAX_WORKERS."""
     import psutil
 
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cpus()
     by_memory = int(psutil.virtual_memory().total // (RANK_RSS_BYTES * MOST_RANKS))
     return max(1, min(cpus, by_memory, MAX_WORKERS))
 
