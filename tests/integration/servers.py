@@ -167,7 +167,15 @@ def postgres(tmp: Path) -> Iterator[Postgres]:
         svc = service.Service("postgres", cmd, log=Path(tmp) / "postgres.log", ready=_pg_ready(port),
                               address=f"{HOST}:{port}")
         with _running(svc, timeout=PG_TIMEOUT_S):
-            yield Postgres(host=HOST, port=port)
+            try:
+                yield Postgres(host=HOST, port=port)
+            finally:
+                # A fast shutdown, which ends open sessions: the SIGTERM that stopping the service sends is a smart
+                # shutdown, which waits for clients (an MLflow or Prefect server's pool) to leave, and runuser
+                # SIGKILLs its child 2 s after passing a SIGTERM on, which left two PostgreSQL.* segments in
+                # /dev/shm on every suite run. Whatever is left after pg_ctl is still stopped by _running.
+                subprocess.run([*as_user, _pg_bin() / "pg_ctl", "stop", "-D", str(data), "-m", "fast", "-w",
+                                "-t", str(PG_TIMEOUT_S)], capture_output=True, timeout=PG_TIMEOUT_S + 10)
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
