@@ -41,6 +41,7 @@ from rich.table import Table
 
 from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.cpus import usable_cpus
 from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
 from lmforge.components.data.ingest import check_source
@@ -185,12 +186,12 @@ def task_runner(data: DataConfig) -> Any:
     if data.runner == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
 
-        return ThreadPoolTaskRunner(max_workers=data.workers or os.cpu_count() or 1)
+        return ThreadPoolTaskRunner(max_workers=data.workers or usable_cpus())
     from prefect_dask import DaskTaskRunner
 
     if data.cluster_address:
         return DaskTaskRunner(address=data.cluster_address)
-    n = data.workers or os.cpu_count() or 1
+    n = data.workers or usable_cpus()
     return DaskTaskRunner(cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True,
                                           "dashboard_address": None, "silence_logs": 40})
 

@@ -15,14 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from lmforge.components.cpus import usable_cpus
 from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
 from tests.checkpoints import train_tokenizer
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may use: its affinity (taskset, a cpuset), not the machine's count."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
 
 # Under `make test`'s xdist workers, a worker's own torch work (the in-process flows: evaluation, compression, data)
 # and the child processes it starts get the worker's share of the cores as threads. Left at torch's default, one

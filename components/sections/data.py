@@ -90,7 +90,8 @@ class DataConfig(Section):
     max_docs: int | None = Field(None, ge=1, description="keep only N documents, drawn with the seed before validation")
     seed: int = Field(0, description="seed for sampling and splitting")
     workers: int | None = Field(None, ge=1, le=256,
-                                description="local Dask worker processes that run the per-shard steps; unset = every core")
+                                description="local Dask worker processes that run the per-shard steps; "
+                                            "unset = every CPU this process may use")
     cluster_address: str | None = Field(
         None, description="a running Dask scheduler (tcp://host:8786) to run the per-shard steps on instead of a local cluster")
     runner: Literal["dask", "threads"] = Field(

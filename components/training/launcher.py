@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components import supervisor
+from lmforge.components.cpus import usable_cpus
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.training.ops import extensions_env, load_ops
@@ -79,7 +80,8 @@ class LaunchResult:
 
 
 def threads_per_rank(local_ranks: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, local_ranks))
+    """Each local rank's share of the CPUs this process may use (its affinity, not the machine's count)."""
+    return max(1, usable_cpus() // max(1, local_ranks))
 
 
 def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int, *,

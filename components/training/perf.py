@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from lmforge.components.accelerator import cache_get, cache_put, matmul_flops
+from lmforge.components.cpus import usable_cpus
 
 T = 1e12
 # (pattern on torch.cuda.get_device_name, product, dense TFLOP/s by precision). Order matters: the
@@ -95,7 +96,7 @@ def physical_cores() -> tuple[int, str]:
     import psutil
 
     logical = os.cpu_count() or 1
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
+    allowed = usable_cpus()
     physical = psutil.cpu_count(logical=False)
     cores, what = (physical, "physical cores") if physical else (logical, "logical CPUs (physical cores unknown)")
     if allowed < logical:

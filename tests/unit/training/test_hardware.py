@@ -269,3 +269,18 @@ def test_training_hardware_on_cpu(monkeypatch):
     assert training_hardware(TrainingConfig(compile=True)).compile is True
     with pytest.raises(UserError, match="training.compile: True is not supported with pipeline stages or AutoTP"):
         training_hardware(TrainingConfig(compile=True, parallel={"strategy": "ddp", "pipeline": {"stages": 2}}))
+
+
+def test_rank_threads_follow_the_cpus_this_process_may_use(monkeypatch):
+    """Pinned to 4 of a host's 64 CPUs (taskset, a container's cpuset), 2 ranks get 2 threads each, not 32."""
+    import os
+
+    from lmforge.components import cpus
+    from lmforge.components.training import launcher
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    assert cpus.usable_cpus() == 4
+    assert launcher.threads_per_rank(2) == 2
+    assert launcher.rank_env(2)["OMP_NUM_THREADS"] == "2"
+    assert launcher.threads_per_rank(8) == 1
