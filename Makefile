@@ -21,8 +21,9 @@ demo: .venv/.bootstrapped
 # pytest_xdist_auto_num_workers in tests/conftest.py; TEST_WORKERS=0 runs them in this process). A test file stays on
 # one worker (--dist loadfile), so the training runs its module fixtures share are made once. Files go out in
 # collection order (--no-loadscope-reorder): xdist's default sends the files with the most tests first, which are the
-# quick unit files, and leaves the one-test integration files of a minute or two for the end, where one worker runs
-# them while the other idles; in collection order the integration files go first and the unit files fill the end.
+# quick unit files, and leaves the one-test integration files of a minute or two for the end, where one worker can
+# hold several (it takes more while it has 2 tests or fewer pending) while the other has none left; in collection
+# order the integration files go first and the unit files fill the end.
 # Serial, the suite kept ~1.1 of 2 cores busy (process starts, rendezvous, servers coming up); README, "Tests".
 TEST_WORKERS ?= auto
 TEST_DIST    := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

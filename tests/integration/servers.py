@@ -170,10 +170,11 @@ def postgres(tmp: Path) -> Iterator[Postgres]:
             try:
                 yield Postgres(host=HOST, port=port)
             finally:
-                # A fast shutdown, which ends open sessions: the SIGTERM that stopping the service sends is a smart
-                # shutdown, which waits for clients (an MLflow or Prefect server's pool) to leave, and runuser
-                # SIGKILLs its child 2 s after passing a SIGTERM on, which left two PostgreSQL.* segments in
-                # /dev/shm on every suite run. Whatever is left after pg_ctl is still stopped by _running.
+                # A fast shutdown, which ends open sessions. The SIGTERM that stopping the service sends is a smart
+                # shutdown, which waits for clients (an MLflow or Prefect server's pool) to leave; the stop's SIGKILL
+                # then ended it midway (once runuser, the recorded process, exits, supervisor.stop kills what is
+                # left of its family), which left two PostgreSQL.* segments in /dev/shm on every suite run.
+                # Whatever is left after pg_ctl is still stopped by _running.
                 subprocess.run([*as_user, _pg_bin() / "pg_ctl", "stop", "-D", str(data), "-m", "fast", "-w",
                                 "-t", str(PG_TIMEOUT_S)], capture_output=True, timeout=PG_TIMEOUT_S + 10)
     finally:
