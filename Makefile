@@ -17,7 +17,7 @@ bootstrap: .venv/.bootstrapped
 demo: .venv/.bootstrapped
 	$(PY) -m lmforge.cli run all --config $(CONFIG)
 
-# The tests run on TEST_WORKERS pytest-xdist workers (auto: one per CPU this process may use, at most 4; see
+# The tests run on TEST_WORKERS pytest-xdist workers (auto: one per CPU this process may use, as memory allows, at most 4; see
 # pytest_xdist_auto_num_workers in tests/conftest.py; TEST_WORKERS=0 runs them in this process). A test file stays on
 # one worker (--dist loadfile), so the training runs its module fixtures share are made once. Files go out in
 # collection order (--no-loadscope-reorder): xdist's default sends the files with the most tests first, which are the

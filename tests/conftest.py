@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.components.cpus import usable_cpus
+from lmforge.components.cpus import cpu_share, usable_cpus
 from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
 from tests.checkpoints import train_tokenizer
 
@@ -24,8 +24,7 @@ from tests.checkpoints import train_tokenizer
 # thread per core, two workers ran 2 x 2 OpenMP threads on 2 cores, whose barriers wait on descheduled threads.
 # DeepSpeed ranks are unaffected: the launcher sets their OMP_NUM_THREADS itself.
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS",
-                          str(max(1, usable_cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(cpu_share(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 # Before anything imports `lmforge.flows` (which chooses the Prefect to report to, see
 # flows/prefect_env.py): a session workspace of its own, and none of the user's Prefect

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components import supervisor
-from lmforge.components.cpus import usable_cpus
+from lmforge.components.cpus import cpu_share
 from lmforge.components.errors import UserError
 from lmforge.components.ports import free_port
 from lmforge.components.training.ops import extensions_env, load_ops
@@ -77,11 +77,6 @@ class LaunchResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     log_dir: Path | None = None
     backend: str = ""
-
-
-def threads_per_rank(local_ranks: int) -> int:
-    """Each local rank's share of the CPUs this process may use (its affinity, not the machine's count)."""
-    return max(1, usable_cpus() // max(1, local_ranks))
 
 
 def command(req: LaunchRequest, request_path: Path, log_dir: Path, port: int, *,
@@ -150,7 +145,7 @@ class _Tail:
 def rank_env(num_ranks: int) -> dict[str, str]:
     """The ranks' environment: this process's, their share of the cores, unbuffered output, the folder the ops were
     built in (ops.extensions_env) and who supervises them (protocol.watch_supervisor)."""
-    return {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank(num_ranks)), "PYTHONUNBUFFERED": "1",
+    return {**os.environ, "OMP_NUM_THREADS": str(cpu_share(num_ranks)), "PYTHONUNBUFFERED": "1",
             **extensions_env(), SUPERVISOR_ENV: f"{socket.gethostname()}:{os.getpid()}"}
 
 

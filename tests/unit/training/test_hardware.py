@@ -281,6 +281,6 @@ def test_rank_threads_follow_the_cpus_this_process_may_use(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
     assert cpus.usable_cpus() == 4
-    assert launcher.threads_per_rank(2) == 2
+    assert cpus.cpu_share(2) == 2
     assert launcher.rank_env(2)["OMP_NUM_THREADS"] == "2"
-    assert launcher.threads_per_rank(8) == 1
+    assert launcher.rank_env(8)["OMP_NUM_THREADS"] == "1"
