@@ -53,6 +53,11 @@ from lmforge.components.data.shards import write_shards  # noqa: E402
 from lmforge.components.evaluation.bpc import bits_per_character  # noqa: E402
 from lmforge.components.evaluation.generation import generate  # noqa: E402
 from lmforge.components.sections.compression import CompressionConfig, FinetuneConfig  # noqa: E402
+from lmforge.components.task import Task  # noqa: E402
+
+# The prompts are already templated (generation_prompt): encoded as given, with no stop string, every row
+# generates its whole new-token budget, so the timings compare like with like.
+NO_STOP = Task("completion")
 
 MODULES = ["argparse", "ast", "asyncio.base_events", "calendar", "collections", "configparser", "csv", "dataclasses",
            "datetime", "decimal", "difflib", "email.message", "enum", "fractions", "ftplib", "functools", "gettext",
@@ -121,8 +126,8 @@ def quality(model, tok, model_dir: Path, heldout: list[Record], args: argparse.N
 
 
 def speed(model, tok, prompts: list[str], args: argparse.Namespace) -> dict[str, float]:
-    gens, wall = generate(model, tok, prompts, max_new_tokens=args.new_tokens, batch_size=1,
-                          max_prompt_tokens=128, stop_strings=())
+    gens, wall = generate(model, tok, prompts, NO_STOP, max_new_tokens=args.new_tokens, batch_size=1,
+                          max_prompt_tokens=128)
     tokens = sum(g.tokens for g in gens)
     return {"tokens_per_s": tokens / wall, "ttft_ms": 1000 * sum(g.timing.ttft_s for g in gens) / len(gens),
             "generated_tokens": tokens}

@@ -41,6 +41,7 @@ from benchmarks._report import write_results  # noqa: E402
 from benchmarks.bench_serve import PROMPTS, build_model, run_point, triton_sender  # noqa: E402
 from lmforge.components.onnx_export import export_onnx  # noqa: E402
 from lmforge.components.sections.deploy import DeployConfig  # noqa: E402
+from lmforge.components.task import DEMO  # noqa: E402
 from lmforge.deploy import client, repository, server  # noqa: E402
 
 MODELS = ("torch", "onnx")
@@ -60,11 +61,15 @@ def in_process(model_dir: Path, onnx_dir: Path, new_tokens: int, rounds: int, th
 
     torch.set_num_threads(threads)
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)
-    prompts = [generation.encode_prompt(tok, p) for p in PROMPTS[:8]]
+    prompts = [DEMO.encode(tok, p) for p in PROMPTS[:8]]
     by_torch, by_onnx = generation.torch_forward(model), OnnxForward(onnx_dir / "model.onnx", threads=threads)
-    runs = {"torch generate": lambda ids: generation.generate(model, tok, [ids], max_new_tokens=new_tokens),
-            "torch decode": lambda ids: generation.decode(by_torch, tok, [ids], max_new_tokens=new_tokens),
-            "onnx decode": lambda ids: generation.decode(by_onnx, tok, [ids], max_new_tokens=new_tokens)}
+    stops = DEMO.stop_strings
+    runs = {"torch generate": lambda ids: generation.generate(model, tok, [ids], max_new_tokens=new_tokens,
+                                                              stop_strings=stops),
+            "torch decode": lambda ids: generation.decode(by_torch, tok, [ids], max_new_tokens=new_tokens,
+                                                          stop_strings=stops),
+            "onnx decode": lambda ids: generation.decode(by_onnx, tok, [ids], max_new_tokens=new_tokens,
+                                                         stop_strings=stops)}
     for run in runs.values():
         run(prompts[0])  # warm-up
     totals = {name: {"tokens": 0, "seconds": 0.0, "first_s": []} for name in runs}

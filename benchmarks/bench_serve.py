@@ -42,9 +42,32 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
 from lmforge.components.sections.deploy import DeployConfig  # noqa: E402
-from lmforge.deploy import client, processing, repository, server  # noqa: E402
+from lmforge.components.task import DEMO  # noqa: E402
+from lmforge.deploy import client, repository, server  # noqa: E402
 
-PROMPTS = list(processing.VALIDATION_PROMPTS)
+# Signatures in the style of the demo corpus; the model below is trained on the docstring task (components/task.py).
+PROMPTS = [
+    "def dumps(obj, *, skipkeys=False, ensure_ascii=True, indent=None):",
+    "def join(a, *p):",
+    "def getsource(object):",
+    "def create_connection(address, timeout=None, source_address=None):",
+    "class OrderedDict(dict):",
+    "def literal_eval(node_or_string):",
+    "def urlsplit(url, scheme='', allow_fragments=True):",
+    "def sha256(data=b''):",
+    "def loads(s, *, cls=None, object_hook=None, parse_float=None):",
+    "def splitext(p):",
+    "def getmembers(object, predicate=None):",
+    "def dedent(text):",
+    "def deepcopy(x, memo=None, _nil=[]):",
+    "def urlencode(query, doseq=False, safe='', encoding=None, errors=None):",
+    "class Counter(dict):",
+    "def b64encode(s, altchars=None):",
+    "def gethostbyname(host):",
+    "def fnmatch(name, pat):",
+    "def dump(obj, fp, *, skipkeys=False, indent=None):",
+    "def shuffle(self, x):",
+]
 
 
 def build_model(out: Path) -> Path:
@@ -102,7 +125,7 @@ def triton_sender(info: server.ServerInfo, cfg: DeployConfig, new_tokens: int) -
             local.c = client.make_client(info.grpc_url, "grpc")
         t0 = time.perf_counter()
         result = client.infer(local.c, cfg.model_name,
-                              client.build_inputs([prompt], "grpc", max_new_tokens=new_tokens))
+                              client.build_inputs([prompt], "grpc", params=client.Params(max_tokens=new_tokens)))
         latency = (time.perf_counter() - t0) * 1e3
         g = client.parse_result(result, latency)[0]
         return latency, g.output_tokens, g.decode_ms
@@ -133,7 +156,7 @@ def naive_sender(model_dir: Path, new_tokens: int, threads: int) -> tuple[Callab
     def serve() -> None:
         while (job := jobs.get()) is not None:
             prompt, box, done = job
-            ids = tok(processing.build_prompt(prompt), return_tensors="pt")
+            ids = tok(DEMO.plain(prompt), return_tensors="pt")
             clock = Clock()
             with torch.inference_mode():
                 out = model.generate(**ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id,

@@ -32,6 +32,7 @@ from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.monitoring import MonitoringConfig
 from lmforge.components.sections.registry import RegistryConfig
+from lmforge.components.sections.task import TaskConfig
 from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.workspace import sha256_json
@@ -41,6 +42,7 @@ class PipelineConfig(Section):
     """The root: one field per stage table."""
 
     name: Name = Field("lmforge", description="a label for runs and reports; it names training run folders")
+    task: TaskConfig = TaskConfig()
     data: DataConfig = DataConfig()
     features: FeaturesConfig = FeaturesConfig()
     vectors: VectorsConfig = VectorsConfig()

@@ -1,32 +1,29 @@
-"""The one generation path: prompt template, tokenisation, stopping rule and decoding.
+"""The one generation path: a task's prompt rendering and stop rule, then decoding.
 
-    ids = encode_prompt(tokenizer, "def add(a, b):")            # [eos, *tokens of generation_prompt(signature)]
-    outs = generate(model, tokenizer, [ids], max_new_tokens=32)  # greedy, transformers' `generate`
-    outs[0].text, outs[0].token_ids, outs[0].summary, outs[0].mean_logprob, outs[0].first_token_s
+    task = Task.load(model_dir)                                   # components/task.py: saved with the model
+    ids = task.encode(tokenizer, "Once upon a time")              # the task's rendering of one prompt
+    outs = generate(model, tokenizer, [ids], max_new_tokens=32, stop_strings=task.stop_strings)   # greedy
+    outs[0].text, outs[0].token_ids, outs[0].mean_logprob, outs[0].first_token_s
+    outs = generate(model, tokenizer, [ids], max_new_tokens=32, sampling=Sampling(temperature=0.8, seed=7))
+    outs = generate_rows(model, tokenizer, [Row(ids, 32, Sampling(), ("\n",)), ...])   # per-request settings
     outs = decode(torch_forward(model), tokenizer, [ids], max_new_tokens=32)   # the same rows through a forward
                                                                  # function and a KV cache (an ONNX graph: onnxrun.py)
 
-Evaluation (components/evaluation/generation.py), the MLflow pyfunc
-(components/registry/hf_pyfunc.py) and the Triton model (deploy/model.py) all call this,
-so the ROUGE/BLEU that gate a promotion are measured on exactly what is served.
+Evaluation (components/evaluation/generation.py), supervised fine-tuning (the prompt ids,
+components/training/sft.py), the MLflow pyfunc (components/registry/hf_pyfunc.py) and the Triton
+model (deploy/model.py) all call this with the model's task, so what is scored is what is served.
 
-- Prompt: `generation_prompt(signature)` (records.py: the signature, then the docstring
-  opening), tokenised without special tokens and preceded by the eos token, because every
-  training document follows an eos. `prompt_text(prompt)` accepts either a bare
-  signature or an already templated prompt. A tokenizer with a chat template renders the
-  prompt as one user turn through that template instead (`encode_prompt`), as chat models
-  are trained to read it; supervised fine-tuning (components/training/sft.py) trains on
-  exactly these prompt ids.
-- Decoding: `model.generate` on left-padded rows (greedy unless `temperature > 0`, then
-  seeded sampling), up to the largest `max_new_tokens` of the batch.
-- Stopping: a row ends at eos (not part of its tokens), at the token whose decoded text
-  first contains a stop string (the docstring close; that token is kept, the text is cut
-  before the string), or at its own `max_new_tokens`. The rule is applied to the
-  generated tokens afterwards, so rows of different lengths in one batch never affect
-  each other's tokens.
+- Decoding: `model.generate` on left-padded rows, up to the largest `max_new_tokens` of the batch;
+  greedy, or sampled with a `Sampling` (temperature, top_p, top_k) after `torch.manual_seed(seed)`.
+- Stopping: a row ends at eos (not part of its tokens), at the token whose decoded text first contains
+  a stop string (that token is kept, the text is cut before the string), or at its own
+  `max_new_tokens`. The rule is applied to the generated tokens afterwards, so rows of different
+  lengths in one batch never affect each other's tokens.
+- Requests with their own settings (`generate_rows`): greedy rows with the same stop strings share a
+  batch; a sampled row runs alone, so the same seed gives the same text whatever else was in the batch.
 
-Imports only torch, transformers and the standard library (plus records.py): the Triton
-repository and the MLflow model carry a copy in `lmforge_runtime/`.
+Imports only torch, transformers and the standard library: the Triton repository and the MLflow model
+carry a copy in `lmforge_runtime/`.
 """
 
 from __future__ import annotations
@@ -36,12 +33,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-try:
-    from lmforge.components.data.records import DOC_CLOSE, DOC_OPEN, extract_summary, generation_prompt
-except ImportError:  # inside lmforge_runtime/ (a Triton model version or an MLflow model), beside records.py
-    from .records import DOC_CLOSE, DOC_OPEN, extract_summary, generation_prompt  # type: ignore[no-redef]
 
-STOP_STRINGS: tuple[str, ...] = (DOC_CLOSE,)
+@dataclass(frozen=True)
+class Sampling:
+    """How a row picks its tokens: greedy at temperature 0, else sampled (top_k 0 and top_p 1 keep every token)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        assert self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0, self
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling()
 
 
 @dataclass(frozen=True)
@@ -56,40 +66,15 @@ class Output:
     def tokens(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def summary(self) -> str:
-        return extract_summary(self.text)
 
+@dataclass(frozen=True)
+class Row:
+    """One request's row for `generate_rows`: encoded prompt, token limit, sampling and stop strings."""
 
-def prompt_text(prompt: str) -> str:
-    """The templated prompt: a bare signature gets the docstring opening; a templated one is kept."""
-    return prompt if prompt.endswith(DOC_OPEN) else generation_prompt(prompt.strip())
-
-
-def chat_turns(prompt: str) -> list[dict[str, str]]:
-    """The prompt as one user turn, for a tokenizer with a chat template: the bare prompt, without the docstring opening."""
-    return [{"role": "user", "content": prompt.removesuffix(DOC_OPEN).strip()}]
-
-
-def has_chat_template(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "chat_template", None))
-
-
-def encode_prompt(tokenizer: Any, prompt: str, *, max_tokens: int | None = None) -> list[int]:
-    """The prompt's ids, cut from the left to `max_tokens` when given.
-
-    With a chat template (the tokenizer's own, as a chat model ships it): the template's rendering of
-    one user turn holding the prompt, and the assistant's opening. Without: [eos, *ids of the
-    templated prompt], since every training document follows an eos.
-    """
-    if has_chat_template(tokenizer):
-        text = tokenizer.apply_chat_template(chat_turns(prompt), add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        eos = tokenizer.eos_token_id
-        assert eos is not None, "the tokenizer defines an eos token"
-        ids = [eos, *tokenizer(prompt_text(prompt), add_special_tokens=False)["input_ids"]]
-    return ids[-max_tokens:] if max_tokens else ids
+    ids: Sequence[int]
+    max_new_tokens: int
+    sampling: Sampling = GREEDY
+    stop_strings: tuple[str, ...] = ()
 
 
 def _limits(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]) -> list[int]:
@@ -132,9 +117,8 @@ def _outputs(tokenizer: Any, generated: list[list[int]], logps: list[list[float]
 
 
 def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
-             temperature: float = 0.0, seed: int = 0, stop_strings: Sequence[str] = STOP_STRINGS,
-             scores: bool = False) -> list[Output]:
-    """Continue each encoded prompt (see encode_prompt) in one batch; one Output per prompt, in order.
+             sampling: Sampling = GREEDY, stop_strings: Sequence[str] = (), scores: bool = False) -> list[Output]:
+    """Continue each encoded prompt (Task.encode) in one batch; one Output per prompt, in order.
 
     `max_new_tokens` is one limit for all rows or one per row; `scores=True` fills mean_logprob.
     """
@@ -151,15 +135,16 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     width = input_ids.shape[1]
     clock = _StepClock()
     stops = [s for s in stop_strings if s]
-    sample = temperature > 0
+    sample = not sampling.greedy
     if sample:
-        torch.manual_seed(seed)
+        torch.manual_seed(sampling.seed)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
             input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max(limits),
-            do_sample=sample, temperature=temperature if sample else None, top_k=0 if sample else None,
-            top_p=1.0 if sample else None, num_beams=1, pad_token_id=pad, eos_token_id=eos,
+            do_sample=sample, temperature=sampling.temperature if sample else None,
+            top_k=sampling.top_k if sample else None, top_p=sampling.top_p if sample else None, num_beams=1,
+            pad_token_id=pad, eos_token_id=eos,
             logits_processor=LogitsProcessorList([clock]),
             stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, stops)]) if stops else None,
             return_dict_in_generate=True, output_scores=scores)
@@ -169,6 +154,29 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     generated = out.sequences[:, width:].cpu().tolist()
     logps = logprobs.tolist() if logprobs is not None else [[] for _ in prompts]
     return _outputs(tokenizer, generated, logps, limits, stops, clock.steps, start, end)
+
+
+def batches(rows: Sequence[Row]) -> list[list[int]]:
+    """The indices of `rows` that may share one batch: greedy rows that stop alike together, each sampled row alone
+    (its seed alone decides its tokens)."""
+    groups: dict[Any, list[int]] = {}
+    for i, row in enumerate(rows):
+        key = ("greedy", row.stop_strings) if row.sampling.greedy else ("sampled", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], *, scores: bool = False) -> list[Output]:
+    """One Output per row, in order, each under its own limit, sampling and stop strings (`batches`)."""
+    out: list[Any] = [None] * len(rows)
+    for members in batches(rows):
+        first = rows[members[0]]
+        done = generate(model, tokenizer, [rows[i].ids for i in members],
+                        max_new_tokens=[rows[i].max_new_tokens for i in members], sampling=first.sampling,
+                        stop_strings=first.stop_strings, scores=scores)
+        for i, o in zip(members, done):
+            out[i] = o
+    return out
 
 
 def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str]:
@@ -201,7 +209,7 @@ class _StepClock:
 # --- the KV-cache decoding loop, for a model given as a forward function ----------------------
 
 def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
-           stop_strings: Sequence[str] = STOP_STRINGS, scores: bool = False) -> list[Output]:
+           stop_strings: Sequence[str] = (), scores: bool = False) -> list[Output]:
     """Greedy decoding of left-padded rows through `forward` with a KV cache: `generate`'s rows, prompt, stopping
     rule and Output, for a model that is not a transformers module (an ONNX graph, deploy/model.py).
 

@@ -1,23 +1,29 @@
-"""Talk to the served model with tritonclient, over HTTP or gRPC.
+"""Talk to the served model with tritonclient (HTTP or gRPC) or Triton's generate endpoint.
 
-    gens = generate("127.0.0.1:8000", ["def foo(x):"])                            # HTTP
-    gens = generate("127.0.0.1:8001", ["def foo(x):"], protocol="grpc", version=3)
-    gens[0].summary, gens[0].latency_ms
+    gens = generate("127.0.0.1:8000", ["Once upon a time"])                         # HTTP, greedy
+    gens = generate("127.0.0.1:8001", ["Hi"], protocol="grpc", version=3,
+                    params=Params(max_tokens=16, temperature=0.7, seed=3, stop=("\n",)))
+    gens[0].text, gens[0].output_tokens, gens[0].latency_ms
+    out = generate_endpoint("127.0.0.1:8000", "lmforge", {"text_input": "Hi", "max_tokens": 16})   # {"text_output": ...}
     ready_versions("127.0.0.1:8000", "lmforge")                                     # {3: True}
     wait_versions("127.0.0.1:8000", "lmforge", [2, 3], revision=rev, timeout=180)   # after write_config
 
-A refused request raises RequestFailed with the server's message (for example
-"PROMPT[0] is empty; ..."); the CLI prints it on one line. Nothing here asks the server
-to load or unload a model: it runs with `--model-control-mode=poll` (deploy/server.py),
-which refuses those requests from anyone, and picks up what lmforge writes into the
-model repository by itself. `wait_versions` waits, within a bound, until the server
-serves the config.pbtxt lmforge wrote (its `lmforge_revision` parameter) with exactly
-the versions it names ready, or says why a version failed to load.
+The served model speaks Triton's LLM convention (deploy/model.py): `text_input` in, `text_output`
+out, with optional `max_tokens`, `temperature`, `top_p`, `top_k`, `seed` and `stop`. A refused
+request raises RequestFailed with the server's message (for example "max_tokens[0] is -1; ...");
+the CLI prints it on one line. Nothing here asks the server to load or unload a model: it runs
+with `--model-control-mode=poll` (deploy/server.py), which refuses those requests from anyone,
+and picks up what lmforge writes into the model repository by itself. `wait_versions` waits,
+within a bound, until the server serves the config.pbtxt lmforge wrote (its `lmforge_revision`
+parameter) with exactly the versions it names ready, or says why a version failed to load.
 """
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +31,6 @@ import numpy as np
 
 Protocol = Literal["http", "grpc"]
 REVISION_PARAMETER = "lmforge_revision"  # config.pbtxt parameter deploy/repository.py writes
-OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
 
 
 class RequestFailed(RuntimeError):
@@ -33,10 +38,27 @@ class RequestFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Params:
+    """A request's optional inputs; None leaves an input out (the server's default: greedy, no extra stop)."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """The generate endpoint's fields."""
+        out = {k: v for k, v in self.__dict__.items() if v is not None and k != "stop"}
+        return {**out, **({"stop": list(self.stop)} if self.stop else {})}
+
+
+@dataclass(frozen=True)
 class Generation:
-    summary: str
-    completion: str
+    text: str               # text_output: the completion, cut before the first stop string
     token_ids: tuple[int, ...]
+    prompt_tokens: int
     output_tokens: int
     mean_logprob: float
     first_token_ms: float  # server side: from the start of the batch's generation to its first token
@@ -45,8 +67,7 @@ class Generation:
 
     def as_result(self) -> dict[str, Any]:
         """The form deploy.processing.is_well_formed checks."""
-        return {"summary": self.summary, "completion": self.completion, "output_tokens": self.output_tokens,
-                "mean_logprob": self.mean_logprob}
+        return {"text_output": self.text, "output_tokens": self.output_tokens, "mean_logprob": self.mean_logprob}
 
 
 def _module(protocol: Protocol) -> Any:
@@ -66,38 +87,44 @@ def make_client(url: str, protocol: Protocol = "http", *, timeout: float = 120.0
     return mod.InferenceServerClient(url)
 
 
-def build_inputs(prompts: list[str | bytes], protocol: Protocol = "http", *,
-                 max_new_tokens: int | None = None) -> list[Any]:
+def build_inputs(prompts: list[str | bytes], protocol: Protocol = "http", *, params: Params = Params()) -> list[Any]:
+    """text_input and the optional inputs `params` sets, one row per prompt."""
     mod = _module(protocol)
+    n = len(prompts)
 
-    def bytes_input(name: str, values: list[str | bytes]) -> Any:
-        arr = np.array([[v.encode("utf-8") if isinstance(v, str) else v] for v in values], dtype=np.object_)
-        inp = mod.InferInput(name, list(arr.shape), "BYTES")
+    def tensor(name: str, arr: np.ndarray, dtype: str) -> Any:
+        inp = mod.InferInput(name, list(arr.shape), dtype)
         inp.set_data_from_numpy(arr)
         return inp
 
-    inputs = [bytes_input("PROMPT", prompts)]
-    if max_new_tokens is not None:
-        arr = np.full((len(prompts), 1), max_new_tokens, dtype=np.int32)
-        inp = mod.InferInput("MAX_NEW_TOKENS", list(arr.shape), "INT32")
-        inp.set_data_from_numpy(arr)
-        inputs.append(inp)
+    encoded = [[v.encode("utf-8") if isinstance(v, str) else v] for v in prompts]
+    inputs = [tensor("text_input", np.array(encoded, dtype=np.object_), "BYTES")]
+    for name, dtype, np_type in (("max_tokens", "INT32", np.int32), ("temperature", "FP32", np.float32),
+                                 ("top_p", "FP32", np.float32), ("top_k", "INT32", np.int32),
+                                 ("seed", "INT64", np.int64)):
+        value = getattr(params, name)
+        if value is not None:
+            inputs.append(tensor(name, np.full((n, 1), value, dtype=np_type), dtype))
+    if params.stop:
+        stops = np.array([[s.encode("utf-8") for s in params.stop]] * n, dtype=np.object_)
+        inputs.append(tensor("stop", stops, "BYTES"))
     return inputs
 
 
 def parse_result(result: Any, latency_ms: float) -> list[Generation]:
-    cols = {name: result.as_numpy(name) for name in OUTPUTS}
+    cols = {name: result.as_numpy(name) for name in ("text_output", "token_ids", "prompt_tokens", "output_tokens",
+                                                     "mean_logprob", "first_token_ms", "decode_ms")}
     gens = []
-    for i in range(cols["SUMMARY"].shape[0]):
+    for i in range(cols["text_output"].shape[0]):
         def text(name: str, i: int = i) -> str:  # bound now: the helper is called within this iteration only
             v = cols[name][i][0]
             return v.decode("utf-8") if isinstance(v, bytes) else str(v)
-        gens.append(Generation(summary=text("SUMMARY"), completion=text("COMPLETION"),
-                               token_ids=tuple(int(t) for t in text("TOKEN_IDS").split()),
-                               output_tokens=int(cols["OUTPUT_TOKENS"][i][0]),
-                               mean_logprob=float(cols["MEAN_LOGPROB"][i][0]),
-                               first_token_ms=float(cols["FIRST_TOKEN_MS"][i][0]),
-                               decode_ms=float(cols["DECODE_MS"][i][0]), latency_ms=latency_ms))
+        gens.append(Generation(text=text("text_output"), token_ids=tuple(int(t) for t in text("token_ids").split()),
+                               prompt_tokens=int(cols["prompt_tokens"][i][0]),
+                               output_tokens=int(cols["output_tokens"][i][0]),
+                               mean_logprob=float(cols["mean_logprob"][i][0]),
+                               first_token_ms=float(cols["first_token_ms"][i][0]),
+                               decode_ms=float(cols["decode_ms"][i][0]), latency_ms=latency_ms))
     return gens
 
 
@@ -112,17 +139,34 @@ def infer(client: Any, model: str, inputs: list[Any], *, version: int | None = N
 
 
 def generate(url: str, prompts: list[str | bytes], *, protocol: Protocol = "http", model: str = "lmforge",
-             version: int | None = None, max_new_tokens: int | None = None,
-             timeout: float = 120.0) -> list[Generation]:
-    """Generate a summary for each prompt (one request carrying all of them)."""
+             version: int | None = None, params: Params = Params(), timeout: float = 120.0) -> list[Generation]:
+    """Generate a completion for each prompt (one request carrying all of them)."""
     client = make_client(url, protocol, timeout=timeout)
     try:
         start = time.perf_counter()
-        result = infer(client, model, build_inputs(prompts, protocol, max_new_tokens=max_new_tokens),
-                       version=version)
+        result = infer(client, model, build_inputs(prompts, protocol, params=params), version=version)
         return parse_result(result, (time.perf_counter() - start) * 1e3)
     finally:
         client.close()
+
+
+def generate_endpoint(url: str, model: str, body: dict[str, Any], *, version: int | None = None,
+                      timeout: float = 120.0) -> dict[str, Any]:
+    """POST body to Triton's generate extension (`/v2/models/<model>[/versions/<v>]/generate`), JSON in and out;
+    RequestFailed with the server's error and HTTP status when it refuses."""
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/generate"
+    req = urllib.request.Request(f"http://{url}{path}", data=json.dumps(body).encode("utf-8"),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        detail = e.read().decode("utf-8", "replace")
+        try:
+            detail = json.loads(detail).get("error", detail)
+        except json.JSONDecodeError:
+            pass
+        raise RequestFailed(f"HTTP {e.code}: {detail}") from None
 
 
 # --- what the server serves (HTTP) --------------------------------------------------

@@ -1,27 +1,34 @@
-"""The Triton python-backend model: batched generation with lmforge's one generation path.
+"""The Triton python-backend model: batched generation with lmforge's one generation path, under the LLM convention.
 
 Copied by deploy/repository.py into `<repo>/<model>/<version>/model.py`, beside
-`lmforge_runtime/` (generation, modelload, processing, records, requestlog) and `model/`
+`lmforge_runtime/` (generation, task, modelload, processing, records, requestlog) and `model/`
 (the model folder). It runs inside the server's Python (.venv-serve locally, the NGC
-container's on GPUs):
+container's on GPUs). Its tensors are those of Triton's own LLM backends (vLLM's, TensorRT-LLM's),
+so Triton's generate endpoint (`POST /v2/models/<model>/generate` with
+`{"text_input": "...", "max_tokens": 16}`), tritonclient and the tools built for them work unchanged:
 
-    inputs   PROMPT [n,1] BYTES (a signature), MAX_NEW_TOKENS [n,1] INT32 (optional)
-    outputs  SUMMARY, COMPLETION, TOKEN_IDS [n,1] BYTES; OUTPUT_TOKENS [n,1] INT32; MEAN_LOGPROB,
-             FIRST_TOKEN_MS, DECODE_MS [n,1] FP32
+    inputs   text_input [n,1] BYTES; optional max_tokens INT32, temperature FP32, top_p FP32, top_k INT32,
+             seed INT64, exclude_input_in_output BOOL [n,1]; stop [n,k] BYTES (stop strings)
+    outputs  text_output, token_ids [n,1] BYTES; prompt_tokens, output_tokens [n,1] INT32; mean_logprob,
+             first_token_ms, decode_ms [n,1] FP32
 
-The model loads with modelload.load_model (an int8 or low-rank variant as what it is), goes
-to the instance's GPU unless its kernels are CPU-only (processing.serving_device: an int8
-variant stays on the CPU, and the server log says why), and generates with generation.generate:
-the prompt template, eos prefix, greedy decoding and
-stopping rule that evaluation scores and the MLflow pyfunc runs. A version whose model/ folder
-is an ONNX export (model.onnx, [deploy] format = "onnx") runs the graph in onnxruntime on the CPU
-instead, through generation.decode (the same prompt ids, greedy rows, stopping rule and outputs;
-components/onnxrun.py is its forward): nvidia-pytriton's tritonserver ships the python backend
-only, no onnxruntime backend, so the graph is served from here. TOKEN_IDS holds the
-generated ids, space-separated. Triton hands `execute` every request of a dynamic batch;
-their valid rows are generated together, and each request gets exactly one response:
-its outputs, or a TritonError with code INVALID_ARG (HTTP 400) saying what is wrong with
-it. One bad request never fails the others. Every row is appended to the request log.
+A prompt is rendered, stopped and scored by the model's task (lmforge_runtime/task.py, recorded in
+the model's lmforge.json): for a chat task, a text_input holding a JSON list of {role, content}
+messages is the chat, any other text one user turn. text_output is the completion, cut before the
+first stop string (the task's and the request's); with `exclude_input_in_output = false` it
+starts with the text_input. Greedy unless `temperature > 0`; a sampled request runs alone with its
+seed, so the same seed gives the same text whatever shares its batch.
+
+The model loads with modelload.load_model (an int8 or low-rank variant as what it is) and goes to
+the instance's GPU unless its kernels are CPU-only (processing.serving_device: an int8 variant stays
+on the CPU, and the server log says why). A version whose model/ folder is an ONNX export
+(model.onnx, [deploy] format = "onnx") runs the graph in onnxruntime on the CPU through
+generation.decode (greedy only: a sampled request is refused): nvidia-pytriton's tritonserver ships
+the python backend only, no onnxruntime backend, so the graph is served from here. token_ids holds
+the generated ids, space-separated. Triton hands `execute` every request of a dynamic batch; their
+valid rows are generated together, and each request gets exactly one response: its outputs, or a
+TritonError with code INVALID_ARG (HTTP 400) naming the input that is wrong. One bad request never
+fails the others. Every row is appended to the request log.
 """
 
 import json
@@ -34,10 +41,12 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lmforge_runtime import generation, modelload, onnxrun, processing  # noqa: E402
+from lmforge_runtime import generation, modelload, onnxrun, processing, task  # noqa: E402
 from lmforge_runtime.requestlog import RequestLog, RequestRecord, now_iso  # noqa: E402
 
-OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS", "OUTPUT_TOKENS", "MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
+BYTES_OUTPUTS = ("text_output", "token_ids")
+INT_OUTPUTS = ("prompt_tokens", "output_tokens")
+FLOAT_OUTPUTS = ("mean_logprob", "first_token_ms", "decode_ms")
 
 
 class TritonPythonModel:
@@ -56,16 +65,18 @@ class TritonPythonModel:
         here = os.path.dirname(os.path.abspath(__file__))
         folder = os.path.join(here, "model")
         self.tok = modelload.load_tokenizer(folder)
-        self.forward = None
+        self.task = task.Task.load(folder)
+        self.rare_ids = processing.load_rare_ids(here)
+        log_dir = params.get("request_log", "")
+        self.log = RequestLog(log_dir) if log_dir else None
+        self.model = self.forward = None
         graph = os.path.join(folder, onnxrun.GRAPH_FILE)
         if os.path.isfile(graph):  # an ONNX export: the same loop (generation.decode) over onnxruntime's forward
-            self.model, self.device = None, "cpu"
+            self.device = "cpu"
             self.forward = onnxrun.OnnxForward(graph, threads=threads)
             pb_utils.Logger.log_info(f"{self.name} v{self.version}: ONNX graph on onnxruntime "
-                                     f"{onnxrun.runtime_version()} (CPU execution provider, {threads} threads)")
-            self.rare_ids = processing.load_rare_ids(here)
-            log_dir = params.get("request_log", "")
-            self.log = RequestLog(log_dir) if log_dir else None
+                                     f"{onnxrun.runtime_version()} (CPU execution provider, {threads} threads); "
+                                     f"task {self.task.kind}")
             return
         self.model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
         # A GPU instance of an int8 variant keeps it on the CPU: torch's quantized::linear_dynamic has
@@ -75,28 +86,43 @@ class TritonPythonModel:
         if device != "cpu":
             self.model = self.model.to(torch.device(device))
         self.device = device
-        pb_utils.Logger.log_info(f"{self.name} v{self.version}: model on {device} ({why})")
-        self.rare_ids = processing.load_rare_ids(here)
-        log_dir = params.get("request_log", "")
-        self.log = RequestLog(log_dir) if log_dir else None
+        pb_utils.Logger.log_info(f"{self.name} v{self.version}: model on {device} ({why}); task {self.task.kind}")
 
     # --- one request: validate and tokenise --------------------------------------
+    def _input(self, request, name):
+        """The rows of an optional input as a list (None when absent); one row a prompt."""
+        t = pb_utils.get_input_tensor_by_name(request, name)
+        if t is None:
+            return None
+        arr = t.as_numpy()
+        return [list(r) for r in arr.reshape(arr.shape[0], -1)] if name == "stop" else arr.reshape(-1).tolist()
+
     def _parse(self, request):
-        prompts = pb_utils.get_input_tensor_by_name(request, "PROMPT")
-        if prompts is None:  # Triton refuses a missing required input before us; this guards a config drift
-            raise processing.BadRequest("missing_input", "input PROMPT is required")
-        rows = prompts.as_numpy().reshape(-1)
-        mnt = pb_utils.get_input_tensor_by_name(request, "MAX_NEW_TOKENS")
-        max_new = processing.parse_max_new_tokens(
-            None if mnt is None else mnt.as_numpy().reshape(-1).tolist(), len(rows), self.limits)
+        texts = self._input(request, "text_input")
+        if texts is None:  # Triton refuses a missing required input before us; this guards a config drift
+            raise processing.BadRequest("missing_input", "input text_input is required")
+        n = len(texts)
+        max_new = processing.parse_max_tokens(self._input(request, "max_tokens"), n, self.limits)
+        sampling = processing.parse_sampling({k: self._input(request, k) for k in processing.SAMPLING_INPUTS}, n)
+        stops = processing.parse_stop(self._input(request, "stop"), n)
+        exclude = self._input(request, "exclude_input_in_output")
         parsed = []
-        for row, raw in enumerate(rows):
-            signature = processing.decode_prompt(raw, self.limits, row=row)
-            ids = processing.check_tokens(generation.encode_prompt(self.tok, signature), self.limits, row=row)
-            sig_ids = self.tok(signature)["input_ids"]
-            rate = processing.rare_token_rate(sig_ids, self.rare_ids, self.tok.unk_token_id)
-            parsed.append({"ids": ids, "chars": len(signature), "tokens": len(sig_ids), "rare": rate,
-                           "max_new": max_new[row]})
+        for row, raw in enumerate(texts):
+            text = processing.decode_text(raw, self.limits, row=row)
+            if self.forward is not None and not sampling[row].greedy:
+                raise processing.BadRequest("bad_temperature", f"temperature[{row}] is {sampling[row].temperature}; "
+                                            "this version is an ONNX export, served greedy only: send 0")
+            try:
+                ids = self.task.encode(self.tok, self.task.parse_prompt(text))
+            except task.TaskError as e:
+                raise processing.BadRequest("bad_prompt", f"text_input[{row}]: {e}") from None
+            ids = processing.check_tokens(ids, self.limits, row=row)
+            text_ids = self.tok(text)["input_ids"]
+            parsed.append({"row": generation.Row(ids, max_new[row], sampling[row],
+                                                 (*self.task.stop_strings, *stops[row])),
+                           "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
+                           "rare": processing.rare_token_rate(text_ids, self.rare_ids, self.tok.unk_token_id),
+                           "echo": text if exclude is not None and not bool(exclude[row]) else ""})
         return parsed
 
     # --- a dynamic batch ----------------------------------------------------------
@@ -130,27 +156,27 @@ class TritonPythonModel:
         return responses
 
     def _generate(self, rows):
-        prompts, limits = [r["ids"] for r in rows], [r["max_new"] for r in rows]
-        if self.forward is not None:
-            outs = generation.decode(self.forward, self.tok, prompts, max_new_tokens=limits, scores=True)
+        todo = [r["row"] for r in rows]
+        if self.forward is not None:  # greedy only (checked in _parse): rows that stop alike decode together
+            outs = [None] * len(todo)
+            for members in generation.batches(todo):
+                done = generation.decode(self.forward, self.tok, [todo[i].ids for i in members], scores=True,
+                                         max_new_tokens=[todo[i].max_new_tokens for i in members],
+                                         stop_strings=todo[members[0]].stop_strings)
+                for i, o in zip(members, done):
+                    outs[i] = o
         else:
-            outs = generation.generate(self.model, self.tok, prompts, max_new_tokens=limits, scores=True)
-        return [{"summary": o.summary, "completion": o.text, "token_ids": " ".join(str(t) for t in o.token_ids),
-                 "output_tokens": o.tokens, "mean_logprob": o.mean_logprob, "first_token_ms": o.first_token_s * 1e3,
-                 "decode_ms": (o.total_s - o.first_token_s) * 1e3} for o in outs]
+            outs = generation.generate_rows(self.model, self.tok, todo, scores=True)
+        return [{"text_output": r["echo"] + o.text, "token_ids": " ".join(str(t) for t in o.token_ids),
+                 "prompt_tokens": r["prompt_tokens"], "output_tokens": o.tokens, "mean_logprob": o.mean_logprob,
+                 "first_token_ms": o.first_token_s * 1e3, "decode_ms": (o.total_s - o.first_token_s) * 1e3}
+                for r, o in zip(rows, outs)]
 
     def _tensors(self, results):
         def col(key, dtype):
-            return np.array([[r[key]] for r in results], dtype=dtype)
-        return [
-            pb_utils.Tensor("SUMMARY", col("summary", np.object_)),
-            pb_utils.Tensor("COMPLETION", col("completion", np.object_)),
-            pb_utils.Tensor("TOKEN_IDS", col("token_ids", np.object_)),
-            pb_utils.Tensor("OUTPUT_TOKENS", col("output_tokens", np.int32)),
-            pb_utils.Tensor("MEAN_LOGPROB", col("mean_logprob", np.float32)),
-            pb_utils.Tensor("FIRST_TOKEN_MS", col("first_token_ms", np.float32)),
-            pb_utils.Tensor("DECODE_MS", col("decode_ms", np.float32)),
-        ]
+            return pb_utils.Tensor(key, np.array([[r[key]] for r in results], dtype=dtype))
+        return ([col(k, np.object_) for k in BYTES_OUTPUTS] + [col(k, np.int32) for k in INT_OUTPUTS]
+                + [col(k, np.float32) for k in FLOAT_OUTPUTS])
 
     def _log(self, rows, results, start, *, status):
         if self.log is None:
@@ -163,7 +189,7 @@ class TritonPythonModel:
                 self.log.append(RequestRecord(
                     ts=ts, model=self.name, version=self.version, prompt_chars=r["chars"], prompt_tokens=r["tokens"],
                     rare_token_rate=float(r["rare"]), output_tokens=res["output_tokens"] if res else 0,
-                    output_chars=len(res["completion"]) if res else 0,
+                    output_chars=len(res["text_output"]) if res else 0,
                     mean_logprob=float(res["mean_logprob"]) if res else 0.0, latency_ms=latency, status=status))
             except OSError as e:  # a full disk must not fail serving; the server log says so
                 pb_utils.Logger.log_error(f"request log: {e}")

@@ -8,14 +8,15 @@
 
 Layout (the standard one, so the same folder runs in the NGC tritonserver container):
 
-    <repo>/<model>/config.pbtxt             python backend, batching, instances, I/O, version policy
+    <repo>/<model>/config.pbtxt             python backend, batching, instances, the LLM convention's
+                                            tensors (text_input -> text_output, deploy/model.py), version policy
     <repo>/<model>/<version>/model.py       deploy/model.py
     <repo>/<model>/<version>/lmforge_runtime/  generation.py, modelload.py (torch + transformers), processing.py,
                                             records.py, requestlog.py (stdlib), onnxrun.py (onnxruntime):
                                             no lmforge install needed
     <repo>/<model>/<version>/model/         the model folder (safetensors, tokenizer, lmforge.json), or its ONNX
                                             export (model.onnx, tokenizer, onnx.json): model.py then runs onnxruntime
-    <repo>/<model>/<version>/rare_tokens.json, meta.json
+    <repo>/<model>/<version>/rare_tokens.json, validation_prompts.json, meta.json
 
 A Triton version number is the registry's model version number. The version policy is
 `specific`: the rollout names exactly the versions that may be loaded, so adding a
@@ -50,14 +51,20 @@ from lmforge.components.errors import UserError
 from lmforge.components.onnx_export import check_onnx_dir, is_onnx_dir
 from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.task import Task
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
 from lmforge.deploy import processing as processing_module
-from lmforge.deploy.processing import RARE_TOKENS_FILE
+from lmforge.deploy.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 
 MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
-BYTES_OUTPUTS = ("SUMMARY", "COMPLETION", "TOKEN_IDS")
-INT_OUTPUTS = ("OUTPUT_TOKENS",)
-FLOAT_OUTPUTS = ("MEAN_LOGPROB", "FIRST_TOKEN_MS", "DECODE_MS")
+# Triton's LLM convention (the tensors of its vLLM and TensorRT-LLM backends): deploy/model.py says what each holds.
+INPUTS = (("text_input", "TYPE_STRING", "[ 1 ]", False), ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
+          ("temperature", "TYPE_FP32", "[ 1 ]", True), ("top_p", "TYPE_FP32", "[ 1 ]", True),
+          ("top_k", "TYPE_INT32", "[ 1 ]", True), ("seed", "TYPE_INT64", "[ 1 ]", True),
+          ("stop", "TYPE_STRING", "[ -1 ]", True), ("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", True))
+BYTES_OUTPUTS = ("text_output", "token_ids")
+INT_OUTPUTS = ("prompt_tokens", "output_tokens")
+FLOAT_OUTPUTS = ("mean_logprob", "first_token_ms", "decode_ms")
 REVISION_PARAMETER = "lmforge_revision"  # deploy/client.py reads it back from the server
 PRIVATE = 0o700
 
@@ -97,11 +104,11 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
     assert versions, "a model config must name at least one version"
     batching = cfg.dynamic_batching if dynamic_batching is None else dynamic_batching
 
-    def tensor(name: str, dtype: str, optional: bool = False) -> str:
+    def tensor(name: str, dtype: str, dims: str = "[ 1 ]", optional: bool = False) -> str:
         opt = " optional: true" if optional else ""
-        return f'  {{ name: "{name}" data_type: {dtype} dims: [ 1 ]{opt} }}'
+        return f'  {{ name: "{name}" data_type: {dtype} dims: {dims}{opt} }}'
 
-    inputs = [tensor("PROMPT", "TYPE_STRING"), tensor("MAX_NEW_TOKENS", "TYPE_INT32", True)]
+    inputs = [tensor(*spec) for spec in INPUTS]
     outputs = ([tensor(n, "TYPE_STRING") for n in BYTES_OUTPUTS] + [tensor(n, "TYPE_INT32") for n in INT_OUTPUTS]
                + [tensor(n, "TYPE_FP32") for n in FLOAT_OUTPUTS])
     params = {
@@ -175,8 +182,12 @@ def built_versions(repo: Path, model_name: str) -> list[int]:
 
 
 def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Path,
-                  shard_dir: Path | None = None, stage: bool = False) -> Path:
+                  shard_dir: Path | None = None, validation_prompts: list[str] | None = None,
+                  stage: bool = False) -> Path:
     """Write `<repo>/<model>/<version>/` from an exported model folder (atomically); return it.
+
+    `validation_prompts`: what the rollout gate sends the version (held-out prompts of its task,
+    components/taskdata.heldout_prompts); without them, the task's probe prompt.
 
     With `stage`, leave the built folder in the staging area and return it there, for a
     check before `place_version` moves it in (Triton reloads a model whose folder changes).
@@ -196,6 +207,9 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
         atomic_write_json(tmp / RARE_TOKENS_FILE, {
             "min_count": cfg.rare_token_min_count, "source": str(shard_dir) if shard_dir else None,
             "ids": rare if rare is not None else []})
+        atomic_write_json(tmp / VALIDATION_FILE, {
+            "prompts": validation_prompts or [Task.load(model_dir).probe_prompt()],
+            "source": "held-out prompts of the model's dataset" if validation_prompts else "the task's probe prompt"})
         meta = {"version": version, "source": str(model_dir), "model_sha256": sha256_tree(tmp / "model"),
                 "format": "onnx" if onnx else "torch"}
         lm = model_dir / "lmforge.json"

@@ -1,4 +1,4 @@
-"""Gated rollout: a new version serves only after it loads and answers the fixed prompts well.
+"""Gated rollout: a new version serves only after it loads and answers its validation prompts well.
 
     result = rollout(server_url, repo, cfg, version=4, build=lambda: build_version(..., stage=True),
                      promote=lambda v: set_production(v), request_log=ws.requests, journal=ws.triton / "rollouts.jsonl")
@@ -8,8 +8,9 @@ The gate, in order: build the version folder in the staging area, outside the fo
 Triton polls; pre-flight it in this process (safetensors only, a short generation) so a
 broken export never reaches the server; rename it into the repository and write a
 config.pbtxt naming it beside the serving version, then wait (bounded) until Triton,
-which polls the repository, has loaded both; query it with the fixed prompts, one
-request each plus one batched request, checking that outputs are well formed and within
+which polls the repository, has loaded both; query it with its validation prompts (held-out
+prompts of its own task, written into the version folder when it was built:
+validation_prompts.json), one request each plus one batched request, checking that outputs are well formed and within
 the latency bound; write a config naming only the new version and wait until it alone
 is ready (Triton unloads the old one once the new config has loaded); only then
 `promote` (move the registry's `production` alias). On any failure, the final reload
@@ -66,19 +67,21 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
     import torch
 
     from lmforge.components.registry.loading import load_causal_lm
+    from lmforge.components.task import Task
 
     try:
+        task = Task.load(folder / "model")
         if is_onnx_dir(folder / "model"):  # an ONNX export: onnxruntime through the loop model.py runs it with
             from lmforge.components import generation, modelload
             from lmforge.components.onnxrun import OnnxForward
 
             tok = modelload.load_tokenizer(folder / "model")
             # The graph must load and run the prefill and a cached step (an eos first ends sooner: a valid answer).
-            generation.decode(OnnxForward(folder / "model" / ONNX_FILE), tok, [generation.encode_prompt(tok, prompt)],
-                              max_new_tokens=2, stop_strings=())
+            generation.decode(OnnxForward(folder / "model" / ONNX_FILE), tok,
+                              [task.encode(tok, task.parse_prompt(prompt))], max_new_tokens=2, stop_strings=())
             return None
         model, tok = load_causal_lm(folder / "model")
-        ids = tok(processing.build_prompt(prompt), return_tensors="pt")
+        ids = {"input_ids": torch.tensor([task.encode(tok, task.parse_prompt(prompt))])}
         with torch.inference_mode():
             out = model.generate(**ids, max_new_tokens=2, do_sample=False, pad_token_id=tok.pad_token_id)
         if out.shape[1] <= ids["input_ids"].shape[1]:
@@ -88,9 +91,8 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
     return None
 
 
-def validate(url: str, cfg: DeployConfig, version: int) -> tuple[list[str], list[dict[str, Any]]]:
-    """Query `version` with the fixed prompts; (problems, per-request checks)."""
-    prompts = processing.validation_prompts(cfg.validation_prompts)
+def validate(url: str, cfg: DeployConfig, version: int, prompts: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Query `version` with its validation prompts; (problems, per-request checks)."""
     problems, checks = [], []
     batches = [[p] for p in prompts] + ([prompts] if len(prompts) > 1 else [])
     for batch in batches:
@@ -102,7 +104,7 @@ def validate(url: str, cfg: DeployConfig, version: int) -> tuple[list[str], list
             checks.append({"prompts": len(batch), "error": str(e)})
             continue
         latency = gens[0].latency_ms
-        check = {"prompts": len(batch), "latency_ms": round(latency, 1), "summary": gens[0].summary[:80]}
+        check = {"prompts": len(batch), "latency_ms": round(latency, 1), "text_output": gens[0].text[:80]}
         if len(gens) != len(batch):
             problems.append(f"{len(batch)} prompts got {len(gens)} answers")
         if latency > cfg.validation_latency_ms:
@@ -148,7 +150,11 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
     if not (folder / "model.py").is_file():
         raise refuse(f"{folder} is not a built model version", loaded=False)
     # Checked before it enters the repository: Triton reloads the model whenever its folder changes.
-    problem = preflight(folder, prompt=processing.VALIDATION_PROMPTS[0])
+    try:
+        prompts = processing.read_validation_prompts(folder, cfg.validation_prompts)
+    except processing.BadRequest as e:
+        raise refuse(str(e), loaded=False) from None
+    problem = preflight(folder, prompt=prompts[0])
     if problem:
         raise refuse(problem, loaded=False)
     if staged is not None:
@@ -162,7 +168,7 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
     except (client.RequestFailed, OSError) as e:
         raise refuse(f"Triton could not load it: {str(e).splitlines()[0][:300]}", loaded=True) from None
 
-    problems, checks = validate(url, cfg, version)
+    problems, checks = validate(url, cfg, version, prompts)
     if problems:
         raise refuse("; ".join(problems[:3]), checks, loaded=True)
 

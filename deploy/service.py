@@ -77,6 +77,16 @@ def shards_for(ws: Workspace, model_dir: Path, registry_model: str | None = None
     return bundle if bundle is not None and (bundle / COUNTS_FILE).is_file() else None
 
 
+def validation_prompts(ws: Workspace, model_dir: Path, n: int) -> list[str]:
+    """Held-out prompts of the model's own task from its dataset, when this workspace has the dataset's records."""
+    from lmforge.components.task import Task
+    from lmforge.components.taskdata import heldout_prompts
+
+    meta = Path(model_dir) / "lmforge.json"
+    dataset = json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
+    return heldout_prompts(ws.dataset_dir(dataset), Task.load(model_dir), n=n) if dataset else []
+
+
 def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str, version: int,
                    model_dir: Path | None, reason: str = "passed the Triton rollout gate",
                    action: str = "set") -> RolloutResult:
@@ -99,10 +109,11 @@ def deploy_version(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, regist
 
             onnx = ensure_onnx(ws, registry_model, str(version), model_dir=folder, tolerance=cfg.onnx_tolerance)
             return build_version(repo, cfg, version=version, model_dir=onnx.folder,
-                                 shard_dir=shards_for(ws, folder, registry_model, version), stage=True)
+                                 shard_dir=shards_for(ws, folder, registry_model, version),
+                                 validation_prompts=validation_prompts(ws, folder, cfg.validation_prompts), stage=True)
         return build_version(repo, cfg, version=version, model_dir=folder,
                              shard_dir=shards_for(ws, folder, registry_model, version),
-                             stage=True)
+                             validation_prompts=validation_prompts(ws, folder, cfg.validation_prompts), stage=True)
 
     def promote(v: int) -> None:
         set_alias(ws, registry_model, alias, str(v), reason=f"{reason} (Triton model {cfg.model_name})",

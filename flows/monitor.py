@@ -28,9 +28,11 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
 from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.components.task import Task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, atomic_write_text, sha256_tree
 from lmforge.flows.lateness import too_late
@@ -64,18 +66,18 @@ def reference_task(ws_root: str, served: Served, cfg: MonitoringConfig, rare_min
     if not records.is_file():
         raise UserError("monitoring.reference_split", cfg.reference_split, f"has no records in {served.records}",
                         "Re-run the data stage (lmforge run data) or choose another split")
-    with open(records, encoding="utf-8") as f:
-        parsed = [json.loads(line) for line in f if line.strip()]
-    signatures = [r["signature"] for r in parsed]
+    kind = Task.load(served.model_dir)   # the served model's task says what a prompt of this dataset is
+    held_out = [(r.module, ex[0]) for r in read_records(records) if (ex := kind.example(r)) is not None]
+    prompts = [kind.prompt_as_text(p) for _, p in held_out]
     shards = served.travelled or ws.training_shards(version)
     rare_ids = served_rare_ids(ws, served, rare_min_count)
     featurize = serving_featurizer(served.model_dir, rare_ids)   # the served model's tokenizer, as serving uses
-    rows = reference_rows(signatures, featurize, [r.get("module", "-") for r in parsed])
+    rows = reference_rows(prompts, featurize, [m for m, _ in held_out])
     if len(rows) < 2 * 10:
         raise UserError("monitoring.reference_split", cfg.reference_split,
                         f"has only {len(rows)} prompts in dataset {version}", "Use a larger dataset or another split")
     ref = build_reference(rows, cfg)
-    meta = {"dataset_version": version, "split": cfg.reference_split, "signatures": len(signatures),
+    meta = {"dataset_version": version, "split": cfg.reference_split, "prompts": len(prompts), "task": kind.kind,
             "rare_token_min_count": rare_min_count, "rare_ids": len(rare_ids), "shards": str(shards),
             "served_version": served.version, "dataset_source": served.source, "model_sha256": sha256_tree(served.model_dir),
             "created_at": datetime.now(timezone.utc).isoformat(),

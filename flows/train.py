@@ -32,6 +32,7 @@ from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
 from lmforge.components.resources import source_commit
+from lmforge.components.taskdata import dataset_task
 from lmforge.components.tracking import start_run
 from lmforge.components.training.job import Job, prepare_job
 from lmforge.components.training.launcher import launch
@@ -140,8 +141,9 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     tc = cfg.training
     run_dir.mkdir(parents=True, exist_ok=True)
     # seq_len: the context the model was trained at; evaluation never scores positions beyond it.
+    task = dataset_task(cfg.task, ws.dataset_dir(version))
     meta = {"dataset_version": version, "config_hash": config_hash(tc), "strategy": tc.parallel.strategy,
-            "seq_len": tc.seq_len, "objective": tc.objective,
+            "seq_len": tc.seq_len, "objective": tc.objective, "task": task.to_dict(),
             **({"lora": tc.lora.model_dump(mode="json")} if tc.lora.r else {}),
             "mlflow_run_id": info.get("mlflow_run_id"), "git_commit": source_commit(), "run_name": name}
     # A registry alias is not read again here: the data stage resolved it once and pinned the version in the
@@ -151,7 +153,8 @@ def train_flow(cfg: PipelineConfig | str | None = None, resume: bool = False) ->
     base = resolve_base(ws, tc.model.init, pinned=pin) if tc.model.init is not None else None
     # Checked before any MLflow run opens, so a bad layout or a missing checkpoint leaves no trace but its message.
     job = prepare_job(tc, shards=ws.training_shards(version), tokenizer=ws.dataset_dir(version) / "tokenizer",
-                      run_dir=run_dir, resume=resume, meta=meta, base=base)
+                      run_dir=run_dir, resume=resume, meta=meta, base=base, task=task)
+    console.print(f"task: {task.kind}" + (f", stop at {list(task.stop_strings)}" if task.stop_strings else ""))
     console.print(f"hardware: {job.hardware.summary()}")
     for note in job.notes:
         console.print(note)

@@ -16,7 +16,6 @@ the demo traffic lands in the request log exactly as real traffic does.
 from __future__ import annotations
 
 import ast
-import json
 import random
 import sysconfig
 import time
@@ -26,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
+from lmforge.components.task import DEMO, Task
 
 # Third-party packages whose signatures make the "unfamiliar code" part of the shifted traffic.
 THIRD_PARTY = ("pydantic", "rich", "typer", "click", "requests", "pyarrow", "sqlalchemy", "fastapi", "mlflow",
@@ -56,16 +57,18 @@ def _sample(items: list[str], n: int, rng: random.Random) -> list[str]:
     return [rng.choice(items) for _ in range(n)]
 
 
-def normal_prompts(records_path: Path, *, n: int, seed: int) -> list[str]:
-    """n held-out signatures from a records JSONL (sampled with replacement when there are fewer)."""
+def normal_prompts(records_path: Path, *, n: int, seed: int, task: Task = DEMO) -> list[str]:
+    """n held-out prompts of the task from a records JSONL, as a client sends them (sampled with replacement when
+    there are fewer)."""
     path = Path(records_path)
     if not path.is_file():
         raise UserError("dataset records", path, "do not exist", "Run the data stage first: lmforge run data")
-    with open(path, encoding="utf-8") as f:
-        sigs = [s for s in (json.loads(line)["signature"] for line in f if line.strip()) if s.strip()]
-    if not sigs:
-        raise UserError("dataset records", path, "hold no signatures", "Re-run the data stage: lmforge run data")
-    return _sample(sigs, n, random.Random(seed))
+    prompts = [task.prompt_as_text(ex[0]) for r in read_records(path) if (ex := task.example(r)) is not None]
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise UserError("dataset records", path, f"hold no prompts of the {task.kind} task",
+                        "Re-run the data stage (lmforge run data) or set task.kind")
+    return _sample(prompts, n, random.Random(seed))
 
 
 def _signature(node: ast.AST) -> str | None:

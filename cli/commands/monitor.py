@@ -83,7 +83,8 @@ def traffic(
 ) -> None:
     """Send demo requests to the served model through the Triton client; say how many were served."""
     from lmforge.components.config import load_config
-    from lmforge.deploy.client import RequestFailed, generate
+    from lmforge.components.taskdata import dataset_task
+    from lmforge.deploy.client import Params, RequestFailed, generate
     from lmforge.deploy.server import read_state, running_server
     from lmforge.monitoring.traffic import normal_prompts, send_traffic, shifted_prompts
 
@@ -103,11 +104,12 @@ def traffic(
     count = n if n is not None else (m.traffic_shifted if shifted else m.traffic_normal)
     if count < 1:
         raise UserError("-n", count, "must be at least 1")
-    held_out = normal_prompts(ws.dataset_dir(version) / "records" / "test.jsonl", n=count, seed=seed)
+    held_out = normal_prompts(ws.dataset_dir(version) / "records" / "test.jsonl", n=count, seed=seed,
+                              task=dataset_task(cfg.task, ws.dataset_dir(version)))
     prompts = shifted_prompts(n=count, seed=seed, noise=m.traffic_noise, held_out=held_out) if shifted else held_out
 
     def send(prompt: str) -> None:
-        generate(url, [prompt], model=model, max_new_tokens=m.traffic_max_new_tokens)
+        generate(url, [prompt], model=model, params=Params(max_tokens=m.traffic_max_new_tokens))
 
     kind = "shifted" if shifted else "normal"
     with json_mode(as_json), console.status(f"sending {count} {kind} requests to {url} ({m.traffic_concurrency} at a time)"):

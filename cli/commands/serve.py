@@ -1,7 +1,8 @@
 """`lmforge serve`, `lmforge generate` and `lmforge deploy rollback|stop`.
 
     lmforge serve [--detach]                    # Triton on loopback with the production (or deploy.alias) model
-    lmforge generate "def foo(x):" [--protocol grpc] [--max-new-tokens 16]
+    lmforge generate "Once upon a time" [--protocol grpc] [--max-tokens 16] [--temperature 0.7 --seed 3] [--stop "."]
+    lmforge generate --messages chat.json       # a chat task: [{"role": "user", "content": "..."}, ...]
     lmforge deploy rollback [--reason "bad outputs"]   # the previous production version, through the gate
     lmforge deploy stop
     curl -s -o /dev/null -w '%{http_code}' localhost:<port>/v2/health/ready    # 200 while serving
@@ -113,34 +114,64 @@ def _block_until_stopped(ws: Workspace, info: Any) -> None:
 
 
 def generate(
-    prompt: Annotated[str, typer.Argument(help="a signature, e.g. 'def foo(x):'")],
+    prompt: Annotated[str | None, typer.Argument(help="the prompt, rendered by the served model's task (the demo's: "
+                                                      "a signature such as 'def foo(x):')")] = None,
+    messages: Annotated[Path | None, typer.Option("--messages", help="a chat task: a JSON file holding a list of "
+                                                                      "{role, content} messages")] = None,
     protocol: Annotated[Protocol, typer.Option("--protocol", "-p", help="how to reach Triton")] = Protocol.http,
-    max_new_tokens: Annotated[int | None,
-                              typer.Option("--max-new-tokens", help="default: deploy.max_new_tokens")] = None,
+    max_tokens: Annotated[int | None, typer.Option("--max-tokens", help="default: deploy.max_new_tokens")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="0 (default) is greedy")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="nucleus sampling: keep this share of the mass")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="sample among the k likeliest tokens (0: all)")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="the same seed gives the same sampled text")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="a stop sequence (repeatable)")] = None,
     version: Annotated[int | None, typer.Option("--version", help="a specific loaded version")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print every output as JSON")] = False,
 ) -> None:
-    """Ask the served model for a summary of a signature, over HTTP or gRPC."""
+    """Ask the served model to continue a prompt (or a chat), over HTTP or gRPC, under the model's own task."""
     from dataclasses import asdict
 
-    from lmforge.deploy.client import RequestFailed
+    from lmforge.deploy.client import Params, RequestFailed
     from lmforge.deploy.client import generate as gen
     from lmforge.deploy.server import read_state
 
+    text = _prompt_text(prompt, messages)
     protocol = Protocol(protocol).value
     ws = Workspace.from_env()
     info = _running(ws)
     model = (read_state(ws) or {}).get("model", "lmforge")
     url = info.url if protocol == "http" else info.grpc_url
     proto: Literal["http", "grpc"] = "http" if protocol == "http" else "grpc"
+    params = Params(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                    stop=tuple(stop or ()))
     try:
-        out = gen(url, [prompt], protocol=proto, model=model, version=version, max_new_tokens=max_new_tokens)[0]
+        out = gen(url, [text], protocol=proto, model=model, version=version, params=params)[0]
     except RequestFailed as e:
-        raise UserError("request", repr(prompt), f"was refused by the server: {e}") from None
+        raise UserError("request", repr(text[:80]), f"was refused by the server: {e}") from None
     if as_json:
         emit_json(asdict(out))
     else:
-        console.print(out.summary, soft_wrap=True, highlight=False, markup=False)
+        console.print(out.text, soft_wrap=True, highlight=False, markup=False)
+
+
+def _prompt_text(prompt: str | None, messages: Path | None) -> str:
+    """The text_input: the prompt, or the messages file's list as JSON (a chat task reads it as the chat)."""
+    if (prompt is None) == (messages is None):
+        raise UserError("lmforge generate", None, "needs a prompt or --messages, not both and not neither",
+                        'Run lmforge generate "your prompt" or lmforge generate --messages chat.json')
+    if prompt is not None:
+        return prompt
+    assert messages is not None
+    try:
+        value = json.loads(messages.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError("--messages", messages, f"is not a readable JSON file ({e})",
+                        'Write a list such as [{"role": "user", "content": "Hello"}]') from None
+    if not (isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                      and isinstance(m.get("content"), str) for m in value)):
+        raise UserError("--messages", messages, "does not hold a non-empty list of {role, content} objects",
+                        'Write a list such as [{"role": "user", "content": "Hello"}]')
+    return json.dumps(value, ensure_ascii=False)
 
 
 @deploy_app.command("rollback")

@@ -25,15 +25,15 @@ from typing import Any
 
 from lmforge.components.accelerator import runnable_device
 from lmforge.components.compression.variant import load_variant, variant_stats
-from lmforge.components.data.records import extract_summary, generation_prompt
 from lmforge.components.errors import UserError
 from lmforge.components.evaluation.bpc import bits_per_character
-from lmforge.components.evaluation.evaluate import read_split
+from lmforge.components.evaluation.evaluate import read_split, sample_records, task_examples
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import summarize
 from lmforge.components.evaluation.text_metrics import score_texts
 from lmforge.components.modelload import load_tokenizer
 from lmforge.components.sections.evaluation import EvaluationConfig
+from lmforge.components.task import Task
 
 
 def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) -> dict[str, Any]:
@@ -54,27 +54,21 @@ def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) 
         start_id = tokenizer.eos_token_id
         context = cfg.context_length or int(getattr(model.config, "max_position_embeddings", 512))
         rng = random.Random(cfg.seed)
-        texts = [r.text for r in _sample(heldout, cfg.bpc_max_docs, rng)]
+        texts = [r.text for r in sample_records(heldout, cfg.bpc_max_docs, rng)]
         where = runnable_device(model)
         b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context,
                                batch_size=cfg.bpc_batch_size, device=where.device)
-        examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
-        gens, wall = generate(model, tokenizer, [generation_prompt(r.signature) for r in examples],
+        task = Task.load(model_dir)   # the parent's, carried on in the variant's lmforge.json
+        examples = task_examples(heldout, task, cfg.max_examples, rng)
+        gens, wall = generate(model, tokenizer, [p for _, p, _ in examples], task,
                               max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
                               max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature,
                               seed=cfg.seed)
-        scores = score_texts([extract_summary(g.text) for g in gens], [r.summary for r in examples])
-        latency = summarize([g.timing for g in gens], wall_s=wall)
+        scores = score_texts([task.scored(g.text) for g in gens], [ref for _, _, ref in examples])
+        latency = summarize([g.timing for g in gens], wall_s=wall) if gens else {}
         stats = variant_stats(Path(model_dir), model)
     finally:
         torch.set_num_threads(old_threads)
     return {"bpc": b.bpc, "perplexity": b.perplexity, **scores.metrics(), **latency,
             **{k: float(v) for k, v in stats.items()}, "eval_seconds": round(time.perf_counter() - started, 2),
             "device": str(where.device), "device_reason": where.reason, "device_fallback": where.fallback}
-
-
-def _sample(records: list, n: int | None, rng: random.Random) -> list:
-    """The same seeded choice as the evaluation stage makes, so parent and variants see the same text."""
-    if n is None or len(records) <= n:
-        return list(records)
-    return sorted(rng.sample(records, n), key=lambda r: r.id)

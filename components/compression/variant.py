@@ -97,6 +97,7 @@ def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique
             "parent": {"path": str(parent_dir), "meta": parent_meta},
             # The lineage a downstream stage reads without walking up the parents.
             "dataset_version": parent_meta.get("dataset_version"),
+            "task": parent_meta.get("task"),  # how it renders, stops and scores: the parent's (components/task.py)
             **(extra or {}),
         }
         atomic_write_json(tmp / META, meta)

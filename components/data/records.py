@@ -3,9 +3,17 @@
     r = Record.from_parts(source="stdlib", module="json", qualname="dumps",
                           signature="def dumps(obj, *, indent=None)", docstring="Serialize obj ...")
     r.text                        # the language-modelling document
+    r.prompt, r.completion, r.reference, r.turns   # what every task reads (see below)
     read_records(ds / "records" / "train.jsonl")   # list[Record]
     generation_prompt(r.signature)  # what the model is given for code-to-text summarisation
     extract_summary(generated)      # what is scored against r.summary
+
+A record is what every task reads: `prompt`, `completion`, `reference` (what a generation is scored
+against), `text` (the language-modelling document) and, for a chat, `turns` (its messages, the last one the
+assistant's reply). They are stored under the demo's names, which is what the built-in corpus fills:
+prompt = `signature`, completion = `docstring`, reference = `summary`; `messages` (the chat's turns as JSON
+text) is stored only when a record has them, so a dataset without chats reads and hashes as before.
+components/task.py says how each task renders, stops and scores them.
 
 The language-modelling document puts the docstring right after the signature, as in
 source code, so that a model trained on `text` learns to continue
@@ -60,6 +68,26 @@ class Record:
     docstring: str
     summary: str
     text: str
+    messages: str = ""     # a chat's turns, as JSON text ([{"role", "content"}, ...]); "" for other records
+
+    @property
+    def prompt(self) -> str:
+        return self.signature
+
+    @property
+    def completion(self) -> str:
+        return self.docstring
+
+    @property
+    def reference(self) -> str:
+        return self.summary
+
+    @property
+    def turns(self) -> list[dict[str, str]]:
+        """A chat's messages, the assistant's reply last; [] for a record that is no chat."""
+        import json
+
+        return json.loads(self.messages) if self.messages else []
 
     @classmethod
     def from_parts(cls, *, source: str, module: str, qualname: str, signature: str, docstring: str) -> "Record":
@@ -75,14 +103,20 @@ class Record:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return stored(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Record":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d or k not in OPTIONAL})
 
 
 FIELDS = tuple(Record.__dataclass_fields__)
+OPTIONAL = ("messages",)  # written only when set
+
+
+def stored(d: dict[str, Any]) -> dict[str, Any]:
+    """A record's dict as it is written: without the optional fields it leaves empty."""
+    return {k: v for k, v in d.items() if k not in OPTIONAL or v}
 
 
 def read_records(path: Any) -> list[Record]:

@@ -29,7 +29,7 @@ from lmforge.components.data.featurize import document_features
 from lmforge.components.data.minhash import signatures
 from lmforge.components.data.quarantine import Quarantined, quarantine_entry, write_quarantine
 from lmforge.components.data.readers import read_shard
-from lmforge.components.data.records import FIELDS
+from lmforge.components.data.records import FIELDS, stored
 from lmforge.components.data.shards import dtype_for
 from lmforge.components.data.split import SPLITS
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
@@ -54,7 +54,7 @@ def sample_key(seed: int, origin: str) -> int:
 def record_line(r: dict[str, Any]) -> str:
     """A record as one JSONL line. U+2028 and U+2029 are escaped, as json escapes \\r: a consumer that splits the
     file with str.splitlines() still sees one record a line (the JSON text and its value are unchanged)."""
-    return json.dumps(r, ensure_ascii=False, sort_keys=True).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    return json.dumps(stored(r), ensure_ascii=False, sort_keys=True).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> IngestRef:

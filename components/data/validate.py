@@ -21,7 +21,8 @@ prompt + completion. A chat's completion is its last turn, which must be the ass
 at least one user turn before it; its prompt is the turns before the last: the content of the
 single user turn as is when that is all there is, else each turn as "<role>: <content>", joined
 with "\\n". A pair (either shape) becomes Record(signature=prompt, docstring=completion,
-summary=completion, text=prompt + "\\n" + completion); id and group as for a document. A CSV
+summary=completion, text=prompt + "\\n" + completion), a chat with its turns in `messages`; id and group
+as for a document. A CSV
 messages cell is the list as a JSON string (decoded here; not JSON: invalid_json); Parquet may
 hold the list itself.
 
@@ -205,7 +206,8 @@ def _shapes(cfg: ValidationConfig) -> str:
 def _pair_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig) -> Record:
     """A supervised fine-tuning pair (a chat or a prompt and a completion) as a Record, or Bad."""
     messages = fields.get(cfg.messages_field)
-    prompt, completion = _chat_pair(messages, cfg) if messages not in (None, "") else _prompt_completion(fields, cfg)
+    prompt, completion, turns = (_chat_pair(messages, cfg) if messages not in (None, "")
+                                 else (*_prompt_completion(fields, cfg), ""))
     rid, group = _optional_str(fields, cfg.id_field), _optional_str(fields, cfg.group_field)
     for name, value in ((cfg.id_field, rid), (cfg.group_field, group)):
         if value is not None:
@@ -216,7 +218,7 @@ def _pair_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig) -> 
                               f"validation.max_chars={cfg.max_chars}")
     key = rid if rid is not None else stable_id(origin)
     return Record(id=key, source=origin.rsplit(":", 1)[0], module=group if group is not None else key,
-                  qualname=key, signature=prompt, docstring=completion, summary=completion, text=text)
+                  qualname=key, signature=prompt, docstring=completion, summary=completion, text=text, messages=turns)
 
 
 def _prompt_completion(fields: dict[str, Any], cfg: ValidationConfig) -> tuple[str, str]:
@@ -238,9 +240,10 @@ def _prompt_completion(fields: dict[str, Any], cfg: ValidationConfig) -> tuple[s
     return both[0], both[1]
 
 
-def _chat_pair(messages: Any, cfg: ValidationConfig) -> tuple[str, str]:
-    """(prompt, completion) of a chat: the completion is the last turn (the assistant's); the prompt is the turns
-    before it: a lone user turn's content as is, else each turn as "<role>: <content>", joined with "\\n"."""
+def _chat_pair(messages: Any, cfg: ValidationConfig) -> tuple[str, str, str]:
+    """(prompt, completion, turns) of a chat: the completion is the last turn (the assistant's); the prompt is the
+    turns before it: a lone user turn's content as is, else each turn as "<role>: <content>", joined with "\\n";
+    turns is the whole chat as JSON text (Record.messages), which a chat task renders with the chat template."""
     name = cfg.messages_field
     if isinstance(messages, str):  # a CSV cell (or a JSON string in any format): the list as JSON
         try:
@@ -274,6 +277,7 @@ def _chat_pair(messages: Any, cfg: ValidationConfig) -> tuple[str, str]:
     if not any(content.strip() for _, content in context):
         raise Bad("empty", f"the messages before the assistant's reply in field {name!r} (the prompt) are empty "
                            "or only whitespace")
+    whole = json.dumps([{"role": role, "content": content} for role, content in turns], ensure_ascii=False)
     if len(context) == 1:
-        return context[0][1], completion
-    return "\n".join(f"{role}: {content}" for role, content in context), completion
+        return context[0][1], completion, whole
+    return "\n".join(f"{role}: {content}" for role, content in context), completion, whole

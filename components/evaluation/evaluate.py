@@ -1,17 +1,20 @@
 """Evaluate one model folder on one dataset: the entry point other stages call.
 
-    result = evaluate_model_dir(ws.run_dir(run) / "export", ws.dataset_dir(v), cfg.evaluation)
+    result = evaluate_model_dir(ws.run_dir(run) / "export", ws.dataset_dir(v), cfg.evaluation)   # the model's task
     result.metrics["bpc"], result.metrics["rougeL"], result.metrics["tokens_per_s"]
     result.examples[0].prediction
     result.to_dict()                       # JSON-able; EvalResult.from_dict reads it back
 
 Metrics (all floats): bpc, perplexity (bpc.py, on up to `bpc_max_docs` documents of the
 split), unigram_bpc (the trivial baseline of baseline.py, on the same tokens),
-rouge1/rouge2/rougeL/bleu/exact_match (text_metrics.py, on up to `max_examples`
-signature→summary examples), ttft_ms/tpot_ms/tokens_per_s (latency.py). With `rag` (a
-`rag.Rag` or a prompt→prompt callable), the generation task runs again on
-retrieval-augmented prompts; `result.rag` holds those scores and the difference, or
-why RAG was skipped.
+rouge1/rouge2/rougeL/bleu/exact_match (text_metrics.py, on up to `max_examples` held-out
+prompt→reference examples of the task; `gen_examples` says how many were scored),
+ttft_ms/tpot_ms/tokens_per_s (latency.py). The task (components/task.py) is the one saved with
+the model (task.json), or `task` when given (a base model has none): it renders the prompts,
+stops the generations and says what of each is scored. A split whose records give the task no
+reference scores no generation and says so in `info["generation"]`. With `rag` (a `rag.Rag` or
+a prompt→prompt callable), the generation task runs again on retrieval-augmented prompts (string
+prompts only); `result.rag` holds those scores and the difference, or why RAG was skipped.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.records import Record, extract_summary, generation_prompt
+from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
 from lmforge.components.evaluation.baseline import UnigramModel
 from lmforge.components.evaluation.bpc import bits_per_character
@@ -34,6 +37,7 @@ from lmforge.components.evaluation.rag import Rag
 from lmforge.components.evaluation.text_metrics import score_texts
 from lmforge.components.registry.loading import load_causal_lm
 from lmforge.components.sections.evaluation import EvaluationConfig
+from lmforge.components.task import Task, TaskError, infer_kind
 
 GEN_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")
 
@@ -77,7 +81,7 @@ def read_split(dataset_dir: Path, split: str) -> list[Record]:
 
 
 def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig, *,
-                       rag: Rag | Callable[[str], str] | None = None) -> EvalResult:
+                       rag: Rag | Callable[[str], str] | None = None, task: Task | None = None) -> EvalResult:
     import torch
 
     from lmforge.components.accelerator import runnable_device
@@ -102,33 +106,41 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     context, trained = scored_context(Path(model_dir), cfg, model.config)
     rng = random.Random(cfg.seed)
 
-    bpc_docs = _sample(heldout, cfg.bpc_max_docs, rng)
+    bpc_docs = sample_records(heldout, cfg.bpc_max_docs, rng)
     texts = [r.text for r in bpc_docs]
     b = bits_per_character(model, tokenizer, texts, start_id=start_id, context_length=context, batch_size=cfg.bpc_batch_size,
                            device=device)
     unigram_bpc = UnigramModel.fit(tokenizer, [r.text for r in train]).bits_per_character(tokenizer, texts)
 
-    examples = _sample([r for r in heldout if r.summary.strip()], cfg.max_examples, rng)
-    prompts = [generation_prompt(r.signature) for r in examples]
-    refs = [r.summary for r in examples]
+    task = task or Task.load(model_dir, default=Task(infer_kind(train + heldout)))
+    examples = task_examples(heldout, task, cfg.max_examples, rng)
+    prompts, refs = [p for _, p, _ in examples], [ref for _, _, ref in examples]
     gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
                       max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature, seed=cfg.seed)
-    gens, wall = generate(model, tokenizer, prompts, **gen_kwargs)
-    preds = [extract_summary(g.text) for g in gens]
+    try:
+        gens, wall = generate(model, tokenizer, prompts, task, **gen_kwargs)
+    except TaskError as e:
+        raise UserError("task", task.kind, str(e)) from e
+    preds = [task.scored(g.text) for g in gens]
     scores = score_texts(preds, refs)
-    latency = summarize([g.timing for g in gens], wall_s=wall)
+    latency = summarize([g.timing for g in gens], wall_s=wall) if gens else {}
 
-    metrics = {"bpc": b.bpc, "perplexity": b.perplexity, "unigram_bpc": unigram_bpc, **scores.metrics(), **latency,
+    metrics = {"bpc": b.bpc, "perplexity": b.perplexity, "unigram_bpc": unigram_bpc,
+               **(scores.metrics() if gens else {}), **latency, "gen_examples": float(len(gens)),
                "eval_tokens": float(b.tokens), "eval_chars": float(b.chars)}
-    rag_info, rag_preds, rag_pairs = _run_rag(rag, model, tokenizer, prompts, refs, gen_kwargs, scores.metrics())
+    rag_info, rag_preds, rag_pairs = _run_rag(rag, model, tokenizer, prompts, refs, task, gen_kwargs, scores.metrics())
     metrics.update({f"rag_{k}": v for k, v in rag_info.get("metrics", {}).items()})
     metrics.update({f"rag_delta_{k}": v for k, v in rag_info.get("delta", {}).items()})
 
-    out = [Example(id=r.id, prompt=p, reference=ref, prediction=pred, rougeL=s["rougeL"], rouge1=s["rouge1"], tokens=g.tokens,
-                   rag_prediction=rag_preds[i] if rag_preds else None, rag_rougeL=rag_pairs[i]["rougeL"] if rag_pairs else None)
-           for i, (r, p, ref, pred, s, g) in enumerate(zip(examples, prompts, refs, preds, scores.per_pair, gens))]
+    out = [Example(id=r.id, prompt=task.prompt_as_text(p), reference=ref, prediction=pred, rougeL=s["rougeL"],
+                   rouge1=s["rouge1"], tokens=g.tokens, rag_prediction=rag_preds[i] if rag_preds else None,
+                   rag_rougeL=rag_pairs[i]["rougeL"] if rag_pairs else None)
+           for i, ((r, p, ref), pred, s, g) in enumerate(zip(examples, preds, scores.per_pair, gens))]
     info = {"model_dir": str(model_dir), "dataset_dir": str(dataset_dir), "split": cfg.split, "bpc_docs": b.docs,
-            "examples": len(out), "device": str(device), "device_reason": where.reason, "context_length": context,
+            "examples": len(out), "task": task.to_dict(),
+            "generation": "ok" if out else f"no record of the {cfg.split} split gives the {task.kind} task a "
+                                           "prompt and a reference: no generation was scored",
+            "device": str(device), "device_reason": where.reason, "context_length": context,
             "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
             "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2)}
     return EvalResult(metrics=metrics, examples=out, rag=rag_info, info=info)
@@ -153,25 +165,37 @@ def scored_context(model_dir: Path, cfg: EvaluationConfig, model_config: Any) ->
     return (min(context, trained) if trained else context), trained
 
 
-def _sample(records: list[Record], n: int | None, rng: random.Random) -> list[Record]:
+def task_examples(records: list[Record], task: Task, n: int | None,
+                  rng: random.Random) -> list[tuple[Record, Any, str]]:
+    """(record, prompt, reference) of up to n records that give the task an example, in a seeded choice."""
+    found = {r.id: ex for r in records if (ex := task.example(r)) is not None}
+    return [(r, *found[r.id]) for r in sample_records([r for r in records if r.id in found], n, rng)]
+
+
+def sample_records(records: list[Record], n: int | None, rng: random.Random) -> list[Record]:
+    """A seeded choice of n records in id order (all of them when there are no more): the same for every model."""
     if n is None or len(records) <= n:
         return list(records)
     return sorted(rng.sample(records, n), key=lambda r: r.id)
 
 
-def _run_rag(rag: Rag | Callable[[str], str] | None, model: Any, tokenizer: Any, prompts: list[str], refs: list[str],
-             gen_kwargs: dict[str, Any], plain: dict[str, float]) -> tuple[dict[str, Any], list[str], list[dict[str, float]]]:
+def _run_rag(rag: Rag | Callable[[str], str] | None, model: Any, tokenizer: Any, prompts: list[Any], refs: list[str],
+             task: Task, gen_kwargs: dict[str, Any],
+             plain: dict[str, float]) -> tuple[dict[str, Any], list[str], list[dict[str, float]]]:
     if rag is None:
         return {"status": "off", "reason": "no retrieval was given to the evaluation"}, [], []
+    if not prompts or not all(isinstance(p, str) for p in prompts):
+        return {"status": "skipped", "reason": f"retrieval augments string prompts; the {task.kind} task's held-out "
+                                               "prompts are messages or none"}, [], []
     augment = rag.augment if isinstance(rag, Rag) else rag
     if augment is None:
         return {"status": "skipped", "reason": rag.reason}, [], []  # type: ignore[union-attr]
     try:
-        rag_prompts = [augment(p) for p in prompts]
+        rag_prompts = [augment(task.plain(p)) for p in prompts]
     except Exception as e:  # a store that breaks mid-run is reported, never scored as RAG
         return {"status": "skipped", "reason": f"retrieval failed: {type(e).__name__}: {e}"}, [], []
-    gens, _ = generate(model, tokenizer, rag_prompts, **gen_kwargs)
-    preds = [extract_summary(g.text) for g in gens]
+    gens, _ = generate(model, tokenizer, rag_prompts, task, **gen_kwargs)
+    preds = [task.scored(g.text) for g in gens]
     scores = score_texts(preds, refs)
     m = scores.metrics()
     return {"status": "ok", "metrics": m, "delta": {k: m[k] - plain[k] for k in GEN_METRICS}}, preds, scores.per_pair

@@ -1,12 +1,11 @@
 """Generation for evaluation: components/generation.py (what Triton and the pyfunc run), in batches, timed.
 
-    gens, wall_s = generate(model, tokenizer, prompts, max_new_tokens=48, batch_size=8, max_prompt_tokens=200)
+    gens, wall_s = generate(model, tokenizer, prompts, task, max_new_tokens=48, batch_size=8, max_prompt_tokens=200)
     gens[0].text, gens[0].tokens, gens[0].timing.ttft_s
 
-Each prompt (a templated `generation_prompt(signature)`, or a bare signature) is encoded
-by `encode_prompt` (eos first, as training documents follow an eos) and cut from the left
-to `max_prompt_tokens`; decoding and the stopping rule are those of the served model,
-so what is scored here is what is served. Greedy by default; seeded sampling with
+Each prompt (a string, or a chat's messages) is encoded by the task (components/task.py) and cut
+from the left to `max_prompt_tokens`; decoding and the task's stop rule are those of the served
+model, so what is scored here is what is served. Greedy by default; seeded sampling with
 `temperature > 0`.
 """
 
@@ -19,11 +18,12 @@ from typing import Any
 
 from lmforge.components import generation as shared
 from lmforge.components.evaluation.latency import RowTiming
+from lmforge.components.task import Prompt, Task
 
 
 @dataclass(frozen=True)
 class Generation:
-    prompt: str
+    prompt: Prompt
     text: str          # the continuation, decoded, cut at the first stop string
     token_ids: tuple[int, ...]
     timing: RowTiming
@@ -33,18 +33,19 @@ class Generation:
         return len(self.token_ids)
 
 
-def generate(model: Any, tokenizer: Any, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int,
-             max_prompt_tokens: int, temperature: float = 0.0, seed: int = 0,
-             stop_strings: Sequence[str] = shared.STOP_STRINGS) -> tuple[list[Generation], float]:
+def generate(model: Any, tokenizer: Any, prompts: Sequence[Prompt], task: Task, *, max_new_tokens: int,
+             batch_size: int, max_prompt_tokens: int, temperature: float = 0.0,
+             seed: int = 0) -> tuple[list[Generation], float]:
     """Generate for every prompt; return the generations (in prompt order) and the total wall time."""
     assert max_prompt_tokens >= 1 and max_new_tokens >= 1 and batch_size >= 1
-    encoded = [shared.encode_prompt(tokenizer, p, max_tokens=max_prompt_tokens) for p in prompts]
+    encoded = [task.encode(tokenizer, p, max_tokens=max_prompt_tokens) for p in prompts]
     out: list[Generation] = []
     wall = 0.0
     for i in range(0, len(prompts), batch_size):
         start = time.perf_counter()
         rows = shared.generate(model, tokenizer, encoded[i : i + batch_size], max_new_tokens=max_new_tokens,
-                               temperature=temperature, seed=seed + i, stop_strings=stop_strings)
+                               sampling=shared.Sampling(temperature=temperature, seed=seed + i),
+                               stop_strings=task.stop_strings)
         wall += time.perf_counter() - start
         out += [Generation(prompt=p, text=r.text, token_ids=r.token_ids,
                            timing=RowTiming(ttft_s=r.first_token_s, total_s=r.total_s, tokens=r.tokens))

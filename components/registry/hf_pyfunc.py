@@ -5,16 +5,18 @@ the weights are the registered model folder (artifact "hf"), read from safetenso
 the code that loads and runs them is the model's own `lmforge_runtime/` (code_paths):
 
     m = mlflow.pyfunc.load_model("models:/lmforge-lm@champion")
-    m.predict(["def add(a, b):"])                              # ["Return a plus b.", ...]
-    m.predict(["def add(a, b):"], params={"max_new_tokens": 16, "output": "completion"})
+    m.predict(["Once upon a time"])                               # the continuations, under the model's task
+    m.predict(["Once upon a time"], params={"max_new_tokens": 16, "temperature": 0.8, "seed": 7, "stop": ["."]})
+    m.predict(['[{"role": "user", "content": "Hi"}]'])            # a chat task: a JSON list of messages
+    m.predict(["def add(a, b):"], params={"output": "scored"})    # what evaluation scores (the preset: a summary)
     m.predict(["def add(a, b):"], params={"output": "token_ids"})   # ["17 402 9", ...]: the generated ids
 
-A prompt is a signature (or an already templated `generation_prompt`); the answer is the
-summary that evaluation scores, or with `output = "completion"` the whole continuation.
-Loading and generation are lmforge_runtime's modelload.py and generation.py, the same
-code Triton's model runs and evaluation calls, so an int8 or low-rank variant loads as
-what it is and the three give the same tokens. It imports only torch, transformers and
-mlflow, so it runs where lmforge is not installed (an `mlflow models serve` container).
+A prompt is rendered, stopped and scored by the model's task (components/task.py, recorded in
+its lmforge.json). Loading and generation are lmforge_runtime's modelload.py, task.py and
+generation.py, the same code Triton's model runs and evaluation calls, so an int8 or low-rank
+variant loads as what it is and the three give the same tokens. Greedy unless `temperature > 0`;
+sampling with a `seed` is repeatable. It imports only torch, transformers and mlflow, so it runs
+where lmforge is not installed (an `mlflow models serve` container).
 """
 
 from __future__ import annotations
@@ -24,37 +26,44 @@ from typing import Any
 import mlflow.pyfunc
 from mlflow.models import set_model
 
-OUTPUTS = ("summary", "completion", "token_ids")
+OUTPUTS = ("text", "scored", "token_ids")
+PARAMS = {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "stop": [], "output": "text"}
 
 
-def _runtime() -> tuple[Any, Any]:
-    """(modelload, generation): the copy stored with the model first, lmforge's own when there is none."""
+def _runtime() -> tuple[Any, Any, Any]:
+    """(modelload, generation, task): the copy stored with the model first, lmforge's own when there is none."""
     try:
-        from lmforge_runtime import generation, modelload  # type: ignore[import-not-found]
+        from lmforge_runtime import generation, modelload, task  # type: ignore[import-not-found]
     except ImportError:
-        from lmforge.components import generation, modelload
-    return modelload, generation
+        from lmforge.components import generation, modelload, task
+    return modelload, generation, task
 
 
 class LmforgeTextGenerator(mlflow.pyfunc.PythonModel):
-    """Greedy continuation of each prompt under lmforge's one generation path."""
+    """Continuation of each prompt under lmforge's one generation path and the model's task."""
 
     def load_context(self, context: Any) -> None:
-        modelload, self.gen = _runtime()
+        modelload, self.gen, tasks = _runtime()
         path = context.artifacts["hf"]
         self.model = modelload.load_model(path)
         self.tokenizer = modelload.load_tokenizer(path)
+        self.task = tasks.Task.load(path)
 
     # No type hints here: MLflow would derive a second signature from them; the logged one is the contract.
     def predict(self, context, model_input, params=None):  # type: ignore[no-untyped-def]
-        params = params or {}
-        max_new = int(params.get("max_new_tokens", 32))
-        output = str(params.get("output", "summary"))
+        p = {**PARAMS, **(params or {})}
+        output = str(p["output"])
         if output not in OUTPUTS:
             raise ValueError(f"params.output is {output!r}; use one of {', '.join(OUTPUTS)}")
-        encoded = [self.gen.encode_prompt(self.tokenizer, p) for p in _as_strings(model_input)]
-        outs = self.gen.generate(self.model, self.tokenizer, encoded, max_new_tokens=max_new) if encoded else []
-        return [o.summary if output == "summary" else o.text if output == "completion"
+        if float(p["temperature"]) < 0 or not 0 < float(p["top_p"]) <= 1 or int(p["top_k"]) < 0:
+            raise ValueError("params: temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
+        sampling = self.gen.Sampling(temperature=float(p["temperature"]), top_p=float(p["top_p"]),
+                                     top_k=int(p["top_k"]), seed=int(p["seed"]))
+        stops = (*self.task.stop_strings, *[str(s) for s in (p["stop"] or [])])
+        rows = [self.gen.Row(self.task.encode(self.tokenizer, self.task.parse_prompt(s)), int(p["max_new_tokens"]),
+                             sampling, stops) for s in _as_strings(model_input)]
+        outs = self.gen.generate_rows(self.model, self.tokenizer, rows) if rows else []
+        return [o.text if output == "text" else self.task.scored(o.text) if output == "scored"
                 else " ".join(str(t) for t in o.token_ids) for o in outs]
 
 

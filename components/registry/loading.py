@@ -56,13 +56,13 @@ def load_causal_lm(model_dir: Path, *, dtype: Any = None) -> tuple[Any, Any]:
 
 def write_runtime(dest: Path, *, extra: tuple[Any, ...] = ()) -> Path:
     """Copy the stdlib+torch+transformers modules a serving process needs into the package `dest`:
-    generation.py, modelload.py and records.py, plus `extra` modules (deploy/processing.py, ...)."""
-    from lmforge.components import generation, modelload
+    generation.py, modelload.py, task.py and records.py, plus `extra` modules (deploy/processing.py, ...)."""
+    from lmforge.components import generation, modelload, task
     from lmforge.components.data import records
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "__init__.py").write_text('"""lmforge serving helpers, copied from the lmforge source tree."""\n')
-    for module in (generation, modelload, records, *extra):
+    for module in (generation, modelload, task, records, *extra):
         shutil.copy2(module.__file__, dest / Path(module.__file__).name)
     return dest

@@ -137,12 +137,18 @@ def pyfunc_args(model_dir: Path, code_dir: Path) -> dict[str, Any]:
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
+    from lmforge.components.task import Task
+
     runtime = write_runtime(Path(code_dir) / "lmforge_runtime")
     signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
                                params=ParamSchema([ParamSpec("max_new_tokens", "long", 32),
-                                                   ParamSpec("output", "string", "summary")]))
+                                                   ParamSpec("temperature", "double", 0.0),
+                                                   ParamSpec("top_p", "double", 1.0), ParamSpec("top_k", "long", 0),
+                                                   ParamSpec("seed", "long", 0),
+                                                   ParamSpec("stop", "string", [], shape=(-1,)),
+                                                   ParamSpec("output", "string", "text")]))
     return dict(python_model=str(PYFUNC_CODE), artifacts={HF_ARTIFACT: str(model_dir)}, signature=signature,
-                input_example=["def add(a, b):"], code_paths=[str(runtime)],
+                input_example=[Task.load(model_dir).probe_prompt()], code_paths=[str(runtime)],
                 pip_requirements=["mlflow", "transformers", "torch", "safetensors", "tokenizers"])
 
 

@@ -28,11 +28,12 @@ PROMPTS = ("def dumps(obj, *, skipkeys=False, ensure_ascii=True, indent=None):",
 _SERVE_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from lmforge_runtime import generation, modelload
+from lmforge_runtime import generation, modelload, task
 assert not [m for m in sys.modules if m.startswith("lmforge.")], "lmforge itself must not be needed"
-model, tok = modelload.load_model(sys.argv[2]), modelload.load_tokenizer(sys.argv[2])
+model, tok, t = modelload.load_model(sys.argv[2]), modelload.load_tokenizer(sys.argv[2]), task.Task.load(sys.argv[2])
 prompts = json.loads(sys.argv[3])
-outs = generation.generate(model, tok, [generation.encode_prompt(tok, p) for p in prompts], max_new_tokens=int(sys.argv[4]))
+outs = generation.generate(model, tok, [t.encode(tok, p) for p in prompts], max_new_tokens=int(sys.argv[4]),
+                           stop_strings=t.stop_strings)
 print(json.dumps([list(o.token_ids) for o in outs]))
 """
 
@@ -42,12 +43,15 @@ def verify_servable(model_dir: Path, *, serve_python: Path | None, prompts: Sequ
     """None when lmforge, the MLflow pyfunc and the serving runtime load `model_dir` and agree; else why not."""
     from lmforge.components import generation
     from lmforge.components.registry.loading import load_causal_lm, write_runtime
+    from lmforge.components.task import Task
 
     model_dir = Path(model_dir).resolve()
     try:
         model, tok = load_causal_lm(model_dir)
+        task = Task.load(model_dir)
         expected = [list(o.token_ids) for o in generation.generate(
-            model, tok, [generation.encode_prompt(tok, p) for p in prompts], max_new_tokens=max_new_tokens)]
+            model, tok, [task.encode(tok, p) for p in prompts], max_new_tokens=max_new_tokens,
+            stop_strings=task.stop_strings)]
     except Exception as e:  # the finding itself
         return f"lmforge cannot load it: {_one_line(e)}"
     del model

@@ -32,6 +32,8 @@ from lmforge.components.basemodel import BaseCheckpoint, check_base, tokenizer_h
 from lmforge.components.data.shards import read_index
 from lmforge.components.errors import UserError
 from lmforge.components.sections.training import TrainingConfig
+from lmforge.components.task import DEMO, Task
+from lmforge.components.taskdata import check_task
 from lmforge.components.training import checkpoint as ckpt
 from lmforge.components.training.launcher import LaunchRequest
 from lmforge.components.training.layout import Layout, check_layout, world_size_of
@@ -150,10 +152,12 @@ def check_base_dataset(cfg: TrainingConfig, tokenizer: Path,
 
 def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: Path, resume: bool,
                 meta: dict[str, Any], timeout_s: float | None = None, base: BaseCheckpoint | None = None,
-                records: Path | None = None) -> Job:
+                records: Path | None = None, task: Task = DEMO) -> Job:
     """The checked job. `records`: the dataset's records folder, which objective = "sft" reads (default: beside
-    the tokenizer, as the data stage writes a dataset)."""
+    the tokenizer, as the data stage writes a dataset); `task` renders its examples (components/task.py) and must
+    fit the tokenizer (a chat task needs a chat template)."""
     tok = load_tokenizer(tokenizer)
+    check_task(task, tok)
     cfg, base = check_base_dataset(cfg, tokenizer, base)
     index = read_index(shards)
     if "train" not in index["splits"] or index["splits"]["train"]["tokens"] <= cfg.seq_len:
@@ -191,7 +195,8 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
             elastic = True
     sft_batching = None
     if cfg.objective == "sft":
-        sft_batching = prepare_sft(cfg, tok, Path(records or Path(tokenizer).parent / "records"), Path(run_dir), resume, notes)
+        sft_batching = prepare_sft(cfg, tok, Path(records or Path(tokenizer).parent / "records"), Path(run_dir), resume,
+                                   notes, task)
     if cfg.lora.r:
         from lmforge.components.training.lora import adapter_params, check_adapters
         from lmforge.components.training.model import model_config
@@ -213,13 +218,14 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
     return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware, base=base, notes=tuple(notes))
 
 
-def prepare_sft(cfg: TrainingConfig, tok: Any, records: Path, run_dir: Path, resume: bool, notes: list[str]) -> str:
+def prepare_sft(cfg: TrainingConfig, tok: Any, records: Path, run_dir: Path, resume: bool, notes: list[str],
+                task: Task) -> str:
     """The run's SFT examples (<run>/sft, written once: a resume reads the same ones) and the batching they get."""
     from lmforge.components.training.sft import SFT_DIR, choose_batching, write_examples
 
     sft_dir = run_dir / SFT_DIR
     if not (resume and (sft_dir / "made.json").is_file()):
-        notes.append(write_examples(records / "train.jsonl", tok, sft_dir, seq_len=cfg.seq_len).summary())
+        notes.append(write_examples(records / "train.jsonl", tok, sft_dir, task, seq_len=cfg.seq_len).summary())
     batching, why = choose_batching(sft_dir, setting=cfg.sft.batching, seq_len=cfg.seq_len, micro=cfg.micro_batch_size,
                                     seed=cfg.seed)
     notes.append(f"SFT batching: {batching} ({why})")

@@ -1,15 +1,16 @@
 """Supervised fine-tuning data: prompt/completion examples whose prompt tokens carry no loss, packed or padded.
 
-    made = write_examples(dataset / "records" / "train.jsonl", tokenizer, run_dir / "sft", seq_len=128)
+    made = write_examples(dataset / "records" / "train.jsonl", tokenizer, run_dir / "sft", task, seq_len=128)
     batches = SftBatches.open(run_dir / "sft", seq_len=128, seed=0, batching="pack", pad_id=tokenizer.eos_token_id)
     for inputs, labels in batches.micro_batches(step, dp_rank=0, dp_size=2, micro=8, accum=1):
         loss = lm_loss(model(**inputs).logits, labels)      # labels are IGNORE on prompt tokens and padding
 
-An example is what the one generation path (components/generation.py) gives the model,
-then the answer: `encode_prompt(tokenizer, record.signature)` (eos, the templated prompt;
-or the tokenizer's chat template around one user turn), then the reference
-`record.summary`, the stop string and eos (or the template's assistant turn). The prompt is
-tokenised exactly as at generation time, so what is trained is what is served. A label is the next
+An example is what the task (components/task.py) gives the model at generation time, then the
+answer: `task.encode(tokenizer, prompt)` (eos and the prompt as given; the docstring preset's
+template; or the tokenizer's chat template around a chat's messages), then `task.answer`: the
+record's reference (a pair's completion; the preset: the docstring's summary and its close) and eos, or the template's
+assistant turn. The prompt is tokenised exactly as at generation time, so what is trained is
+what is served. A label is the next
 token; it is IGNORE wherever that token is still the prompt's, so the prompt is read but
 never learnt. An example longer than seq_len + 1 tokens keeps its first seq_len + 1 (the
 completion is cut); one whose prompt alone fills them is dropped, and both are counted.
@@ -38,9 +39,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lmforge.components.data.records import DOC_CLOSE, read_records
+from lmforge.components.data.records import Record, read_records
 from lmforge.components.errors import UserError
-from lmforge.components.generation import chat_turns, encode_prompt, has_chat_template
+from lmforge.components.task import Task, TaskError
 from lmforge.components.training.data import epoch_order
 from lmforge.components.workspace import atomic_dir, atomic_write_json
 
@@ -50,27 +51,26 @@ FILES = ("tokens.npy", "offsets.npy", "prompt_lens.npy")
 Batching = Literal["pack", "pad"]
 
 
-def encode_example(tokenizer: Any, prompt: str, completion: str) -> tuple[list[int], list[int]]:
-    """(prompt ids, completion ids): the generation path's encoded prompt, then the answer.
+def encode_example(tokenizer: Any, task: Task, record: Record) -> tuple[list[int], list[int]] | None:
+    """(prompt ids, answer ids) of a record under the task, or None when it has no answer to learn.
 
-    Without a chat template the answer is the completion, the stop string and eos. With one, it is
-    what the template adds for an assistant turn holding the completion (its end-of-turn included),
-    found as the rendering of the whole conversation past the rendered prompt.
+    The prompt and the answer are the task's: a chat's turns before the assistant's reply and that reply;
+    a pair's prompt and its reference (the completion, cleaned as one line); the preset's signature and the
+    docstring's summary.
     """
-    prompt_ids = encode_prompt(tokenizer, prompt)
-    eos = tokenizer.eos_token_id
-    if not has_chat_template(tokenizer):
-        return prompt_ids, [*tokenizer(completion + DOC_CLOSE, add_special_tokens=False)["input_ids"], eos]
-    turns = chat_turns(prompt)
-    opening = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
-    whole = tokenizer.apply_chat_template([*turns, {"role": "assistant", "content": completion}], tokenize=False)
-    if not whole.startswith(opening):
-        raise UserError("tokenizer chat template", getattr(tokenizer, "name_or_path", ""),
-                        "renders an assistant turn that does not continue its own generation prompt",
-                        "Give the base a chat template whose add_generation_prompt output is a prefix of the full "
-                        "conversation (as the templates of Llama, Qwen and Mistral chat models are)")
-    answer = tokenizer(whole[len(opening):], add_special_tokens=False)["input_ids"]
-    return prompt_ids, answer if eos in answer else [*answer, eos]
+    if task.kind == "chat":
+        turns = record.turns
+        if not turns:
+            return None
+        prompt, answer = turns[:-1], turns[-1]["content"]
+    else:
+        prompt, answer = record.prompt, record.reference
+    if not answer.strip():
+        return None
+    try:
+        return task.encode(tokenizer, prompt), task.answer(tokenizer, prompt, answer)
+    except TaskError as e:
+        raise UserError("task", task.kind, str(e)) from e
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Made:
                 f"{self.no_answer} without a reference)")
 
 
-def write_examples(records_path: Path, tokenizer: Any, out_dir: Path, *, seq_len: int) -> Made:
+def write_examples(records_path: Path, tokenizer: Any, out_dir: Path, task: Task, *, seq_len: int) -> Made:
     """Tokenise the split's records as SFT examples into `out_dir` (built under a temporary name)."""
     if not Path(records_path).is_file():
         raise UserError("dataset", records_path, "is missing: training.objective = \"sft\" reads the split's records",
@@ -95,10 +95,11 @@ def write_examples(records_path: Path, tokenizer: Any, out_dir: Path, *, seq_len
     offsets, prompt_lens = [0], []
     truncated = dropped = no_answer = 0
     for r in read_records(records_path):
-        if not r.summary.strip():
+        example = encode_example(tokenizer, task, r)
+        if example is None:
             no_answer += 1
             continue
-        prompt, answer = encode_example(tokenizer, r.signature, r.summary)
+        prompt, answer = example
         if len(prompt) >= limit:
             dropped += 1
             continue

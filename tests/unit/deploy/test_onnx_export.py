@@ -24,11 +24,14 @@ from lmforge.components.onnx_export import (
 )
 from lmforge.components.onnxrun import OnnxForward
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import processing, repository
+from lmforge.components.task import DEMO
+from lmforge.deploy import repository
 from lmforge.deploy.service import check_format
 from tests.conftest import build_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
+SIGNATURES = ["def dumps(obj, *, skipkeys=False):", "def join(a, *p):", "def getsource(object):", "class Counter(dict):",
+              "def literal_eval(node_or_string):", "def splitext(p):", "def dedent(text):", "def fnmatch(name, pat):"]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,7 @@ def test_the_export_carries_a_kv_cache_with_dynamic_shapes_and_passes_its_check(
 def test_greedy_tokens_through_the_graph_equal_torch_generate_for_8_prompts(exported, tiny_model_dir):
     folder, _ = exported
     model, tok = modelload.load_model(tiny_model_dir), modelload.load_tokenizer(tiny_model_dir)
-    prompts = [generation.encode_prompt(tok, p) for p in processing.validation_prompts(8)]
+    prompts = [DEMO.encode(tok, p) for p in SIGNATURES]
     limits = [12, 3, 12, 7, 12, 12, 1, 12]                          # per-row limits in one batch
     want = generation.generate(model, tok, prompts, max_new_tokens=limits, scores=True)
     by_torch = generation.decode(generation.torch_forward(model), tok, prompts, max_new_tokens=limits, scores=True)

@@ -1,14 +1,15 @@
-"""Pre- and post-processing of the served model, without a server."""
+"""Pre- and post-processing of the served model (Triton's LLM convention), without a server."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lmforge.components.data.records import extract_summary, generation_prompt
+from lmforge.components.generation import Sampling
 from lmforge.deploy import processing
 from lmforge.deploy.processing import BadRequest, Limits
 
@@ -17,39 +18,67 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("raw, code", [
-    (b"caf\xc3\x28(x):", "invalid_utf8"),
+    (b"caf\xc3\x28 au lait", "invalid_utf8"),
     (b"", "empty_prompt"),
     ("   \n\t", "empty_prompt"),
-    ("def f(x):" + "x" * 40, "prompt_too_long"),
-    ("def f(\x00):", "control_chars"),
+    ("Tell me" + "x" * 40, "prompt_too_long"),
+    ("Tell\x00me", "control_chars"),
     (17, "bad_type"),
 ])
-def test_bad_prompts_are_refused_with_their_reason(raw, code):
+def test_bad_text_inputs_are_refused_naming_the_input_and_row(raw, code):
     with pytest.raises(BadRequest) as e:
-        processing.decode_prompt(raw, LIMITS, row=3)
+        processing.decode_text(raw, LIMITS, row=3)
     assert e.value.code == code
-    assert "[3]" in str(e.value)  # the message names the row, so a client can tell which prompt
+    assert "text_input[3]" in str(e.value)  # the message names the input and the row, so a client can tell which
 
 
-def test_good_prompt_decodes_and_builds_the_generation_prompt():
-    sig = processing.decode_prompt("def foo(x):".encode(), LIMITS)
-    assert processing.build_prompt(sig) == generation_prompt("def foo(x):")
-    assert processing.build_prompt(generation_prompt("def foo(x):")) == generation_prompt("def foo(x):")
+def test_a_good_text_input_is_kept_as_sent():
+    assert processing.decode_text("Once upon a time".encode(), LIMITS) == "Once upon a time"
 
 
-def test_token_limit_and_max_new_tokens():
+def test_token_limit_and_max_tokens():
     assert processing.check_tokens(list(range(10)), LIMITS) == list(range(10))
     with pytest.raises(BadRequest, match="11 tokens"):
         processing.check_tokens(list(range(11)), LIMITS)
-    assert processing.parse_max_new_tokens(None, 2, LIMITS) == [8, 8]
-    assert processing.parse_max_new_tokens([4, 16], 2, LIMITS) == [4, 16]
+    assert processing.parse_max_tokens(None, 2, LIMITS) == [8, 8]
+    assert processing.parse_max_tokens([4, 16], 2, LIMITS) == [4, 16]
     for bad in ([0], [17], [-3]):
-        with pytest.raises(BadRequest) as e:
-            processing.parse_max_new_tokens(bad, 1, LIMITS)
-        assert e.value.code == "bad_max_new_tokens"
+        with pytest.raises(BadRequest, match=r"max_tokens\[0\]") as e:
+            processing.parse_max_tokens(bad, 1, LIMITS)
+        assert e.value.code == "bad_max_tokens"
     with pytest.raises(BadRequest) as e:
-        processing.parse_max_new_tokens([4], 2, LIMITS)
+        processing.parse_max_tokens([4], 2, LIMITS)
     assert e.value.code == "bad_shape"
+
+
+def test_sampling_inputs_become_one_sampling_per_row():
+    assert processing.parse_sampling({}, 2) == [Sampling(), Sampling()]
+    got = processing.parse_sampling({"temperature": [0.0, 0.7], "top_p": [1.0, 0.9], "top_k": [0, 5],
+                                     "seed": [0, 11]}, 2)
+    assert got == [Sampling(), Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=11)]
+    assert got[0].greedy and not got[1].greedy
+
+
+@pytest.mark.parametrize("inputs, field", [
+    ({"temperature": [-0.5]}, "temperature"),
+    ({"temperature": [float("nan")]}, "temperature"),
+    ({"top_p": [0.0]}, "top_p"),
+    ({"top_p": [1.5]}, "top_p"),
+    ({"top_k": [-1]}, "top_k"),
+    ({"seed": [-2]}, "seed"),
+])
+def test_bad_sampling_inputs_are_refused_naming_the_field(inputs, field):
+    with pytest.raises(BadRequest, match=rf"{field}\[0\]") as e:
+        processing.parse_sampling(inputs, 1)
+    assert e.value.code == f"bad_{field}"
+
+
+def test_stop_strings_per_row():
+    assert processing.parse_stop(None, 2) == [(), ()]
+    assert processing.parse_stop([[b"\n\n", b"."], [b"", b"END"]], 2) == [("\n\n", "."), ("END",)]
+    with pytest.raises(BadRequest, match=r"stop\[0\]") as e:
+        processing.parse_stop([[b"\xff"]], 1)
+    assert e.value.code == "invalid_utf8"
 
 
 def test_rare_token_rate_counts_unknown_and_rare_ids(tmp_path):
@@ -61,20 +90,19 @@ def test_rare_token_rate_counts_unknown_and_rare_ids(tmp_path):
 
 
 def test_well_formed_outputs():
-    good = {"summary": extract_summary('Return x."""'), "completion": 'Return x."""', "output_tokens": 3,
-            "mean_logprob": -1.5}
+    good = {"text_output": "Return x.", "output_tokens": 3, "mean_logprob": -1.5}
     assert processing.is_well_formed(good) is None
     assert "no tokens" in processing.is_well_formed({**good, "output_tokens": 0})
     assert "log-probability" in processing.is_well_formed({**good, "mean_logprob": float("nan")})
     assert "log-probability" in processing.is_well_formed({**good, "mean_logprob": 0.5})
-    assert "does not match" in processing.is_well_formed({**good, "summary": "other"})
-    assert "missing" in processing.is_well_formed({k: v for k, v in good.items() if k != "summary"})
+    assert "missing" in processing.is_well_formed({k: v for k, v in good.items() if k != "text_output"})
 
 
-def test_validation_prompts_are_fixed_and_cycle():
-    assert processing.validation_prompts(2) == list(processing.VALIDATION_PROMPTS[:2])
-    n = len(processing.VALIDATION_PROMPTS) + 1
-    assert processing.validation_prompts(n)[-1] == processing.VALIDATION_PROMPTS[0]
+def test_validation_prompts_come_from_the_version_folder_and_cycle(tmp_path):
+    with pytest.raises(BadRequest, match="holds no prompts"):
+        processing.read_validation_prompts(tmp_path, 2)
+    (tmp_path / processing.VALIDATION_FILE).write_text(json.dumps({"prompts": ["a", "b"]}))
+    assert processing.read_validation_prompts(tmp_path, 3) == ["a", "b", "a"]
 
 
 def test_the_runtime_copy_imports_without_lmforge(tmp_path):
@@ -86,9 +114,10 @@ def test_the_runtime_copy_imports_without_lmforge(tmp_path):
     serve_python = REPO / ".venv-serve/bin/python"
     python = str(serve_python) if serve_python.exists() else sys.executable
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
-            "from lmforge_runtime import generation, modelload, processing, requestlog; "
+            "from lmforge_runtime import generation, modelload, processing, requestlog, task; "
             "assert not [m for m in sys.modules if m.startswith('lmforge.')], 'lmforge itself was imported'; "
-            "print(processing.build_prompt('def f(x):'), end='')")
+            "print(task.Task('docstring').plain('def f(x):'), processing.parse_sampling({'seed': [3]}, 1)[0].seed, "
+            "end='')")
     out = subprocess.run([python, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          check=True)
-    assert out.stdout == generation_prompt("def f(x):")
+    assert out.stdout == 'def f(x):\n    """ 3'

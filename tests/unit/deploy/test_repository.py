@@ -29,15 +29,18 @@ def test_config_pbtxt_is_a_valid_triton_model_config(tmp_path):
     assert mc.dynamic_batching.max_queue_delay_microseconds == 5000
     assert [(g.kind, g.count) for g in mc.instance_group] == [(model_config_pb2.ModelInstanceGroup.KIND_CPU, 2)]
     inputs = {i.name: i for i in mc.input}
-    assert inputs["PROMPT"].data_type == model_config_pb2.TYPE_STRING and not inputs["PROMPT"].optional
-    assert list(inputs["PROMPT"].dims) == [1]
-    assert inputs["MAX_NEW_TOKENS"].data_type == model_config_pb2.TYPE_INT32 and inputs["MAX_NEW_TOKENS"].optional
-    assert set(inputs) == {"PROMPT", "MAX_NEW_TOKENS"}  # no client-supplied retrieval context
+    # Triton's LLM convention (its vLLM and TensorRT-LLM backends' tensors): text_input required, the rest optional.
+    assert inputs["text_input"].data_type == model_config_pb2.TYPE_STRING and not inputs["text_input"].optional
+    assert list(inputs["text_input"].dims) == [1] and list(inputs["stop"].dims) == [-1]
+    T = model_config_pb2
+    assert {n: (i.data_type, i.optional) for n, i in inputs.items() if n != "text_input"} == {
+        "max_tokens": (T.TYPE_INT32, True), "temperature": (T.TYPE_FP32, True), "top_p": (T.TYPE_FP32, True),
+        "top_k": (T.TYPE_INT32, True), "seed": (T.TYPE_INT64, True), "stop": (T.TYPE_STRING, True),
+        "exclude_input_in_output": (T.TYPE_BOOL, True)}   # and no client-supplied retrieval context
     outputs = {o.name: o.data_type for o in mc.output}
-    assert outputs == {"SUMMARY": model_config_pb2.TYPE_STRING, "COMPLETION": model_config_pb2.TYPE_STRING,
-                       "TOKEN_IDS": model_config_pb2.TYPE_STRING,
-                       "OUTPUT_TOKENS": model_config_pb2.TYPE_INT32, "MEAN_LOGPROB": model_config_pb2.TYPE_FP32,
-                       "FIRST_TOKEN_MS": model_config_pb2.TYPE_FP32, "DECODE_MS": model_config_pb2.TYPE_FP32}
+    assert outputs == {"text_output": T.TYPE_STRING, "token_ids": T.TYPE_STRING, "prompt_tokens": T.TYPE_INT32,
+                       "output_tokens": T.TYPE_INT32, "mean_logprob": T.TYPE_FP32, "first_token_ms": T.TYPE_FP32,
+                       "decode_ms": T.TYPE_FP32}
     assert mc.parameters["request_log"].string_value == str(tmp_path / "requests")
     assert mc.parameters["max_prompt_tokens"].string_value == str(cfg.max_prompt_tokens)
 
