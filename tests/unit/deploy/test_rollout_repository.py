@@ -21,7 +21,7 @@ def fake_triton(monkeypatch):
     repo_holder = [None]
     monkeypatch.setattr(client, "wait_versions", wait_versions)
     monkeypatch.setattr(client, "ready_versions", lambda url, model: {})
-    monkeypatch.setattr(rollout, "validate", lambda url, cfg, version: ([], []))
+    monkeypatch.setattr(rollout, "validate", lambda url, cfg, version, prompts: ([], []))
     return waits, repo_holder
 
 
@@ -56,7 +56,7 @@ def test_first_rollout_loads_once_and_a_refused_one_takes_the_model_out(tmp_path
 
     # A second model name with nothing served: a refused first version leaves no folder for Triton to load.
     other = cfg.model_copy(update={"model_name": "other"})
-    monkeypatch.setattr(rollout, "validate", lambda url, cfg, version: (["malformed output"], []))
+    monkeypatch.setattr(rollout, "validate", lambda url, cfg, version, prompts: (["malformed output"], []))
     with pytest.raises(rollout.RolloutRefused, match="malformed output"):
         run(tmp_path, other, 3, tiny_model_dir)
     assert not (tmp_path / "repo" / "other").exists()

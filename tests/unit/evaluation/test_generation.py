@@ -9,6 +9,9 @@ from lmforge.components.data.records import generation_prompt
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import RowTiming, summarize
 from lmforge.components.registry.loading import load_causal_lm
+from lmforge.components.task import Task
+
+AS_GIVEN = Task("completion")  # the prompts below are already templated: encoded as given, no stop string
 
 PROMPTS = [generation_prompt(s) for s in ("def dumps(obj, *, indent=None)", "def f(x)",
                                            "def join(a, *paths)", "class JSONDecoder(object)", "def g()")]
@@ -19,9 +22,9 @@ def model_and_tok(tiny_model_dir):
     return load_causal_lm(tiny_model_dir)
 
 
-def _gen(model, tok, prompts, **kw):
-    args = dict(max_new_tokens=12, batch_size=8, max_prompt_tokens=200, stop_strings=())
-    return generate(model, tok, prompts, **{**args, **kw})[0]
+def _gen(model, tok, prompts, task=AS_GIVEN, **kw):
+    args = dict(max_new_tokens=12, batch_size=8, max_prompt_tokens=200)
+    return generate(model, tok, prompts, task, **{**args, **kw})[0]
 
 
 def test_batched_left_padded_equals_one_by_one_equals_hf_greedy(model_and_tok):
@@ -42,7 +45,7 @@ def test_stops_at_a_stop_string_and_cuts_it_off(model_and_tok):
     full = _gen(model, tok, PROMPTS[:1])[0]
     assert len(full.text) > 6
     stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
-    cut = _gen(model, tok, PROMPTS[:1], stop_strings=(stop,))[0]
+    cut = _gen(model, tok, PROMPTS[:1], Task("completion", stop=(stop,)))[0]
     assert cut.text == full.text[: full.text.find(stop)]
     assert cut.tokens < full.tokens
 
@@ -81,7 +84,7 @@ def test_rows_with_their_own_limits_in_one_batch_match_each_alone(model_and_tok)
     from lmforge.components import generation as shared
 
     model, tok = model_and_tok
-    encoded = [shared.encode_prompt(tok, p) for p in PROMPTS[:3]]
+    encoded = [AS_GIVEN.encode(tok, p) for p in PROMPTS[:3]]
     assert encoded[0][0] == tok.eos_token_id and len({len(e) for e in encoded}) > 1  # eos first; padding needed
     together = shared.generate(model, tok, encoded, max_new_tokens=[3, 9, 5], stop_strings=(), scores=True)
     alone = [shared.generate(model, tok, [e], max_new_tokens=n, stop_strings=(), scores=True)[0]
@@ -90,6 +93,27 @@ def test_rows_with_their_own_limits_in_one_batch_match_each_alone(model_and_tok)
     assert [o.tokens for o in together] == [3, 9, 5]
     assert all(o.mean_logprob < 0 for o in together)
     assert together[0].mean_logprob == pytest.approx(alone[0].mean_logprob, abs=1e-4)
+
+
+def test_rows_with_their_own_settings_batch_as_they_may(model_and_tok):
+    """Greedy rows that stop alike share a batch; a sampled row runs alone, so its seed alone decides its tokens."""
+    from lmforge.components import generation as shared
+
+    model, tok = model_and_tok
+    ids = [AS_GIVEN.encode(tok, p) for p in PROMPTS[:3]]
+    hot = shared.Sampling(temperature=1.5, seed=11)
+    rows = [shared.Row(ids[0], 8), shared.Row(ids[1], 8, hot), shared.Row(ids[2], 8, stop_strings=("e",)),
+            shared.Row(ids[0], 8, hot)]
+    assert shared.batches(rows) == [[0], [1], [2], [3]]
+    assert shared.batches([rows[0], shared.Row(ids[2], 4)]) == [[0, 1]]
+    mixed = shared.generate_rows(model, tok, rows)
+    alone = shared.generate_rows(model, tok, [rows[1]])[0]
+    assert mixed[1].token_ids == alone.token_ids            # the same seed, the same text, whatever shares the batch
+    assert mixed[0].token_ids == shared.generate(model, tok, [ids[0]], max_new_tokens=8)[0].token_ids
+    assert "e" not in mixed[2].text
+    other_seed = shared.generate_rows(model, tok, [shared.Row(ids[1], 8, shared.Sampling(temperature=1.5, seed=12))])
+    greedy = shared.generate(model, tok, [ids[1]], max_new_tokens=8)[0]
+    assert alone.token_ids != greedy.token_ids or other_seed[0].token_ids != greedy.token_ids  # it does sample
 
 
 class _CharTokenizer:

@@ -6,17 +6,29 @@ import json
 
 import pytest
 
+from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
+from lmforge.components.task import Task
 from lmforge.monitoring.traffic import NOISE_CHARS, normal_prompts, send_traffic, shifted_prompts, third_party_signatures
 
 HELD_OUT = [f"def function_{i}(path, *, mode='r', encoding=None):" for i in range(30)]
 
 
-def test_normal_prompts_are_held_out_signatures(tmp_path):
-    path = tmp_path / "test.jsonl"
-    path.write_text("".join(json.dumps({"signature": s}) + "\n" for s in HELD_OUT))
-    prompts = normal_prompts(path, n=50, seed=0)
+def _records(path, pairs):
+    path.write_text("".join(json.dumps(Record.from_parts(source="t", module=str(i), qualname=str(i), signature=p,
+                                                         docstring=d).to_dict()) + "\n"
+                            for i, (p, d) in enumerate(pairs)))
+    return path
+
+
+def test_normal_prompts_are_held_out_prompts_of_the_task(tmp_path):
+    path = _records(tmp_path / "test.jsonl", [(s, "Do it.") for s in HELD_OUT])
+    prompts = normal_prompts(path, n=50, seed=0)   # the demo's task: the signatures
     assert len(prompts) == 50 and set(prompts) <= set(HELD_OUT)
+    plain = Record(id="d", source="t", module="d", qualname="d", signature="", docstring="x", summary="x",
+                   text="one two three four five six")
+    (tmp_path / "text.jsonl").write_text(json.dumps(plain.to_dict()) + "\n")
+    assert normal_prompts(tmp_path / "text.jsonl", n=2, seed=0, task=Task("completion")) == ["one two three"] * 2
     with pytest.raises(UserError, match="lmforge run data"):
         normal_prompts(tmp_path / "missing.jsonl", n=5, seed=0)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lmforge.components.data.records import Record
+from lmforge.components.task import DEMO, Task
 from lmforge.components.training.pipeline_model import lm_loss
 from lmforge.components.training.sft import (
     IGNORE,
@@ -24,11 +25,18 @@ PAIRS = [("def get_name(self):", "Return the name."), ("def set_size(self, n):",
          ("def reset(self):", "Reset every counter of the object to zero."), ("def close(self):", "Close it.")]
 
 
+def _pair(prompt, completion, key="0", messages=""):
+    return Record(id=key, source="t", module=key, qualname=key, signature=prompt, docstring=completion,
+                  summary=completion, text=f"{prompt}\n{completion}", messages=messages)
+
+
 def _records(path, pairs=PAIRS):
-    rows = [Record(id=str(i), source="t", module=str(i), qualname=str(i), signature=p, docstring=c, summary=c,
-                   text=f"{p}\n{c}").to_dict() for i, (p, c) in enumerate(pairs)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.write_text("".join(json.dumps(_pair(p, c, str(i)).to_dict()) + "\n" for i, (p, c) in enumerate(pairs)))
     return path
+
+
+def _example(tok, prompt, completion, task=DEMO):
+    return encode_example(tok, task, _pair(prompt, completion))
 
 
 @pytest.fixture
@@ -47,7 +55,7 @@ def _grads(model, inputs, labels):
 
 def test_changing_a_prompt_tokens_target_changes_no_gradient(llama):
     model, tok = llama
-    prompt, answer = encode_example(tok, *PAIRS[2])
+    prompt, answer = _example(tok, *PAIRS[2])
     ids = np.array(prompt + answer)
     inputs = torch.tensor(ids[:-1])[None]
 
@@ -69,7 +77,7 @@ def test_a_packed_example_sees_only_itself(kind, checkpoint, tmp_path):
 
     folder = checkpoint(kind)
     model, tok = AutoModelForCausalLM.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
-    write_examples(_records(tmp_path / "train.jsonl"), tok, tmp_path / "sft", seq_len=64)
+    write_examples(_records(tmp_path / "train.jsonl"), tok, tmp_path / "sft", DEMO, seq_len=64)
     packed = SftBatches.open(tmp_path / "sft", seq_len=64, seed=0, batching="pack", pad_id=tok.eos_token_id)
     row = next(r for r in packed.rows if len(r) > 1)
     inputs, labels = packed.batch(np.array([packed.rows.index(row)]))
@@ -88,7 +96,7 @@ def test_a_packed_example_sees_only_itself(kind, checkpoint, tmp_path):
 
 def test_padding_and_real_token_counts(llama, tmp_path):
     _, tok = llama
-    made = write_examples(_records(tmp_path / "train.jsonl"), tok, tmp_path / "sft", seq_len=64)
+    made = write_examples(_records(tmp_path / "train.jsonl"), tok, tmp_path / "sft", DEMO, seq_len=64)
     assert made.examples == len(PAIRS) and made.truncated == made.dropped == 0
     padded = SftBatches.open(tmp_path / "sft", seq_len=64, seed=0, batching="pad", pad_id=tok.eos_token_id)
     inputs, labels = padded.batch(np.arange(len(PAIRS)))
@@ -96,14 +104,14 @@ def test_padding_and_real_token_counts(llama, tmp_path):
     assert real == padded.real_tokens(0, dp_size=1, micro=len(PAIRS), accum=1)
     assert (labels[inputs["attention_mask"] == 0] == IGNORE).all()
     # every completion token is a label exactly once; no prompt token is
-    answers = sum(len(encode_example(tok, p, c)[1]) for p, c in PAIRS)
+    answers = sum(len(_example(tok, p, c)[1]) for p, c in PAIRS)
     assert int((labels != IGNORE).sum()) == answers
 
 
 def test_an_example_longer_than_seq_len_is_cut_and_a_prompt_that_fills_it_dropped(llama, tmp_path):
     _, tok = llama
     pairs = [("def f(x):", "word " * 80), ("def " + "g" * 600 + "(x):", "Short."), *PAIRS]
-    made = write_examples(_records(tmp_path / "train.jsonl", pairs), tok, tmp_path / "sft", seq_len=64)
+    made = write_examples(_records(tmp_path / "train.jsonl", pairs), tok, tmp_path / "sft", DEMO, seq_len=64)
     assert (made.examples, made.truncated, made.dropped) == (len(pairs) - 1, 1, 1)
     lengths = np.diff(np.load(tmp_path / "sft" / "offsets.npy"))
     assert lengths.max() == 65
@@ -112,11 +120,11 @@ def test_an_example_longer_than_seq_len_is_cut_and_a_prompt_that_fills_it_droppe
 def test_auto_batching_takes_the_layout_that_computes_fewer_tokens(llama, tmp_path):
     _, tok = llama
     short = [(f"def f{i}(x):", "Ok.") for i in range(40)]
-    write_examples(_records(tmp_path / "a.jsonl", short), tok, tmp_path / "short", seq_len=256)
+    write_examples(_records(tmp_path / "a.jsonl", short), tok, tmp_path / "short", DEMO, seq_len=256)
     chosen, why = choose_batching(tmp_path / "short", setting="auto", seq_len=256, micro=8, seed=0)
     assert chosen == "pad" and "auto" in why  # 40 short rows: packing 256-wide rows would compute mostly padding
     mixed = [(f"def f{i}(x):", "Ok." if i % 8 else "word " * 40) for i in range(64)]
-    write_examples(_records(tmp_path / "b.jsonl", mixed), tok, tmp_path / "mixed", seq_len=64)
+    write_examples(_records(tmp_path / "b.jsonl", mixed), tok, tmp_path / "mixed", DEMO, seq_len=64)
     chosen, _ = choose_batching(tmp_path / "mixed", setting="auto", seq_len=64, micro=8, seed=0)
     assert chosen == "pack"  # one long example per micro-batch would pad the seven short ones to its length
     assert choose_batching(tmp_path / "mixed", setting="pad", seq_len=64, micro=8, seed=0)[0] == "pad"
@@ -127,14 +135,43 @@ CHAT = ("{% for m in messages %}<bos>{{ m.role }}\n{{ m.content }}<eos>{% endfor
 
 
 def test_a_chat_template_shapes_the_prompt_and_the_answer(llama):
-    from lmforge.components.generation import encode_prompt
-
     _, tok = llama
     tok.chat_template = CHAT
-    prompt, answer = encode_example(tok, "def get_name(self):", "Return the name.")
-    assert prompt == encode_prompt(tok, "def get_name(self):")  # what generation gives the model
+    prompt, answer = _example(tok, "def get_name(self):", "Return the name.")
+    assert prompt == DEMO.encode(tok, "def get_name(self):")  # what generation gives the model
     assert tok.decode(prompt) == "<bos>user\ndef get_name(self):<eos><bos>assistant\n"
     assert tok.decode(answer) == "Return the name.<eos>" and answer[-1] == tok.eos_token_id
+
+
+def test_a_chat_task_trains_on_the_whole_conversation_and_the_last_reply(llama):
+    _, tok = llama
+    tok.chat_template = CHAT
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Name a colour"},
+             {"role": "assistant", "content": "Red."}]
+    record = _pair("flattened", "Red.", messages=json.dumps(turns))
+    prompt, answer = encode_example(tok, Task("chat"), record)
+    assert tok.decode(prompt) == ("<bos>system\nBe brief.<eos><bos>user\nHi<eos><bos>assistant\nHello.<eos>"
+                                  "<bos>user\nName a colour<eos><bos>assistant\n")
+    assert tok.decode(answer) == "Red.<eos>"
+    assert encode_example(tok, Task("chat"), _pair("p", "c")) is None   # a pair is no chat: nothing to learn
+
+
+def test_a_completion_task_trains_on_the_prompt_as_given_and_eos(llama):
+    _, tok = llama
+    prompt, answer = _example(tok, "2 + 2 =", " 4", Task("completion"))
+    assert prompt == [tok.eos_token_id, *tok("2 + 2 =", add_special_tokens=False)["input_ids"]]
+    assert tok.decode(answer) == " 4<eos>"  # the reference as written, then eos: no docstring close
+
+
+def test_a_chat_task_on_a_tokenizer_without_a_template_is_refused(llama):
+    from lmforge.components.errors import UserError
+
+    _, tok = llama
+    record = _pair("Hi", "Hello.", messages=json.dumps([{"role": "user", "content": "Hi"},
+                                                        {"role": "assistant", "content": "Hello."}]))
+    with pytest.raises(UserError, match="chat template"):
+        encode_example(tok, Task("chat"), record)
 
 
 def test_lora_and_sft_are_checked_before_launch():
