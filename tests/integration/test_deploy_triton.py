@@ -21,11 +21,22 @@ import pytest
 
 from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.task import DEMO
 from lmforge.deploy import client, processing, repository, server
 from lmforge.deploy.rollout import RolloutRefused, rollout
 from tests.conftest import build_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+# Signatures in the style of the demo corpus: the tiny model's folder records no task, so it serves the docstring preset.
+SIGNATURES = ["def dumps(obj, *, skipkeys=False, ensure_ascii=True, indent=None):", "def join(a, *p):",
+              "def getsource(object):", "def create_connection(address, timeout=None, source_address=None):",
+              "class OrderedDict(dict):", "def literal_eval(node_or_string):",
+              "def urlsplit(url, scheme='', allow_fragments=True):", "def sha256(data=b''):",
+              "def loads(s, *, cls=None, object_hook=None, parse_float=None):", "def splitext(p):",
+              "def getmembers(object, predicate=None):", "def dedent(text):", "def deepcopy(x, memo=None, _nil=[]):",
+              "def urlencode(query, doseq=False, safe='', encoding=None, errors=None):", "class Counter(dict):",
+              "def b64encode(s, altchars=None):", "def gethostbyname(host):", "def fnmatch(name, pat):",
+              "def dump(obj, fp, *, skipkeys=False, indent=None):", "def shuffle(self, x):"]
 PLANTED_SECRET = ("LMFORGE_TEST_API_TOKEN", "planted-secret-3f9a")
 
 
@@ -80,9 +91,9 @@ def test_serves_over_http_and_grpc_and_reports_ready(dep):
     (http,) = client.generate(dep.info.url, ["def foo(x):"])
     (grpc,) = client.generate(dep.info.grpc_url, ["def foo(x):"], protocol="grpc")
     assert processing.is_well_formed(http.as_result()) is None
-    assert (http.completion, http.output_tokens) == (grpc.completion, grpc.output_tokens)  # greedy: same answer
+    assert (http.text, http.output_tokens) == (grpc.text, grpc.output_tokens)  # greedy: same answer
     assert 1 <= http.output_tokens <= dep.cfg.max_new_tokens
-    two = client.generate(dep.info.url, ["def a(x):", "class B:"], max_new_tokens=3)
+    two = client.generate(dep.info.url, ["def a(x):", "class B:"], params=client.Params(max_tokens=3))
     assert len(two) == 2 and all(g.output_tokens <= 3 for g in two)
     rows, skipped = RequestLog(dep.requests).read()
     assert skipped == 0 and any(r["status"] == "ok" and r["prompt_chars"] == len("def foo(x):") for r in rows)
@@ -97,24 +108,24 @@ def test_triton_pyfunc_and_evaluation_give_the_same_tokens(dep, tiny_model_dir, 
     from lmforge.components.registry.loading import load_causal_lm
     from lmforge.components.registry.store import save_pyfunc
 
-    prompts = list(processing.VALIDATION_PROMPTS)
-    assert len(prompts) == 20
+    prompts = SIGNATURES
     new = 16
     c = httpclient.InferenceServerClient(dep.info.url, concurrency=8, network_timeout=120)
-    pending = [c.async_infer(dep.cfg.model_name, client.build_inputs([p], max_new_tokens=new)) for p in prompts]
+    pending = [c.async_infer(dep.cfg.model_name, client.build_inputs([p], params=client.Params(max_tokens=new)))
+               for p in prompts]
     served = [client.parse_result(r.get_result(), 0.0)[0] for r in pending]
     c.close()
 
     pyfunc = mlflow.pyfunc.load_model(str(save_pyfunc(tiny_model_dir, tmp_path / "pyfunc")))
     ids = pyfunc.predict(prompts, params={"max_new_tokens": new, "output": "token_ids"})
-    texts = pyfunc.predict(prompts, params={"max_new_tokens": new, "output": "completion"})
+    texts = pyfunc.predict(prompts, params={"max_new_tokens": new, "output": "text"})
     model, tok = load_causal_lm(tiny_model_dir)
-    evaluated, _ = eval_generate(model, tok, prompts, max_new_tokens=new, batch_size=8, max_prompt_tokens=64)
+    evaluated, _ = eval_generate(model, tok, prompts, DEMO, max_new_tokens=new, batch_size=8, max_prompt_tokens=64)
 
     for i, p in enumerate(prompts):
         assert served[i].token_ids == evaluated[i].token_ids, p
         assert tuple(int(t) for t in ids[i].split()) == evaluated[i].token_ids, p
-        assert served[i].completion == texts[i] == evaluated[i].text, p
+        assert served[i].text == texts[i] == evaluated[i].text, p
         assert served[i].output_tokens == evaluated[i].tokens >= 1
 
 
@@ -157,13 +168,42 @@ def test_no_client_can_load_a_model_and_no_secret_is_visible_in_proc(dep):
 
 
 def test_a_bad_request_is_http_400_naming_the_problem(dep):
-    body = {"inputs": [{"name": "PROMPT", "shape": [1, 1], "datatype": "BYTES", "data": ["   "]}]}
+    body = {"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": "BYTES", "data": ["   "]}]}
     req = urllib.request.Request(f"http://{dep.info.url}/v2/models/{dep.cfg.model_name}/infer",
                                  data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=60)
     assert e.value.code == 400
-    assert "PROMPT[0] is empty" in json.loads(e.value.read())["error"]
+    assert "text_input[0] is empty" in json.loads(e.value.read())["error"]
+    assert server.is_ready(dep.info)
+
+
+def test_the_generate_endpoint_answers_text_input_with_text_output_and_400s_name_the_field(dep):
+    """Triton's generate extension (JSON in, JSON out), as its own LLM backends answer it."""
+    (by_client,) = client.generate(dep.info.url, ["def foo(x):"], params=client.Params(max_tokens=5))
+    out = client.generate_endpoint(dep.info.url, dep.cfg.model_name, {"text_input": "def foo(x):", "max_tokens": 5})
+    assert out["text_output"] == by_client.text and out["output_tokens"] == by_client.output_tokens <= 5
+    assert out["model_name"] == dep.cfg.model_name and out["prompt_tokens"] > 0
+    echoed = client.generate_endpoint(dep.info.url, dep.cfg.model_name,
+                                      {"text_input": "def foo(x):", "max_tokens": 5, "exclude_input_in_output": False})
+    assert echoed["text_output"] == "def foo(x):" + by_client.text
+
+    sampled = {"text_input": "def foo(x):", "max_tokens": 12, "temperature": 1.5, "top_k": 50, "seed": 7}
+    first = client.generate_endpoint(dep.info.url, dep.cfg.model_name, sampled)["text_output"]
+    again = client.generate_endpoint(dep.info.url, dep.cfg.model_name, sampled)["text_output"]
+    others = {client.generate_endpoint(dep.info.url, dep.cfg.model_name, {**sampled, "seed": s})["text_output"]
+              for s in (8, 9, 10)}
+    assert first == again                      # seeded sampling through Triton is repeatable
+    assert others - {first}                    # and it samples: other seeds give other text
+
+    bad = {"max_tokens": ({"text_input": "def f():", "max_tokens": -1}, "max_tokens[0] is -1"),
+           "too many": ({"text_input": "def f():", "max_tokens": 10_000}, "max_tokens[0] is 10000"),
+           "temperature": ({"text_input": "def f():", "temperature": -0.5}, "temperature[0] is -0.5"),
+           "top_p": ({"text_input": "def f():", "top_p": 2.0}, "top_p[0] is 2.0"),
+           "missing": ({"max_tokens": 4}, "text_input")}
+    for name, (body, says) in bad.items():
+        message = _refused(lambda b=body: client.generate_endpoint(dep.info.url, dep.cfg.model_name, b))
+        assert message.startswith("HTTP 400") and says in message, (name, message)
     assert server.is_ready(dep.info)
 
 
@@ -193,31 +233,38 @@ def assert_bad_inputs_refused(dep, model: str, requests: Path) -> None:
 
     good = np.array([[b"def foo(x):"]], dtype=np.object_)
     msgs = {
-        "missing": _refused(lambda: send([tensor("MAX_NEW_TOKENS", np.array([[4]], dtype=np.int32), "INT32")])),
-        "dtype": _refused(lambda: send([tensor("PROMPT", np.array([[1]], dtype=np.int32), "INT32")])),
-        "shape": _refused(lambda: send([tensor("PROMPT", np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")])),
+        "missing": _refused(lambda: send([tensor("max_tokens", np.array([[4]], dtype=np.int32), "INT32")])),
+        "dtype": _refused(lambda: send([tensor("text_input", np.array([[1]], dtype=np.int32), "INT32")])),
+        "shape": _refused(lambda: send([tensor("text_input", np.array([[b"a", b"b"]], dtype=np.object_), "BYTES")])),
         "empty": _refused(lambda: send(client.build_inputs([""]))),
         "chars": _refused(lambda: send(client.build_inputs(["def f(x):" + "x" * 2000]))),
         "tokens": _refused(lambda: send(client.build_inputs(["def f(" + ", ".join(f"a{i}" for i in range(80)) + ")"]))),
         "utf8": _refused(lambda: send(client.build_inputs([b"def caf\xc3\x28(x):"]))),
-        "max_new": _refused(lambda: send([tensor("PROMPT", good, "BYTES"),
-                                          tensor("MAX_NEW_TOKENS", np.array([[0]], dtype=np.int32), "INT32")])),
+        "max_new": _refused(lambda: send([tensor("text_input", good, "BYTES"),
+                                          tensor("max_tokens", np.array([[0]], dtype=np.int32), "INT32")])),
+        "temperature": _refused(lambda: send(client.build_inputs(["def f():"], params=client.Params(temperature=-1)))),
+        "stop_utf8": _refused(lambda: send([tensor("text_input", good, "BYTES"),
+                                            tensor("stop", np.array([[b"\xff"]], dtype=np.object_), "BYTES")])),
     }
-    assert "PROMPT" in msgs["missing"]
+    assert "text_input" in msgs["missing"]
     assert "data-type" in msgs["dtype"] or "datatype" in msgs["dtype"].lower()
     assert "shape" in msgs["shape"]
     assert "is empty" in msgs["empty"]
     assert "characters" in msgs["chars"]
     assert "tokens" in msgs["tokens"]
     assert "UTF-8" in msgs["utf8"]
-    assert "MAX_NEW_TOKENS[0] is 0" in msgs["max_new"]
+    assert "max_tokens[0] is 0" in msgs["max_new"]
+    assert "temperature[0] is -1" in msgs["temperature"]
+    assert "stop[0]" in msgs["stop_utf8"] and "UTF-8" in msgs["stop_utf8"]
 
     # A dynamic batch mixing good and bad requests: each gets its own answer or its own error.
     before = client.batch_sizes(dep.info.url, model)
     prompts = ["def a(x):", "", "def b(y):", b"\xff\xfe", "def c(z):", "   ", "class D:", "def e():"]
     from tritonclient.utils import InferenceServerException
 
-    pending = [c.async_infer(model, client.build_inputs([p])) for p in prompts]  # all in flight at once
+    negative = client.Params(max_tokens=-2)   # a request that is bad only in its max_tokens, in the same batch
+    pending = [c.async_infer(model, client.build_inputs([p], params=negative if p == "class D:" else client.Params()))
+               for p in prompts]  # all in flight at once
     outcomes = []
     for req in pending:
         try:
@@ -225,7 +272,8 @@ def assert_bad_inputs_refused(dep, model: str, requests: Path) -> None:
         except InferenceServerException as e:
             outcomes.append(("error", e.message()))
     kinds = [k for k, _ in outcomes]
-    assert kinds == ["ok", "error", "ok", "error", "ok", "error", "ok", "ok"]
+    assert kinds == ["ok", "error", "ok", "error", "ok", "error", "error", "ok"]
+    assert "max_tokens[0] is -2" in outcomes[6][1]
     assert all(processing.is_well_formed(g.as_result()) is None for k, g in outcomes if k == "ok")
     # Triton updates its statistics after the responses go out: poll them, with a bound.
     deadline = time.monotonic() + 20
@@ -240,7 +288,7 @@ def assert_bad_inputs_refused(dep, model: str, requests: Path) -> None:
 
     assert server.is_live(dep.info) and server.is_ready(dep.info)
     statuses = {r["status"] for r in RequestLog(requests).read()[0]}
-    assert {"ok", "empty_prompt", "invalid_utf8", "prompt_too_long", "bad_max_new_tokens"} <= statuses
+    assert {"ok", "empty_prompt", "invalid_utf8", "prompt_too_long", "bad_max_tokens", "bad_temperature"} <= statuses
 
 
 def test_gate_refuses_a_broken_export_and_the_old_version_keeps_serving(dep, tiny_model_dir, tmp_path):
@@ -305,11 +353,11 @@ def test_the_deploy_stage_serves_the_onnx_export_with_the_torch_tokens_and_the_s
         folder = repository.version_dir(dep.repo, cfg.model_name, int(version))
         assert (folder / "model" / "model.onnx").is_file() and not list((folder / "model").glob("*.safetensors"))
 
-        prompts, new = processing.validation_prompts(8), 16
-        by_torch = client.generate(dep.info.url, prompts, model=dep.cfg.model_name, max_new_tokens=new)
-        by_onnx = client.generate(dep.info.url, prompts, model=cfg.model_name, max_new_tokens=new)
+        prompts, new = SIGNATURES[:8], client.Params(max_tokens=16)
+        by_torch = client.generate(dep.info.url, prompts, model=dep.cfg.model_name, params=new)
+        by_onnx = client.generate(dep.info.url, prompts, model=cfg.model_name, params=new)
         assert [g.token_ids for g in by_onnx] == [g.token_ids for g in by_torch]
-        assert [g.completion for g in by_onnx] == [g.completion for g in by_torch]
+        assert [g.text for g in by_onnx] == [g.text for g in by_torch]
         assert all(g.output_tokens >= 1 for g in by_onnx)
 
         assert_bad_inputs_refused(dep, cfg.model_name, ws.requests)
