@@ -2,6 +2,7 @@
 held-out prompts.
 
     task = dataset_task(cfg.task, ws.dataset_dir(version))   # components/task.py Task; saved in the export's lmforge.json
+    configured_task(cfg.task)                                # the task [task] names, or None for "auto"
     check_task(task, tokenizer)                              # UserError: a chat task on a tokenizer with no chat template
     heldout_prompts(ws.dataset_dir(version), task, n=8)      # prompts as clients send them (a chat's as JSON)
 """
@@ -17,14 +18,19 @@ from lmforge.components.sections.task import TaskConfig
 from lmforge.components.task import Task, TaskError, resolve
 
 
+def configured_task(cfg: TaskConfig) -> Task | None:
+    """The task `cfg` names; None for kind "auto" (the data decides)."""
+    return Task(kind=cfg.kind, stop=tuple(cfg.stop)) if cfg.kind != "auto" else None
+
+
 def dataset_task(cfg: TaskConfig, dataset_dir: Path) -> Task:
-    """`cfg`'s task; with no kind set, the one the dataset's train records imply (task.infer_kind)."""
-    if cfg.kind is not None:
-        return Task(kind=cfg.kind, stop=tuple(cfg.stop))
+    """`cfg`'s task; with kind "auto", the one the dataset's train records imply (task.infer_kind)."""
+    if (task := configured_task(cfg)) is not None:
+        return task
     path = Path(dataset_dir) / "records" / "train.jsonl"
     if not path.is_file():
         raise UserError("dataset", dataset_dir, "has no records/train.jsonl to tell its task from",
-                        "Re-run the data stage (lmforge run data) or set task.kind")
+                        "Re-run the data stage (lmforge run data) or set task.kind to a kind")
     return resolve(None, cfg.stop, read_records(path))
 
 

@@ -46,6 +46,7 @@ from lmforge.components.evaluation.report import write_report
 from lmforge.components.registry import current, download_model, gate, register_model, version_metrics, version_tags
 from lmforge.components.registry.gate import CHAMPION, BaseScore, EvalSet
 from lmforge.components.registry.travel import log_dataset_bundle
+from lmforge.components.taskdata import configured_task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_tree
 from lmforge.flows.workspace_flow import workspace_flow
@@ -64,7 +65,9 @@ def evaluate_task(model_dir: str, dataset_version: str, cfg: PipelineConfig, use
         rag = build_rag(ws, cfg.vectors, cfg.features, k=cfg.evaluation.rag_k, dataset_version=dataset_version)
     data = Path(dataset_dir) if dataset_dir is not None else ws.dataset_dir(dataset_version)
     try:
-        return evaluate_model_dir(Path(model_dir), data, cfg.evaluation, rag=rag).to_dict()
+        # A base records no task: it is scored on the configured one (or, with "auto", the one the data implies).
+        return evaluate_model_dir(Path(model_dir), data, cfg.evaluation, rag=rag,
+                                  default_task=configured_task(cfg.task)).to_dict()
     finally:
         release()
 

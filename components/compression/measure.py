@@ -65,7 +65,7 @@ def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) 
                               max_prompt_tokens=max(1, context - cfg.max_new_tokens), temperature=cfg.temperature,
                               seed=cfg.seed)
         scores = score_texts([task.scored(g.text) for g in gens], [ref for _, _, ref in examples])
-        latency = summarize([g.timing for g in gens], wall_s=wall) if gens else {}
+        latency = summarize([g.timing for g in gens], wall_s=wall)
         stats = variant_stats(Path(model_dir), model)
     finally:
         torch.set_num_threads(old_threads)

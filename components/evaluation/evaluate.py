@@ -10,7 +10,8 @@ split), unigram_bpc (the trivial baseline of baseline.py, on the same tokens),
 rouge1/rouge2/rougeL/bleu/exact_match (text_metrics.py, on up to `max_examples` held-out
 prompt→reference examples of the task; `gen_examples` says how many were scored),
 ttft_ms/tpot_ms/tokens_per_s (latency.py). The task (components/task.py) is the one saved with
-the model (task.json), or `task` when given (a base model has none): it renders the prompts,
+the model (its lmforge.json), or for a folder that records none (a base model) `default_task`, else
+the one the dataset implies: it renders the prompts,
 stops the generations and says what of each is scored. A split whose records give the task no
 reference scores no generation and says so in `info["generation"]`. With `rag` (a `rag.Rag` or
 a prompt→prompt callable), the generation task runs again on retrieval-augmented prompts (string
@@ -81,7 +82,7 @@ def read_split(dataset_dir: Path, split: str) -> list[Record]:
 
 
 def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig, *,
-                       rag: Rag | Callable[[str], str] | None = None, task: Task | None = None) -> EvalResult:
+                       rag: Rag | Callable[[str], str] | None = None, default_task: Task | None = None) -> EvalResult:
     import torch
 
     from lmforge.components.accelerator import runnable_device
@@ -112,7 +113,7 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                            device=device)
     unigram_bpc = UnigramModel.fit(tokenizer, [r.text for r in train]).bits_per_character(tokenizer, texts)
 
-    task = task or Task.load(model_dir, default=Task(infer_kind(train + heldout)))
+    task = Task.load(model_dir, default=default_task or Task(infer_kind(train + heldout)))
     examples = task_examples(heldout, task, cfg.max_examples, rng)
     prompts, refs = [p for _, p, _ in examples], [ref for _, _, ref in examples]
     gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
@@ -123,10 +124,10 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
         raise UserError("task", task.kind, str(e)) from e
     preds = [task.scored(g.text) for g in gens]
     scores = score_texts(preds, refs)
-    latency = summarize([g.timing for g in gens], wall_s=wall) if gens else {}
+    latency = summarize([g.timing for g in gens], wall_s=wall)   # NaN (not logged) when nothing was generated
 
     metrics = {"bpc": b.bpc, "perplexity": b.perplexity, "unigram_bpc": unigram_bpc,
-               **(scores.metrics() if gens else {}), **latency, "gen_examples": float(len(gens)),
+               **scores.metrics(), **latency, "gen_examples": float(len(gens)),
                "eval_tokens": float(b.tokens), "eval_chars": float(b.chars)}
     rag_info, rag_preds, rag_pairs = _run_rag(rag, model, tokenizer, prompts, refs, task, gen_kwargs, scores.metrics())
     metrics.update({f"rag_{k}": v for k, v in rag_info.get("metrics", {}).items()})

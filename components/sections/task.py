@@ -1,7 +1,7 @@
 """The [task] table: how a prompt is rendered, when generation stops and what is scored (components/task.py).
 
     [task]
-    kind = "chat"            # "completion", "chat" or the demo's "docstring"; unset = what the data holds
+    kind = "chat"            # "completion", "chat", the demo's "docstring", or "auto" (default): what the data holds
     stop = ["\\n\\n"]          # stop sequences beyond eos
 """
 
@@ -17,10 +17,10 @@ from ._base import Section
 class TaskConfig(Section):
     """The task every stage renders, stops and scores the same way; it is saved with the model (task.json)."""
 
-    kind: Literal["completion", "chat", "docstring"] | None = Field(
-        None, description="completion: the prompt as given, the whole completion scored; chat: messages through the "
+    kind: Literal["auto", "completion", "chat", "docstring"] = Field(
+        "auto", description="completion: the prompt as given, the whole completion scored; chat: messages through the "
                           "tokenizer's chat template, the assistant turn scored; docstring: the demo preset (a "
-                          "signature, stop at the docstring close, first sentence scored). Unset = from the data: "
+                          "signature, stop at the docstring close, first sentence scored). auto = from the data: "
                           "messages are chat, the built-in corpus is docstring, pairs and text are completion")
     stop: list[str] = Field(default_factory=list, description="stop sequences beyond eos (the docstring preset adds "
                                                               "its closing quotes)")
