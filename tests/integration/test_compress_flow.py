@@ -129,7 +129,7 @@ def test_compress_flow_registers_every_variant_with_lineage(workspace, tiny_mode
             served = service.deploy_version(workspace, deploy_cfg.deploy, info, registry_model=name, version=v,
                                             model_dir=download_model(workspace, name, str(v)))
             assert served.ok and served.serving == [v], (variant, served.reason)
-            (gen,) = triton.generate(info.url, ["def foo(x):"], max_new_tokens=4)
+            (gen,) = triton.generate(info.url, ["def foo(x):"], params=triton.Params(max_tokens=4))
             assert gen.output_tokens >= 1
     finally:
         service.stop(workspace)

@@ -77,7 +77,7 @@ def test_a_gpt2_base_goes_through_the_whole_pipeline_and_its_fine_tune_serves(wo
         production = current(workspace, name, "production")
         assert production in {champion, *comp["versions"].values()}
         assert tokenizer_hash(download_model(workspace, name, production)) == tokenizer_hash(base)
-        (gen,) = client.generate(running_server(workspace).url, ["def add(a, b):"], max_new_tokens=4)
+        (gen,) = client.generate(running_server(workspace).url, ["def add(a, b):"], params=client.Params(max_tokens=4))
         assert gen.output_tokens == len(gen.token_ids) <= 4   # answered (a 4-step model may stop at once, on eos)
         assert stages["monitor"]["result"]
 

@@ -66,7 +66,7 @@ def test_a_moe_preset_trains_expert_parallel_and_serves(workspace):
 
         production = current(workspace, name, "production")
         assert production in {ev["version"], *comp["versions"].values()}
-        (gen,) = client.generate(running_server(workspace).url, ["def add(a, b):"], max_new_tokens=4)
+        (gen,) = client.generate(running_server(workspace).url, ["def add(a, b):"], params=client.Params(max_tokens=4))
         assert gen.output_tokens == len(gen.token_ids) <= 4
         assert stages["monitor"]["result"]
     finally:
