@@ -36,6 +36,7 @@ def test_sft_lora_on_cuda(strategy, batching, sft_dataset, monkeypatch):
 
     from lmforge.components.config import load_config
     from lmforge.components.evaluation.evaluate import evaluate_model_dir
+    from lmforge.components.task import Task
     from lmforge.flows.train import train_flow
 
     ws, version, base, _ = sft_dataset
@@ -64,5 +65,5 @@ def test_sft_lora_on_cuda(strategy, batching, sft_dataset, monkeypatch):
     dataset = ws.dataset_dir(version)
     tuned = evaluate_model_dir(export, dataset, cfg.evaluation)
     assert tuned.info["device"].startswith("cuda")
-    before = evaluate_model_dir(base, dataset, cfg.evaluation).metrics["rougeL"]
+    before = evaluate_model_dir(base, dataset, cfg.evaluation, default_task=Task.load(export)).metrics["rougeL"]
     assert tuned.metrics["rougeL"] > before + 0.05, (tuned.metrics["rougeL"], before)

@@ -34,6 +34,7 @@ def test_sft_with_lora_trains_adapters_only_exports_base_plus_adapter_and_beats_
 
     from lmforge.components.config import load_config
     from lmforge.components.evaluation.evaluate import evaluate_model_dir
+    from lmforge.components.task import Task
     from lmforge.flows.train import train_flow
 
     ws, version, base, _ = sft_dataset
@@ -66,7 +67,7 @@ def test_sft_with_lora_trains_adapters_only_exports_base_plus_adapter_and_beats_
     # ROUGE-L on held-out pairs, through the one generation path: the fine-tune over the base.
     dataset = ws.dataset_dir(version)
     tuned = evaluate_model_dir(export, dataset, cfg.evaluation).metrics["rougeL"]
-    before = evaluate_model_dir(base, dataset, cfg.evaluation).metrics["rougeL"]
+    before = evaluate_model_dir(base, dataset, cfg.evaluation, default_task=Task.load(export)).metrics["rougeL"]
     assert tuned > before + 0.05, (tuned, before)
 
 
