@@ -262,6 +262,8 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
           f"{m['tokens_per_s']:.1f} tokens/s; RAG {result.rag.get('status')}"
           + (f" (ROUGE-L {result.rag['delta']['rougeL']:+.4f})" if result.rag.get("status") == "ok" else
              f": {result.rag.get('reason', '')}"))
+    if result.info.get("generation", "ok") != "ok":
+        print(f"  {result.info['generation']}")
     if base is not None and base.metrics is not None:
         print(f"  base {base.name}: BPC {base.metrics['bpc']:.4f} on the same sample")
     summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],

@@ -95,8 +95,10 @@ def retrain_corpus(records: Path, cfg: PipelineConfig, dataset_version: str, out
         path = records / f"{split}.jsonl"
         for line in jsonl_lines(path) if path.is_file() else []:
             r = json.loads(line)
-            rows.append(json.dumps({v.id_field: r["id"], v.text_field: r["text"], v.prompt_field: r["signature"],
-                                    v.reference_field: r["summary"], v.group_field: r["module"]}))
+            # A chat stays a chat (its turns; a text field would make it a document), so a chat task retrains on it.
+            body = ({v.messages_field: json.loads(r["messages"])} if r.get("messages") else
+                    {v.text_field: r["text"], v.prompt_field: r["signature"], v.reference_field: r["summary"]})
+            rows.append(json.dumps({v.id_field: r["id"], **body, v.group_field: r["module"]}))
     old = len(rows)
     if not old:
         raise UserError("retrain", f"dataset {dataset_version}", f"has no records to retrain on in {records}",
