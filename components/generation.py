@@ -9,9 +9,10 @@
     outs = decode(torch_forward(model), tokenizer, [ids], max_new_tokens=32)   # the same rows through a forward
                                                                  # function and a KV cache (an ONNX graph: onnxrun.py)
 
-Evaluation (components/evaluation/generation.py), supervised fine-tuning (the prompt ids,
-components/training/sft.py), the MLflow pyfunc (components/registry/hf_pyfunc.py) and the Triton
-model (deploy/model.py) all call this with the model's task, so what is scored is what is served.
+Evaluation (components/evaluation/generation.py), the MLflow pyfunc (components/registry/hf_pyfunc.py)
+and the Triton model (deploy/model.py) all call this with prompts the model's task encoded (supervised
+fine-tuning, components/training/sft.py, trains on the same prompt ids), so what is scored is what is
+served.
 
 - Decoding: `model.generate` on left-padded rows, up to the largest `max_new_tokens` of the batch;
   greedy, or sampled with a `Sampling` (temperature, top_p, top_k) after `torch.manual_seed(seed)`.
