@@ -12,8 +12,12 @@ on PATH, VIRTUAL_ENV set to it (the python stub takes its site-packages from the
 and LD_LIBRARY_PATH at its base interpreter's libpython. The server runs in poll model
 control: it loads what the repository holds and picks up lmforge's atomic changes to it
 (deploy/repository.py) every POLL_SECS, and it refuses load and unload requests from
-every client, so no key is needed and none appears on its command line or in its
-environment (either is readable through /proc). The repository is mode 0700: writing into
+every client, so no key is needed and none appears on its command line. Its environment
+(readable through /proc, and inherited by every python-backend stub, whose model code whoever
+writes the repository controls) is an allowlist, SERVER_ENV_NAMES and SERVER_ENV_PREFIXES: the
+process basics, locale, loader and scratch paths, thread counts, GPU selection and the serving venv,
+nothing else. So a credential in any variable's value (a database URL in MLFLOW_TRACKING_URI, a DSN,
+a Redis URL), whatever the variable is named, never reaches Triton. The repository is mode 0700: writing into
 it is the only way to change what serves. Strict readiness (ready = every loaded model
 ready); it keeps running when a model fails to load. The process is started, recognised
 (pid + start time, never its name) and stopped by the shared lifecycle in
@@ -24,10 +28,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +47,25 @@ ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
 SERVE_VENV_NAME = ".venv-serve"
 NAME = "tritonserver"
 POLL_SECS = 1  # how often Triton looks at the repository: a rollout step waits up to this long to start
-# Names of variables that look like credentials: the model code (python backend) inherits the server's environment.
-SECRET_NAME = re.compile(r"(^|_)(KEY|SECRET|TOKEN|CREDENTIALS?|AUTH)(_|$)|PASSW(OR)?D", re.IGNORECASE)
+# The only variables tritonserver gets from the caller's environment. Every python-backend stub inherits them, and
+# its model code is whatever the repository's writer put there: a variable not listed here (MLFLOW_TRACKING_URI with
+# a database password in it, a DSN, a Redis URL, a token) never reaches it, whatever its name. lmforge's serving
+# code (deploy/model.py and the lmforge_runtime modules beside it) reads no variable of its own: its settings come
+# from config.pbtxt parameters.
+SERVER_ENV_NAMES = (
+    "PATH", "HOME", "USER", "LOGNAME",                  # the process basics (PATH gets the serving venv's bin first)
+    "LANG", "LANGUAGE", "TZ",                           # locale and time zone (text decoding, log times)
+    "LD_LIBRARY_PATH", "TMPDIR", "TMP", "TEMP",         # the loader (libpython is added to it) and scratch space
+    "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",  # library caches and offline switches
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",  # thread counts of torch's and numpy's math
+    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "TOKENIZERS_PARALLELISM",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PYTORCH_CUDA_ALLOC_CONF",  # GPU selection and memory
+)
+SERVER_ENV_PREFIXES = (
+    "LC_",                                              # locale categories
+    "OMP_", "KMP_",                                     # OpenMP tuning (affinity, wait policy) of torch's CPU kernels
+    "CUDA_",                                            # CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER, ...
+)
 
 
 @dataclass(frozen=True)
@@ -93,14 +114,20 @@ def triton_paths(venv: Path | None = None) -> tuple[Path, Path]:
     return binary, backends
 
 
+def allowed_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` that SERVER_ENV_NAMES or SERVER_ENV_PREFIXES allow; every other one is left out."""
+    return {k: v for k, v in environ.items() if k in SERVER_ENV_NAMES or k.startswith(SERVER_ENV_PREFIXES)}
+
+
 def server_env(venv: Path | None = None) -> dict[str, str]:
+    """Triton's environment: the allowlisted part of this one, with the serving venv first on PATH, as VIRTUAL_ENV
+    and its libpython on the loader path. /proc/<pid>/environ of the server and of every model stub shows it."""
     venv = (venv or serve_venv()).resolve()
     python = venv / "bin" / "python"
-    libdir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+    libdir = subprocess.run([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
                             check=True, capture_output=True, text=True).stdout.strip()
-    # /proc/<pid>/environ of the server and of every model stub shows these: no credentials.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME") and not SECRET_NAME.search(k)}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env = allowed_env(os.environ)
+    env["PATH"] = os.pathsep.join(filter(None, [str(venv / "bin"), env.get("PATH")]))
     env["VIRTUAL_ENV"] = str(venv)
     env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return env
