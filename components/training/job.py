@@ -183,10 +183,11 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
         if start >= cfg.max_steps:
             raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
                             "Raise training.max_steps to train further")
-        if cfg.parallel.offload_optimizer == "nvme":
+        if "nvme" in (cfg.parallel.offload_optimizer, cfg.parallel.offload_param):
             from lmforge.components.training.nvme import check_resume
 
-            check_resume(cfg.parallel.offload_optimizer, folder)  # not yet: see components/training/nvme.py
+            # not yet: see components/training/nvme.py
+            check_resume(cfg.parallel.offload_optimizer, folder, offload_param=cfg.parallel.offload_param)
         if saved["world_size"] != layout.world_size:
             # Another world size: checked, then converted once to DeepSpeed's universal checkpoint (universal.py).
             from lmforge.components.training.universal import prepare_elastic

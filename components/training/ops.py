@@ -88,9 +88,34 @@ def check_lock(folder: Path, *, now: float | None = None) -> None:
                         f"Delete {lock} and run again")
 
 
+def probe(builder: Any) -> bool:
+    """Whether DeepSpeed can build `builder`'s op here (its is_compatible), with nothing printed.
+
+    The probe compiles and links a test program (async_io's, and gds's after cuFile, against libaio). DeepSpeed's
+    has_function quiets it by redirecting sys.stderr.fileno() only, which is not the compiler's descriptor 2 wherever
+    sys.stderr has been replaced by another stream; an H200 without libaio printed `/usr/bin/ld: cannot find -laio`
+    twice on a run that asked for no NVMe. Descriptors 1 and 2 themselves go to /dev/null here; a probe that raises
+    is False, as in DeepSpeed's own probe_is_compatible."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(fd) for fd in (1, 2)]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+        return bool(builder.is_compatible(verbose=False))
+    except Exception:  # noqa: BLE001 - as DeepSpeed's probe_is_compatible: a probe that raises means "cannot build"
+        return False
+    finally:
+        for fd, old in zip((1, 2), saved, strict=True):
+            os.dup2(old, fd)
+            os.close(old)
+        os.close(null)
+
+
 def check_required(class_name: str, builder: Any) -> None:
     """A UserError naming what to install when an op the job cannot run without cannot be built here."""
-    if builder is None or not builder.is_compatible(verbose=False):
+    if builder is None or not probe(builder):
         raise UserError(*REQUIRED[class_name])
 
 
@@ -108,7 +133,7 @@ def prebuild() -> list[str]:
     device = "cpu" if get_accelerator().device_name() == "cpu" else "cuda"
     names = needed_ops({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, device=device)
     aio = get_accelerator().create_op_builder("AsyncIOBuilder")
-    if aio is not None and aio.is_compatible(verbose=False):
+    if aio is not None and probe(aio):
         names.append("AsyncIOBuilder")
     return _load(names)
 
@@ -121,13 +146,12 @@ def _load(needed: list[str]) -> list[str]:
     for class_name in needed:  # before any build: a missing library is named at once, not after minutes of compiling
         if class_name in REQUIRED:
             check_required(class_name, get_accelerator().create_op_builder(class_name))
-    from deepspeed.ops import __compatible_ops__  # probes every op with the compiler: only once the job can run
     loaded = []
     for class_name in needed:
         builder = get_accelerator().create_op_builder(class_name)
-        if class_name in REQUIRED:
-            check_required(class_name, builder)
-        elif builder is None or not __compatible_ops__.get(builder.NAME, False):
+        # Only the ops this job loads are probed, not deepspeed.ops.__compatible_ops__: that probes every op DeepSpeed
+        # has, async_io (libaio) and gds among them, also for a job that swaps nothing.
+        if class_name not in REQUIRED and (builder is None or not probe(builder)):
             continue   # DeepSpeed falls back to torch for it (or fails in the rank with its own message)
         folder = build_dir(builder.NAME)
         check_lock(folder)

@@ -72,10 +72,10 @@ def apply_offload(ds: dict[str, Any], par: ParallelConfig) -> dict[str, Any]:
     """Optimizer states (stepped by DeepSpeedCPUAdam) and, under ZeRO-3, parameters in host memory ("cpu") or in swap
     files under nvme_path ("nvme", ZeRO-Infinity, read and written by DeepSpeed's async_io op on libaio).
 
-    DeepSpeed keeps up to max_in_cpu (1e9) parameter elements a rank in host memory and swaps the rest, and swaps no
-    tensor under 1 MiB; max_in_cpu 0 (every parameter on NVMe) failed on 2 CPU ranks at the second step ("Not enough
-    buffers 0 for swapping 1", with or without prefetch), so DeepSpeed's default stays. components/training/nvme.py
-    sizes the swap buffers to the model and gives each run its own subfolder of nvme_path before launch."""
+    DeepSpeed swaps no tensor under 1 MiB: those partitions stay in host memory. components/training/nvme.py gives
+    each run its own subfolder of nvme_path before launch and, for the parameters, sets what keeps them in the swap
+    files between uses (max_in_cpu 0, no reuse distance, swap buffers sized to the model): DeepSpeed's defaults
+    would keep a model under 1e9 parameter elements a rank in host memory, only the optimizer swapping."""
     if not (par.offload_optimizer or par.offload_param):
         return ds
     out = _with(ds, "offload_nvme" if "nvme" in (par.offload_optimizer, par.offload_param) else "offload")
