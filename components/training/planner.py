@@ -17,9 +17,9 @@ weights are fp32 already):
     ZeRO-3  (P + G + K) Psi / N     = 16 Psi / N
 
 Optimizer offload moves the K part to host memory; parameter offload (ZeRO-3) moves P too.
-ZeRO-Infinity's NVMe tier (zero3+nvme_optimizer+nvme_param) moves K Psi / N to swap files, and of
-the parameters what passes max_in_cpu (DeepSpeed's default, 1e9 elements a device, which lmforge
-keeps): P max(0, Psi / N - 1e9). Host memory holds the rest of the parameters and DeepSpeed's swap
+ZeRO-Infinity's NVMe tier (zero3+nvme_optimizer+nvme_param) moves K Psi / N to swap files, and the
+parameter partition too, P Psi / N (lmforge sets max_in_cpu = 0, components/training/nvme.py: DeepSpeed's
+default would keep the first 1e9 elements a device in host memory). Host memory holds DeepSpeed's swap
 buffers: 5 parameter buffers as large as the largest parameter (the embedding, V h) and 4 fp32
 optimizer buffers as large as the largest sub-group partition, min(1e8, Psi / N) (lmforge's
 sub_group_size). DeepSpeed swaps no tensor under 1 MiB: a small model's small tensors stay in host memory.
@@ -71,7 +71,7 @@ STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2+offload_optimizer", "zero
 # as the largest optimizer sub-group partition (zero_optimization.sub_group_size: 1e8 elements with nvme, as
 # components/training/strategies.py sets it; DeepSpeed's default of 1e9 would keep 16 GB of buffers per device).
 NVME_PARAM_BUFFERS, NVME_OPTIMIZER_BUFFERS, SUB_GROUP_SIZE, PARAM_BUFFER_MAX = 5, 4, 1e8, 1e8
-MAX_IN_CPU = 1e9  # offload_param.max_in_cpu (DeepSpeed's default, kept): parameter elements a rank keeps in host memory
+MAX_IN_CPU = 0  # offload_param.max_in_cpu as components/training/nvme.py sets it: parameter elements kept in host memory
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def model_state_bytes(params: float, *, strategy: str, dp: int, precision: str,
     if "offload_param" in strategy:
         out["host"] += out["params"]
         out["params"] = 0.0
-    if "nvme" in strategy:  # ZeRO-Infinity: the optimizer states, and parameters past max_in_cpu, go to swap files
+    if "nvme" in strategy:  # ZeRO-Infinity: the optimizer states and the parameters (past max_in_cpu) go to swap files
         out["nvme"] = out["optimizer"] if "nvme_optimizer" in strategy else 0.0
         out["optimizer"] = 0.0 if "nvme_optimizer" in strategy else out["optimizer"]
         if "nvme_param" in strategy:
