@@ -14,9 +14,13 @@ the audit trail as `pending` (audit.py: a JSON-lines artifact of the model's aud
 moves the alias, appends it as `done`, and deletes the claim. A crash between the move
 and the mark leaves a pending record that the next mover (or `history`) settles against
 the registry under the claim: `done` when the alias holds its target, `aborted` when it
-does not; the crashed mover's claim is broken as claim.py says. So no move is ever
-unrecorded, each move is one record, and two deciders that both read holder X cannot
-both move the alias: the second gets AliasConflict.
+does not; the crashed mover's claim is broken as claim.py says. Right before each write (the
+pending record, the move, the done mark, each retry of them) the mover verifies it still
+holds the claim (claim.py: fencing); one paused until its claim was broken gets
+ClaimLost and writes nothing more, so the breaker's move is the round's only one
+(tests/integration/test_alias_fencing.py). So no move is ever unrecorded, each move is
+one record, and two deciders that both read holder X cannot both move the alias: the
+second gets AliasConflict.
 
 Rollback replays the alias's moves as a stack: a promotion pushes, a rollback pops. So
 rolling back twice walks back two holders instead of swapping between the last two.
@@ -32,7 +36,7 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.registry.audit import AuditLog
-from lmforge.components.registry.claim import claim, holder_label
+from lmforge.components.registry.claim import Claim, claim, holder_label
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
@@ -93,10 +97,11 @@ def _line(key: str, move: AliasMove) -> dict[str, object]:
     return {"id": key, **move.to_dict()}
 
 
-def _settle(ws: Workspace, log: AuditLog, model_name: str, records: dict[str, AliasMove]) -> dict[str, AliasMove]:
+def _settle(ws: Workspace, log: AuditLog, model_name: str, records: dict[str, AliasMove],
+            claimed: Claim) -> dict[str, AliasMove]:
     """Decide every pending record (a mover crashed mid-move): done if the alias holds its target, else aborted.
 
-    Only called under the model's alias claim, when no move is in flight.
+    Only called under the model's alias claim (`claimed`), when no move is in flight.
     """
     out = dict(records)
     for key, move in records.items():
@@ -106,7 +111,7 @@ def _settle(ws: Workspace, log: AuditLog, model_name: str, records: dict[str, Al
         out[key] = AliasMove(**{**move.to_dict(), "state": DONE if held else ABORTED})
     settled = [_line(k, m) for k, m in out.items() if m.state != records[k].state]
     if settled:
-        log.append(settled)
+        log.append(settled, fence=lambda: claimed.verify("settle the pending moves it found"))
     return out
 
 
@@ -124,8 +129,8 @@ def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *
     use_workspace(ws)
     client = MlflowClient()
     log = AuditLog(client, ws, model_name)
-    with claim(client, model_name):
-        _settle(ws, log, model_name, _records(log))
+    with claim(client, model_name) as held:
+        _settle(ws, log, model_name, _records(log), held)
         before = current(ws, model_name, alias)
         if expect is not ANY and before != expect:
             raise AliasConflict("alias", f"{model_name}@{alias}",
@@ -136,14 +141,22 @@ def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *
                          alias=alias, from_version=before, to_version=None if version is None else str(version),
                          why=reason, action="delete" if version is None else action, time_ns=now, state=PENDING)
         key = f"{now:020d}.{uuid.uuid4().hex[:8]}"
-        log.append([_line(key, move)])        # ahead of the move: a crash after it is still recorded
-        if version is None:
-            if before is not None:
-                with_retries(lambda: client.delete_registered_model_alias(model_name, alias), **RETRY)
-        else:
-            with_retries(lambda: client.set_registered_model_alias(model_name, alias, str(version)), **RETRY)
+        # ahead of the move: a crash after it is still recorded
+        log.append([_line(key, move)], fence=lambda: held.verify(f"record its move of {model_name}@{alias} as pending"))
+
+        def move_alias() -> None:   # verified on every try: a retry may come after a pause
+            held.verify(f"move {model_name}@{alias} (nothing moved; the next mover settles its pending record)")
+            if version is None:
+                client.delete_registered_model_alias(model_name, alias)
+            else:
+                client.set_registered_model_alias(model_name, alias, str(version))
+
+        if version is not None or before is not None:
+            with_retries(move_alias, **RETRY)
         done = AliasMove(**{**move.to_dict(), "state": DONE})
-        log.append([_line(key, done)])
+        log.append([_line(key, done)], fence=lambda: held.verify(
+            f"mark its move of {model_name}@{alias} done (the alias did move; the next move or `lmforge registry "
+            "history` settles its pending record as done)"))
     return done
 
 
@@ -161,8 +174,8 @@ def history(ws: Workspace, model_name: str, *, alias: str | None = None) -> list
     log = AuditLog(client, ws, model_name)
     records = _records(log)
     if any(m.state == PENDING for m in records.values()):
-        with claim(client, model_name):
-            records = _settle(ws, log, model_name, _records(log))
+        with claim(client, model_name) as held:
+            records = _settle(ws, log, model_name, _records(log), held)
     # in the trail's order, which the claim made the order of the moves; time_ns comes from each mover's
     # own clock, and movers on several hosts need not agree
     return [m for m in records.values() if m.state == DONE and (alias is None or m.alias == alias)]

@@ -2,7 +2,7 @@
 
     log = AuditLog(client, ws, "lmforge-lm")
     log.records()                       # {move id: AliasMove}, the last line of each id wins
-    log.append(move_id, move)           # only while holding the model's alias claim (claim.py)
+    log.append([line], fence=lambda: c.verify("append"))   # only while holding the model's alias claim (claim.py)
     log.location()                      # "runs:/<run id>/alias-audit.jsonl"
 
 The run is in the `registry-audit` experiment, named `audit-<model>` and tagged
@@ -24,7 +24,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,17 +99,29 @@ class AuditLog:
             text = Path(path).read_text()
         return [json.loads(line) for line in text.splitlines() if line.strip()]
 
-    def append(self, entries: list[dict[str, Any]]) -> None:
+    def append(self, entries: list[dict[str, Any]], *, fence: Callable[[], None] | None = None) -> None:
         """Add lines at the end; the caller holds the model's alias claim, and has read the trail under it
-        (lines()), so no one else has written since: that read is extended rather than fetched again."""
+        (lines()), so no one else has written since: that read is extended rather than fetched again.
+
+        `fence` (the claim's verify) runs before each write, retries included: the file is rewritten whole
+        from that read, so a holder that lost the claim would erase the new holder's lines.
+        """
         base = self._read if self._read is not None else self._fetch()
+        if fence is not None and self._run_id is None:
+            fence()   # creating the audit run is a write under the claim too
         run_id = self.run_id(create=True)
         assert run_id is not None
         new = [*base, *entries]
         text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in new)
+
+        def write() -> None:
+            if fence is not None:
+                fence()
+            self.client.log_artifact(run_id, str(path))
+
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / ARTIFACT
             path.write_text(text)
             with no_progress_bar():
-                with_retries(lambda: self.client.log_artifact(run_id, str(path)), **RETRY)
+                with_retries(write, **RETRY)
         self._read = new

@@ -1,7 +1,8 @@
-"""An exclusive claim on one registered model's aliases, granted by the shared MLflow store itself.
+"""An exclusive, fenced claim on one registered model's aliases, granted by the shared MLflow store itself.
 
     with claim(client, "lmforge-lm") as c:       # blocks until this mover holds the claim
-        ...                                      # read the holder, compare, record, move
+        ...                                      # read the holder, compare
+        c.verify("move the alias")               # ClaimLost unless this mover still holds it; then write at once
     c.token                                      # this holder's random token
 
 The claim is a registered model named `<model>.alias-claim`. Registered-model names are
@@ -13,20 +14,49 @@ server, because the server runs the same SQL insert. This holds across processes
 workspaces and hosts that share one store, where a local file lock does not
 (tests/integration/test_alias_race.py: over REST on SQLite, and directly on PostgreSQL).
 
-The claim is created with tags naming its holder (token, who, host, pid, since) and is
-deleted when the move is done. A holder that crashed leaves its claim behind; a waiter
-declares it stale when
+The claim is created with tags naming its holder (token, who, host, pid, since, ttl_s).
+While it is held, a heartbeat thread rewrites its `beat` tag (`<token>:<nonce>:<time>`)
+every min(HEARTBEAT_S, ttl/4) seconds, after reading that the claim is still its own;
+the claim is deleted when the move is done. A waiter declares a claim stale when
   - it was taken on this host (by hostname: containers that share a registry need distinct
     hostnames) by a process that no longer exists, at once, or
-  - its token has not changed for CLAIM_TTL_S seconds of the waiter's own clock (a holder
-    on another host; a move takes a few requests, so a claim that old is abandoned).
-A stale claim is broken through a second claim, `<claim>.break-<token>`, which only one
-waiter can win for that token; the winner deletes the stale claim only if it still holds
-that token, then deletes the break claim, and everyone tries again. So two waiters never
-both break it, and a fresh claim is never deleted in place of the stale one. (A breaker
-that itself dies between the two deletes leaves `<claim>.break-<token>`: the stale claim
-then stays until someone deletes both registered models by hand; `lmforge registry
-claims` names them.)
+  - its (token, beat) has not changed for ttl seconds of the waiter's own clock, ttl being
+    the larger of the waiter's CLAIM_TTL_S and the holder's own: a live holder beats
+    several times per ttl and is never stale; one that died, hangs with its process, or
+    is paused (a long GC, a stopped container, a VM migration) stops beating and is.
+Ending a claim with token T, whether its holder releases it or a waiter breaks it as
+stale, goes through a second claim, `<claim>.break-<T>`, which one caller at a time can
+hold: it reads the claim and deletes it only if it still has token T (and, for a break,
+the beat judged stale). T's claim can only be deleted by that guard's holder, and a new
+claim only exists once it is, so the delete between the read and the write is of T's
+claim, never of a fresh one that replaced it (the race the unguarded release left).
+
+Fencing. The holder calls verify() immediately before each write it makes under the
+claim (the alias move, each audit append, inside each retry of them). verify() reads the
+claim from the store and checks that its token is still this holder's. Before that, if
+this holder's last confirmed beat (or its create) was sent ttl/2 or more ago by its own
+clock (it was paused, or its heartbeat could not reach the store), it renews the claim:
+it writes a beat on the claim if that still has its token. If the claim is gone or
+another's, verify() raises ClaimLost and the holder writes nothing more: a holder that
+was paused past the ttl and broken finds out before its next write, not at release.
+
+Limits, which MLflow's API sets: it has no conditional write (no "set this alias only if
+the claim still has token T"), so between verify() and the write it guards is a
+check-then-act window: from verify()'s read to the write reaching the store, about one
+request round trip (milliseconds). A waiter breaks no sooner than ttl after the beat
+was sent, and verify() passes only with a beat under ttl/2 old, so a write lands
+after a break only if the holder stalls inside that window for more than ttl/2 (60 s by
+default); a pause anywhere else is caught by the next verify(). Clock skew between hosts
+does not matter: each side measures intervals on its own clock (CLOCK_BOOTTIME, which
+counts a suspended host, where there is one, else the monotonic clock); only the clocks'
+rates must agree, not their times. A guest whose clock does not count its own VM pause
+keeps the store check but loses the ttl/2 bound. The breaker's read-then-delete has a
+window of the same kind: a beat landing inside it is missed, which costs a live holder
+its claim (its next verify() fails); it does harm only if, besides, the next holder's
+whole move fits inside the old holder's own window. A caller that dies holding a
+`.break-<T>` guard (between its few requests) leaves it behind, and T's claim then stays
+until someone deletes both registered models by hand; `lmforge registry claims` names
+them, and a waiter that times out says so.
 """
 
 from __future__ import annotations
@@ -37,6 +67,7 @@ import logging
 import os
 import random
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,15 +83,33 @@ log = logging.getLogger(__name__)
 
 CLAIM_SUFFIX = ".alias-claim"
 BREAK_INFIX = ".break-"
+# Read when a claim is made, not bound as defaults, so a test can lower them (tests/integration/test_alias_fencing.py).
 CLAIM_TTL_S = 120.0
+HEARTBEAT_S = 10.0
 WAIT_S = 600.0
-TOKEN, WHO, HOST, PID, SINCE = (f"lmforge.claim.{k}" for k in ("token", "who", "host", "pid", "since"))
+TOKEN, WHO, HOST, PID, SINCE, BEAT, TTL = (f"lmforge.claim.{k}" for k in ("token", "who", "host", "pid", "since",
+                                                                          "beat", "ttl_s"))
 EXISTS = ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
 MISSING = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
 
 
+class ClaimLost(UserError):
+    """This mover no longer holds (or can no longer vouch that it holds) the claim; it wrote nothing after that."""
+
+
+def _now() -> float:
+    # BOOTTIME keeps counting while the host is suspended, so a holder that slept past its lease sees that it did
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clock) if clock is not None else time.monotonic()
+
+
 def claim_name(model_name: str) -> str:
     return f"{model_name}{CLAIM_SUFFIX}"
+
+
+def guard_name(model_name: str, token: str) -> str:
+    """The guard that whoever ends (releases or breaks) the claim with `token` must hold."""
+    return f"{claim_name(model_name)}{BREAK_INFIX}{token}"
 
 
 def holder_label() -> str:
@@ -117,78 +166,163 @@ def _dead_here(tags: dict[str, str]) -> bool:
     return exited_here(str(tags.get(HOST, "")), str(tags.get(PID, "")))
 
 
+def _beat(tags: dict[str, str]) -> str:
+    """The claim's beat, only if its holder wrote it: a former holder's late beat must not keep a new one alive."""
+    beat = str(tags.get(BEAT, ""))
+    return beat if beat.startswith(f"{tags.get(TOKEN, '')}:") else ""
+
+
+def _holder(tags: dict[str, str]) -> str:
+    return f"{tags.get(WHO, '?')} (pid {tags.get(PID, '?')} on {tags.get(HOST, '?')}, since {tags.get(SINCE, '?')})"
+
+
 @dataclass
 class Claim:
     client: Any
     model_name: str
-    ttl_s: float = CLAIM_TTL_S
+    ttl_s: float = field(default_factory=lambda: CLAIM_TTL_S)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
-    seen: dict[str, float] = field(default_factory=dict)   # token -> when this waiter first saw it (monotonic)
+    seen: dict[tuple[str, str], float] = field(default_factory=dict)   # (token, beat) -> when this waiter first saw it
+    confirmed: float = 0.0          # _now() when this holder last sent a request that proved it held the claim
+    lost: str | None = None         # why this holder no longer holds it, once it knows
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _beater: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
         return claim_name(self.model_name)
 
+    @property
+    def heartbeat_s(self) -> float:
+        return min(HEARTBEAT_S, self.ttl_s / 4)
+
     def _tags(self) -> dict[str, str]:
         return {TOKEN: self.token, WHO: holder_label(), HOST: socket.gethostname(), PID: str(os.getpid()),
-                SINCE: datetime.now(timezone.utc).isoformat()}
+                SINCE: datetime.now(timezone.utc).isoformat(), TTL: str(self.ttl_s)}
 
     def acquire(self, wait_s: float = WAIT_S) -> None:
         deadline = time.monotonic() + wait_s
         pause = 0.02
         while True:
+            sent = _now()
             if _create(self.client, self.name, self._tags()):
-                return
+                return self._held(sent)
             held = _get(self.client, self.name)
             tags = dict(held.tags) if held is not None else {}
             other = tags.get(TOKEN, "")
             if held is not None and other == self.token:   # our create went through but its answer was lost
-                return
-            if held is not None and self._stale(other, tags):
-                self._break(other)
+                return self._held(sent)
+            if held is not None and self._stale(tags) and self._end(other, beat=_beat(tags)):
                 continue
             if time.monotonic() > deadline:
                 raise UserError("alias claim", self.name,
-                                f"is held by {tags.get(WHO, '?')} (pid {tags.get(PID, '?')} on {tags.get(HOST, '?')}, "
-                                f"since {tags.get(SINCE, '?')}) and was not released within {wait_s:.0f} s",
+                                f"is held by {_holder(tags)} and was not released within {wait_s:.0f} s",
                                 "If that mover is gone, delete the registered model "
-                                f"'{self.name}' in the MLflow UI and move the alias again")
+                                f"'{self.name}' (and any '{self.name}{BREAK_INFIX}*' that `lmforge registry claims` "
+                                "lists) in the MLflow UI and move the alias again")
             time.sleep(pause * (0.5 + random.random()))
             pause = min(0.5, pause * 1.5)
 
-    def _stale(self, token: str, tags: dict[str, str]) -> bool:
-        if _dead_here(tags):
-            return True
-        first = self.seen.setdefault(token, time.monotonic())
-        return time.monotonic() - first > self.ttl_s
+    def _held(self, sent: float) -> None:
+        self.confirmed, self.lost = sent, None
+        self._stop.clear()
+        self._beater = threading.Thread(target=self._heartbeat, name=f"claim-heartbeat {self.name}", daemon=True)
+        self._beater.start()
 
-    def _break(self, token: str) -> None:
-        breaker = f"{self.name}{BREAK_INFIX}{token}"
-        if not _create(self.client, breaker, self._tags()):
-            return   # another waiter is breaking it
-        try:
-            held = _get(self.client, self.name)
-            if held is not None and dict(held.tags).get(TOKEN) == token:
-                log.warning("alias claim %s: breaking the stale claim of %s (pid %s on %s, since %s)", self.name,
-                            held.tags.get(WHO), held.tags.get(PID), held.tags.get(HOST), held.tags.get(SINCE))
-                _delete(self.client, self.name)
-        finally:
-            _delete(self.client, breaker)
+    def _heartbeat(self) -> None:
+        # due a heartbeat after the last confirmation, so at once when acquiring took that long (the lease
+        # started when the create was sent)
+        while not self._stop.wait(max(0.0, self.confirmed + self.heartbeat_s - _now())):
+            try:
+                if not self._renew():
+                    return
+            except Exception as e:   # a store hiccup: the next beat tries again, and verify() still checks
+                log.debug("alias claim %s: heartbeat failed: %s", self.name, e)
+                self._stop.wait(self.heartbeat_s / 4)
 
-    def release(self) -> None:
+    def _renew(self) -> bool:
+        """Write a fresh beat if the claim is still this holder's; False (and `lost` says why) if it is not."""
+        sent = _now()
         held = _get(self.client, self.name)
         if held is None or dict(held.tags).get(TOKEN) != self.token:
-            log.warning("alias claim %s: was broken while this mover (token %s) held it; another mover may have "
-                        "moved an alias at the same time: check `lmforge registry audit`", self.name, self.token)
-            return
-        _delete(self.client, self.name)
+            self.lost = self._why_lost(held)
+            return False
+        beat = f"{self.token}:{uuid.uuid4().hex[:8]}:{datetime.now(timezone.utc).isoformat()}"
+        self.client.set_registered_model_tag(self.name, BEAT, beat)
+        self.confirmed = max(self.confirmed, sent)
+        return True
+
+    def _stale(self, tags: dict[str, str]) -> bool:
+        if _dead_here(tags):
+            return True
+        try:   # the holder's ttl if longer: its verify() relies on no waiter breaking it sooner
+            ttl = max(self.ttl_s, float(tags.get(TTL, 0.0)))
+        except ValueError:
+            ttl = self.ttl_s
+        key = (str(tags.get(TOKEN, "")), _beat(tags))
+        if key not in self.seen:   # a new holder or a new beat: its ttl starts now (older keys will not return)
+            self.seen = {key: _now()}
+        return _now() - self.seen[key] > ttl
+
+    def _end(self, token: str, *, beat: str | None = None) -> bool:
+        """Delete the claim if it still has `token` (and `beat`, when given), holding `token`'s guard.
+
+        True if it was deleted here. Every delete of a claim goes through here, so the claim read under the
+        guard is the claim deleted: a fresh one cannot take its place until it is gone.
+        """
+        guard = guard_name(self.model_name, token)
+        if not _create(self.client, guard, self._tags()):
+            return False   # someone else is ending it
+        try:
+            held = _get(self.client, self.name)
+            tags = dict(held.tags) if held is not None else {}
+            if held is None or tags.get(TOKEN) != token or (beat is not None and _beat(tags) != beat):
+                return False
+            if token != self.token:
+                log.warning("alias claim %s: breaking the stale claim of %s", self.name, _holder(tags))
+            return _delete(self.client, self.name)
+        finally:
+            _delete(self.client, guard)
+
+    def _why_lost(self, held: Any | None) -> str:
+        if held is None:
+            return "it was broken as stale (this mover stopped beating for longer than its ttl) and released"
+        return f"it was broken as stale and is now held by {_holder(dict(held.tags))}"
+
+    def verify(self, before: str) -> None:
+        """Raise ClaimLost unless this mover still holds the claim; call it right before each write under it."""
+        if self.lost is None and _now() - self.confirmed > self.ttl_s / 2:
+            # paused, or its heartbeat could not reach the store: a waiter may break it at ttl, so renew it now
+            # and keep the rest of the ttl as the margin of the write that follows
+            try:
+                self._renew()
+            except Exception as e:
+                self.lost = f"its lease had run down and renewing it failed ({type(e).__name__}: {e})"
+        if self.lost is None:
+            held = _get(self.client, self.name)
+            if held is None or dict(held.tags).get(TOKEN) != self.token:
+                self.lost = self._why_lost(held)
+        if self.lost is not None:
+            raise ClaimLost("alias claim", self.name, f"was lost before this mover could {before}: {self.lost}; "
+                            "it wrote nothing from then on",
+                            "See what happened with `lmforge registry history` and decide the move again "
+                            "(re-run the command) if it is still wanted")
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beater is not None:
+            self._beater.join(timeout=5)
+        if not self._end(self.token) and self.lost is None:   # a holder that knew raised ClaimLost already
+            log.warning("alias claim %s: was broken while this mover (token %s) held it; its writes were verified "
+                        "before each one, so any it made came before: check `lmforge registry audit`",
+                        self.name, self.token)
 
 
 @contextlib.contextmanager
-def claim(client: Any, model_name: str, *, ttl_s: float = CLAIM_TTL_S, wait_s: float = WAIT_S) -> Iterator[Claim]:
+def claim(client: Any, model_name: str, *, ttl_s: float | None = None, wait_s: float | None = None) -> Iterator[Claim]:
     """Hold the claim on `model_name`'s aliases for the block; released (deleted) on the way out, error or not."""
-    c = Claim(client, model_name, ttl_s=ttl_s)
-    c.acquire(wait_s)
+    c = Claim(client, model_name, ttl_s=CLAIM_TTL_S if ttl_s is None else ttl_s)
+    c.acquire(WAIT_S if wait_s is None else wait_s)
     try:
         yield c
     finally:
@@ -196,6 +330,6 @@ def claim(client: Any, model_name: str, *, ttl_s: float = CLAIM_TTL_S, wait_s: f
 
 
 def leftover_claims(client: Any) -> list[Any]:
-    """Registered models that are claims (or break claims) still present: in flight, or left by a crash."""
+    """Registered models that are claims (or break guards) still present: in flight, or left by a crash."""
     found = client.search_registered_models(filter_string=f"name LIKE '%{CLAIM_SUFFIX}%'", max_results=1000)
     return [rm for rm in found if rm.name.endswith(CLAIM_SUFFIX) or CLAIM_SUFFIX + BREAK_INFIX in rm.name]

@@ -1,0 +1,110 @@
+"""The alias claim on a real MLflow store (the workspace's SQLite): a live holder's heartbeat keeps waiters off, a
+holder whose claim was broken (or who cannot vouch for it any more) is refused by verify(), and ending a claim is
+guarded so that a late release or break cannot delete a fresh claim.
+
+Short ttls keep these fast; tests/integration/test_alias_fencing.py pauses a real holder process past its ttl.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lmforge.components.errors import UserError
+from lmforge.components.registry import claim as claims
+
+
+@pytest.fixture
+def client(workspace):
+    from mlflow import MlflowClient
+
+    from lmforge.components.tracking import use_workspace
+
+    use_workspace(workspace)
+    return MlflowClient()
+
+
+def test_a_live_holder_is_never_broken_however_long_it_holds(client):
+    holder = claims.Claim(client, "live", ttl_s=2.0)
+    holder.acquire(wait_s=10)
+    try:
+        start = time.monotonic()
+        with pytest.raises(UserError, match="not released within 6 s"):   # three ttls: its heartbeat kept it fresh
+            claims.Claim(client, "live", ttl_s=2.0).acquire(wait_s=6)
+        assert time.monotonic() - start >= 6
+        assert client.get_registered_model(claims.claim_name("live")).tags[claims.TOKEN] == holder.token
+        holder.verify("write")   # still held, and confirmed within half its ttl
+    finally:
+        holder.release()
+    assert claims.leftover_claims(client) == []
+
+
+def _stop_beating(c: claims.Claim) -> None:
+    """Its heartbeat thread stops, as every thread of a stopped (SIGSTOP) process would."""
+    c._stop.set()
+    c._beater.join(timeout=10)
+
+
+def test_a_holder_whose_lease_ran_down_renews_it_before_writing(client):
+    holder = claims.Claim(client, "renewed", ttl_s=1.0)
+    holder.acquire(wait_s=10)
+    _stop_beating(holder)
+    time.sleep(0.6)            # over half its ttl since it last confirmed the claim: a waiter may soon break it
+    beat = client.get_registered_model(claims.claim_name("renewed")).tags.get(claims.BEAT)
+    holder.verify("write")     # nobody broke it: it renews the claim rather than write on a run-down lease
+    renewed = client.get_registered_model(claims.claim_name("renewed")).tags[claims.BEAT]
+    assert renewed != beat and renewed.startswith(f"{holder.token}:")
+    holder.release()
+    assert claims.leftover_claims(client) == []
+
+
+def test_a_holder_that_stopped_beating_is_broken_and_then_refused(client):
+    paused = claims.Claim(client, "paused", ttl_s=1.0)
+    paused.acquire(wait_s=10)
+    _stop_beating(paused)
+    start = time.monotonic()
+    with claims.claim(client, "paused", ttl_s=1.0, wait_s=30) as breaker:
+        assert time.monotonic() - start >= 1.0     # broken after a ttl without a beat, not at once: its pid lives
+        with pytest.raises(claims.ClaimLost, match="was lost before this mover could move the alias: .* now held by"):
+            paused.verify("move the alias")
+        breaker.verify("move the alias")
+    with pytest.raises(claims.ClaimLost):
+        paused.verify("append")                     # and stays refused once the breaker is done
+    paused.release()          # deletes nothing: the claim is gone, and would not be its own
+    assert claims.leftover_claims(client) == []
+
+
+def test_a_claim_broken_and_released_is_refused_to_its_old_holder(client):
+    old = claims.Claim(client, "taken", ttl_s=1.0)
+    old.acquire(wait_s=10)
+    _stop_beating(old)
+    with claims.claim(client, "taken", ttl_s=1.0, wait_s=30):
+        pass
+    with pytest.raises(claims.ClaimLost, match="broken as stale .* and released"):
+        old.verify("append to the audit trail")
+    old.release()
+    assert claims.leftover_claims(client) == []
+
+
+def test_ending_a_claim_is_guarded_so_a_late_release_cannot_delete_a_fresh_claim(client):
+    """The race the unguarded release left: a breaker reads token T, T's holder comes back and deletes its claim,
+    a third mover takes a fresh claim, and the breaker's delete (decided on T) removes the fresh one. Every delete
+    now holds T's guard, so while the breaker holds it T's claim stays, and the breaker's delete is of T's claim."""
+    holder = claims.Claim(client, "guarded", ttl_s=60)
+    holder.acquire(wait_s=10)
+    guard = claims.guard_name("guarded", holder.token)
+    assert claims._create(client, guard, {claims.TOKEN: "breaker"})   # a breaker has read T and holds T's guard
+    holder.release()                                                   # the holder comes back and releases
+    assert client.get_registered_model(claims.claim_name("guarded")).tags[claims.TOKEN] == holder.token
+    assert claims._delete(client, claims.claim_name("guarded"))        # the breaker's delete: T's claim
+    assert claims._delete(client, guard)
+
+    fresh = claims.Claim(client, "guarded", ttl_s=60)
+    fresh.acquire(wait_s=10)
+    late = claims.Claim(client, "guarded", ttl_s=60)
+    assert not late._end(holder.token)   # a break decided on T finds the fresh claim and leaves it
+    assert client.get_registered_model(claims.claim_name("guarded")).tags[claims.TOKEN] == fresh.token
+    fresh.verify("write")
+    fresh.release()
+    assert claims.leftover_claims(client) == []
