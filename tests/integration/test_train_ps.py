@@ -1,6 +1,9 @@
 """The parameter-server family on 2 CPU ranks (rank 0 is the server and worker 0, rank 1 worker 1): ps-sync,
 async-sgd, hogwild and easgd each train the tiny model below the unigram baseline on held-out tokens, export
 the same Hugging Face folder as the DeepSpeed strategies, and log staleness and bytes that match the protocol.
+In the async-sgd and hogwild runs rank 1 is slowed on purpose (protocol.STRAGGLER_ENV), so that staleness must
+show: rank 0's updates land while rank 1 computes. tests/integration/test_ps_loops.py reads back from the weights
+what each rank did (hogwild's shared weights, easgd's rounds, async-sgd's drops).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmforge.components.training.protocol import STRAGGLER_ENV
 from lmforge.components.workspace import Workspace
 from tests.integration.train_support import make_dataset, run_training, tiny_training
 
@@ -20,6 +24,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900
 STRATEGIES = ("ps-sync", "async-sgd", "hogwild", "easgd")
 STEPS = 100
 SETTINGS = {"precision": "fp32", "max_steps": STEPS, "warmup_steps": 5, "lr": 0.01}
+# Rank 1 sleeps this long each step (after its gradient, before it is applied), several of rank 0's steps: without
+# it two equal workers interleave, and a run whose staleness is all 0 (a broken version count) would pass.
+STRAGGLE = {"async-sgd": "1:0.1", "hogwild": "1:0.1"}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +38,14 @@ def ws(tmp_path_factory) -> Workspace:
 
 @pytest.fixture(scope="module")
 def runs(ws):
-    return {s: run_training(ws, s, tiny_training(**SETTINGS, parallel={"strategy": s, "async_sgd": {"max_staleness": 1}}),
-                            timeout_s=300) for s in STRATEGIES}
+    out = {}
+    for s in STRATEGIES:
+        with pytest.MonkeyPatch.context() as mp:
+            if s in STRAGGLE:
+                mp.setenv(STRAGGLER_ENV, STRAGGLE[s])  # the launcher hands its environment to the ranks
+            cfg = tiny_training(**SETTINGS, parallel={"strategy": s, "async_sgd": {"max_staleness": 1}})
+            out[s] = run_training(ws, s, cfg, timeout_s=300)
+    return out
 
 
 def _heldout_nats(ws: Workspace, export) -> tuple[float, float]:
@@ -85,14 +98,18 @@ def test_bytes_and_staleness_follow_each_protocol(runs):
     # ps-sync: per step worker 1 sends a header and its gradient, the server sends the weights back; never stale.
     assert stats["ps-sync"]["bytes_sent"] == STEPS * (2 * n_bytes + header)
     assert stats["ps-sync"]["staleness_hist"] == {"0": 2 * STEPS}
-    # async-sgd: the same plus the server's reply header, and one last "done" header; every push is counted,
-    # and exactly those staler than max_staleness = 1 were dropped.
+    # async-sgd: the same plus the server's reply header, and one last "done" header; every push is counted. Rank 1,
+    # slowed, sends gradients several server versions old: some past max_staleness = 1, and exactly those were dropped.
     a = stats["async-sgd"]
     assert a["bytes_sent"] == STEPS * (2 * n_bytes + 2 * header) + header
     assert sum(a["staleness_hist"].values()) == 2 * STEPS
+    assert a["staleness_max"] > 1 and a["dropped"] > 0, a
     assert a["dropped"] == sum(n for k, n in a["staleness_hist"].items() if int(k) > 1)
-    # hogwild: nothing crosses a network; both workers' updates are counted.
-    assert stats["hogwild"]["bytes_sent"] == 0 and sum(stats["hogwild"]["staleness_hist"].values()) == 2 * STEPS
+    # hogwild: nothing crosses a network; both workers' updates are counted, and rank 0's updates landed in the
+    # shared counter while the slowed rank 1 computed (staleness > 0: the ranks read one counter, in /dev/shm).
+    h = stats["hogwild"]
+    assert h["bytes_sent"] == 0 and sum(h["staleness_hist"].values()) == 2 * STEPS
+    assert h["staleness_max"] > 0, h
     # easgd: a round every tau = 4 steps and one at the end; between rounds a worker is 0..3 steps from the center.
     rounds = math.ceil(STEPS / 4)
     assert stats["easgd"]["bytes_sent"] == rounds * 2 * (n_bytes + header)

@@ -1,7 +1,8 @@
-"""Elastic averaging SGD (Zhang, Choromanska, LeCun 2015, eq. 5-6, synchronous form): the round and the loop.
+"""Elastic averaging SGD (Zhang, Choromanska, LeCun 2015, eq. 5-6, synchronous form): the two updates and the loop.
 
-    workers, center = elastic_round([x0, x1], center, alpha=0.2)   # one round, by the paper's two equations
-    run_easgd(ctx)                                                 # every rank; rank 0 holds the center
+    pull_towards(x, old_center, alpha)                  # a worker's half of a round, in place
+    old_center = move_center(center, workers, alpha)    # the server's half, in place; `workers` may be a generator
+    run_easgd(ctx)                                      # every rank; rank 0 holds the center
 
 Each worker trains its own weights x_i with its own AdamW. Every tau local steps every worker sends x_i to
 rank 0, which updates the center with the old center x~ and sends that old center back:
@@ -9,13 +10,16 @@ rank 0, which updates the center with the old center x~ and sends that old cente
     x_i <- x_i - alpha (x_i - x~)            (each worker, with the center before this round)
     x~  <- x~  + alpha sum_i (x_i - x~)      (the server, with the workers' weights before this round)
 
-The sum x~ + sum_i x_i is unchanged by a round (the elastic force is symmetric). alpha x workers <= 1 keeps
-the center from overshooting the workers' mean (checked before launch). The export is the center.
-Staleness here is the local steps since the worker last met the center (0 .. tau - 1).
+In the paper's terms (W_i <- W_i - eta (dW_i + rho (W_i - W~)), W~ <- W~ + eta sum_i rho (W_i - W~)),
+alpha = eta rho, and the gradient term eta dW_i is the worker's own AdamW step, taken every step between
+rounds. The sum x~ + sum_i x_i is unchanged by a round (the elastic force is symmetric). alpha x workers
+<= 1 keeps the center from overshooting the workers' mean (checked before launch). The export is the
+center. Staleness here is the local steps since the worker last met the center (0 .. tau - 1).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,14 +29,22 @@ if TYPE_CHECKING:
 
 
 def pull_towards(x: torch.Tensor, center: torch.Tensor, alpha: float) -> torch.Tensor:
-    """A worker's half of the round, in place: x <- x - alpha (x - center)."""
+    """A worker's half of the round, in place: x <- x - alpha (x - center), with the center from before the round."""
     return x.sub_(x - center, alpha=alpha)
 
 
-def elastic_round(workers: list[torch.Tensor], center: torch.Tensor, alpha: float) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """One synchronous round on copies: the workers pulled towards the old center, the center towards the old workers."""
-    new_center = center + alpha * torch.stack([x - center for x in workers]).sum(0)
-    return [pull_towards(x.clone(), center, alpha) for x in workers], new_center
+def move_center(center: torch.Tensor, workers: Iterable[torch.Tensor], alpha: float) -> torch.Tensor:
+    """The server's half of the round, in place: center <- center + alpha sum_i (x_i - center); returns the old
+    center (a copy), which every worker is then pulled towards.
+
+    `workers` is consumed one tensor at a time, each before the next is asked for, so a generator may hand
+    every worker's weights in the same receive buffer (rank 0 keeps one, not one per worker)."""
+    old = center.clone()
+    total = torch.zeros_like(center)
+    for x in workers:
+        total += x - old
+    center.add_(total, alpha=alpha)
+    return old
 
 
 def run_easgd(ctx: "Ctx") -> torch.Tensor | None:
@@ -44,6 +56,15 @@ def run_easgd(ctx: "Ctx") -> torch.Tensor | None:
     opt, sched = ctx.local_optimizer()
     center = ctx.flat.data.clone() if ctx.rank == 0 else None
     others = torch.empty_like(ctx.flat.data)
+
+    def every_worker() -> Iterator[torch.Tensor]:
+        """Rank 0's own weights, then each remote worker's, received into `others` as move_center asks for them."""
+        yield ctx.flat.data
+        for w in range(1, ctx.world):
+            ctx.peers.update(w, ctx.recv_header(w))
+            ctx.recv(others, w)
+            yield others
+
     since = 0
     for step in range(cfg.max_steps):
         ctx.stats.staleness(since)
@@ -54,13 +75,7 @@ def run_easgd(ctx: "Ctx") -> torch.Tensor | None:
             header = ctx.header(step=done, loss=loss)
             if ctx.rank == 0:
                 assert center is not None
-                total = ctx.flat.data - center
-                for w in range(1, ctx.world):
-                    ctx.peers.update(w, ctx.recv_header(w))
-                    ctx.recv(others, w)
-                    total += others - center
-                old = center.clone()
-                center.add_(total, alpha=alpha)       # x~ + alpha sum_i (x_i - x~), with every x_i before the round
+                old = move_center(center, every_worker(), alpha)
                 for w in range(1, ctx.world):
                     ctx.send_header(ctx.header(step=done, loss=loss), w)
                     ctx.send(old, w)

@@ -1,5 +1,6 @@
-"""The parameter-server family without launching: EASGD's round by hand, the async server's drop rule, the
-flat buffers, the section's refusals, the checks before launch and the rank entry the launcher picks."""
+"""The parameter-server family without launching: EASGD's two updates by hand (the functions run_easgd calls), the
+async server's drop rule, the flat buffers, the section's refusals, the checks before launch and the rank entry the
+launcher picks. tests/integration/test_ps_loops.py runs the strategies' loops on real processes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.training.layout import check_layout
 from lmforge.components.training.protocol import RankHardware, RankRequest
 from lmforge.components.training.ps.checks import check_ps_job
-from lmforge.components.training.ps.easgd import elastic_round
+from lmforge.components.training.ps.easgd import move_center, pull_towards
 from lmforge.components.training.strategies import deepspeed_config
 
 
@@ -23,15 +24,52 @@ def training(**over) -> TrainingConfig:
                                           "warmup_steps": 2, "num_ranks": 2, "precision": "fp32", **over})
 
 
-def test_one_easgd_round_follows_the_two_update_equations_by_hand():
-    x0, x1, center = torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0]), torch.tensor([0.0, 1.0])
-    (n0, n1), new_center = elastic_round([x0, x1], center, alpha=0.25)
-    # x_i <- x_i - alpha (x_i - c):  x0 - 0.25 [1, 1],  x1 - 0.25 [3, -2]
-    assert n0.tolist() == [0.75, 1.75] and n1.tolist() == [2.25, -0.5]
-    # c <- c + alpha sum_i (x_i - c):  [0, 1] + 0.25 ([1, 1] + [3, -2])
-    assert new_center.tolist() == [1.0, 0.75]
-    assert x0.tolist() == [1.0, 2.0] and center.tolist() == [0.0, 1.0]  # the round works on copies
-    assert torch.equal(n0 + n1 + new_center, x0 + x1 + center)          # the elastic force is symmetric: sum kept
+# EASGD in the paper's terms: worker W_i <- W_i - eta (dW_i + rho (W_i - W~)), center W~ <- W~ + eta sum_i rho (W_i - W~).
+# lmforge's alpha is eta x rho (the gradient term eta dW_i is the worker's own AdamW step between rounds). eta = 1/2 and
+# rho = 1/4 give alpha = 1/8, exact in binary, so every expected value below is exact.
+ETA, RHO = 0.5, 0.25
+CENTER = [1.0, 0.0]
+WORKERS = [[1.0, 2.0], [3.0, -1.0], [7.0, 0.5]]
+
+
+def test_easgd_worker_update_pulls_each_worker_by_eta_rho_towards_the_old_center():
+    center = torch.tensor(CENTER)
+    pulled = [pull_towards(torch.tensor(x), center, ETA * RHO).tolist() for x in WORKERS]
+    # W_i - 1/8 (W_i - W~):  [1, 2] - 1/8 [0, 2],  [3, -1] - 1/8 [2, -1],  [7, 0.5] - 1/8 [6, 0.5]
+    assert pulled == [[1.0, 1.75], [2.75, -0.875], [6.25, 0.4375]]
+    assert center.tolist() == CENTER  # the center is read, not moved
+
+
+def test_easgd_center_update_adds_eta_rho_times_the_sum_of_every_workers_difference():
+    center = torch.tensor(CENTER)
+    old = move_center(center, [torch.tensor(x) for x in WORKERS], ETA * RHO)
+    # W~ + 1/8 ([0, 2] + [2, -1] + [6, 0.5]) = [1, 0] + 1/8 [8, 1.5]
+    assert center.tolist() == [2.0, 0.1875]
+    assert old.tolist() == CENTER and old.data_ptr() != center.data_ptr()  # the workers are pulled towards this copy
+
+
+def test_easgd_center_update_takes_every_worker_through_one_reused_buffer():
+    """rank 0 receives every worker into the same tensor: each must be summed before the next overwrites it."""
+    buffer = torch.empty(2)
+
+    def received():
+        for x in WORKERS:
+            buffer.copy_(torch.tensor(x))
+            yield buffer
+
+    center = torch.tensor(CENTER)
+    move_center(center, received(), ETA * RHO)
+    assert center.tolist() == [2.0, 0.1875]
+
+
+def test_one_easgd_round_keeps_the_sum_of_the_center_and_the_workers():
+    center = torch.tensor(CENTER)
+    workers = [torch.tensor(x) for x in WORKERS]
+    before = center + sum(workers)
+    old = move_center(center, workers, ETA * RHO)
+    for x in workers:
+        pull_towards(x, old, ETA * RHO)
+    assert torch.equal(center + sum(workers), before)  # the elastic force is symmetric
 
 
 def request(tmp_path: Path, cfg: TrainingConfig) -> RankRequest:
