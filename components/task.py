@@ -18,7 +18,7 @@ Kinds:
   docstring close; the first sentence is scored against the docstring's summary. With a tokenizer that has a chat
   template the bare signature is one user turn, as chat models read it.
 
-`infer_kind(records)` follows the data when the config names no kind: a chat when a record holds messages, the
+`infer_kind(records)` follows the data for task.kind = "auto": a chat when a record holds messages, the
 docstring preset when every record is shaped as one (the built-in corpus), else completion.
 
 Imports only the standard library and records.py: the Triton repository and the MLflow model carry a copy.

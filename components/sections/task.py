@@ -15,7 +15,7 @@ from ._base import Section
 
 
 class TaskConfig(Section):
-    """The task every stage renders, stops and scores the same way; it is saved with the model (task.json)."""
+    """The task every stage renders, stops and scores the same way; it is recorded in the exported model's lmforge.json."""
 
     kind: Literal["auto", "completion", "chat", "docstring"] = Field(
         "auto", description="completion: the prompt as given, the whole completion scored; chat: messages through the "
