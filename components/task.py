@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -135,8 +135,7 @@ class Task:
                 value = json.loads(text)
             except json.JSONDecodeError:
                 return text
-            if isinstance(value, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                               and isinstance(m.get("content"), str) for m in value) and value:
+            if is_messages(value):
                 return [{"role": m["role"], "content": m["content"]} for m in value]
         return text
 
@@ -185,6 +184,12 @@ class Task:
 DEMO = Task("docstring")
 
 
+def is_messages(value: Any) -> bool:
+    """Whether `value` is a non-empty list of {role, content} objects with string values (a chat's messages)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
 def split_document(text: str) -> tuple[str, str] | None:
     """(the first TEXT_PROMPT_WORDS words, as written; the next TEXT_REFERENCE_WORDS, on one line), or None when the
     document is too short to have both (fewer than two words)."""
@@ -212,8 +217,3 @@ def infer_kind(records: Iterable[Record]) -> str:
     if "chat" in kinds:
         return "chat"
     return "docstring" if kinds == {"docstring"} else "completion"
-
-
-def resolve(kind: str | None, stop: Sequence[str], records: Iterable[Record]) -> Task:
-    """The configured task, or the one the data implies when `kind` is None."""
-    return Task(kind=kind or infer_kind(records), stop=tuple(stop))

@@ -15,7 +15,7 @@ from typing import Any
 from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
 from lmforge.components.sections.task import TaskConfig
-from lmforge.components.task import Task, TaskError, resolve
+from lmforge.components.task import Task, TaskError, infer_kind
 
 
 def configured_task(cfg: TaskConfig) -> Task | None:
@@ -31,7 +31,7 @@ def dataset_task(cfg: TaskConfig, dataset_dir: Path) -> Task:
     if not path.is_file():
         raise UserError("dataset", dataset_dir, "has no records/train.jsonl to tell its task from",
                         "Re-run the data stage (lmforge run data) or set task.kind to a kind")
-    return resolve(None, cfg.stop, read_records(path))
+    return Task(kind=infer_kind(read_records(path)), stop=tuple(cfg.stop))
 
 
 def check_task(task: Task, tokenizer: Any) -> None:

@@ -59,6 +59,12 @@ def resolve_model(ws: Workspace, registry_model: str, alias: str) -> tuple[int, 
     return int(version), download_model(ws, registry_model, version)
 
 
+def dataset_of(model_dir: Path) -> str | None:
+    """The dataset version a model folder was trained on (its lmforge.json), or None when it records none."""
+    meta = Path(model_dir) / "lmforge.json"
+    return json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
+
+
 def shards_for(ws: Workspace, model_dir: Path, registry_model: str | None = None,
                version: int | None = None) -> Path | None:
     """Where the rare-token list comes from: the training shards of the model's dataset when this workspace
@@ -66,8 +72,7 @@ def shards_for(ws: Workspace, model_dir: Path, registry_model: str | None = None
     trained it: components/registry/travel.py); None when neither is there."""
     from lmforge.components.registry.travel import fetch_dataset_bundle
 
-    meta = Path(model_dir) / "lmforge.json"
-    dataset = json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
+    dataset = dataset_of(model_dir)
     shards = ws.training_shards(dataset) if dataset else None
     if shards is not None and (shards / "index.json").is_file():
         return shards
@@ -82,8 +87,7 @@ def validation_prompts(ws: Workspace, model_dir: Path, n: int) -> list[str]:
     from lmforge.components.task import Task
     from lmforge.components.taskdata import heldout_prompts
 
-    meta = Path(model_dir) / "lmforge.json"
-    dataset = json.loads(meta.read_text()).get("dataset_version") if meta.is_file() else None
+    dataset = dataset_of(model_dir)
     return heldout_prompts(ws.dataset_dir(dataset), Task.load(model_dir), n=n) if dataset else []
 
 

@@ -156,6 +156,8 @@ def generate(
 
 def _prompt_text(prompt: str | None, messages: Path | None) -> str:
     """The text_input: the prompt, or the messages file's list as JSON (a chat task reads it as the chat)."""
+    from lmforge.components.task import is_messages
+
     if (prompt is None) == (messages is None):
         raise UserError("lmforge generate", None, "needs a prompt or --messages, not both and not neither",
                         'Run lmforge generate "your prompt" or lmforge generate --messages chat.json')
@@ -167,8 +169,7 @@ def _prompt_text(prompt: str | None, messages: Path | None) -> str:
     except (OSError, json.JSONDecodeError) as e:
         raise UserError("--messages", messages, f"is not a readable JSON file ({e})",
                         'Write a list such as [{"role": "user", "content": "Hello"}]') from None
-    if not (isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                                      and isinstance(m.get("content"), str) for m in value)):
+    if not is_messages(value):
         raise UserError("--messages", messages, "does not hold a non-empty list of {role, content} objects",
                         'Write a list such as [{"role": "user", "content": "Hello"}]')
     return json.dumps(value, ensure_ascii=False)
