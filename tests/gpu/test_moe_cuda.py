@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import make_ws, run_training, tiny_training
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,9 +26,7 @@ EXPERTS, LAYERS, STEPS = 4, 4, 6
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("moe_gpu") / "ws").ensure()
-    make_dataset(w)
-    return w
+    return make_ws(tmp_path_factory, "moe_gpu")
 
 
 @pytest.mark.parametrize("ep", [1, pytest.param(2, marks=pytest.mark.skipif(

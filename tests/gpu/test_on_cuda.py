@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import make_ws, run_training, tiny_training
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -52,9 +52,7 @@ def independent_peak(precision: str) -> float | None:
 
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("gpu") / "ws").ensure()
-    make_dataset(w)
-    return w
+    return make_ws(tmp_path_factory, "gpu")
 
 
 def counted_flops_per_token(ws: Workspace, cfg) -> float:

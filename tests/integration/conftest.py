@@ -8,6 +8,9 @@
 `prefect_server` runs `prefect server start --host 127.0.0.1 --port <free>` in a workspace
 of its own (its own SQLite database), waits for /api/health within a bound, and always
 stops the server's whole process group, and any worker, at the end of the session.
+
+`ws` is a workspace holding the small training dataset (train_support.make_dataset), built
+once per test file (module scope: --dist loadfile keeps a file on one xdist worker).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pytest
 from lmforge.components.workspace import Workspace
 from lmforge.flows import prefect_local
 from tests.conftest import free_port
+from tests.integration.train_support import make_ws
 
 STARTUP_TIMEOUT_S = 180
 
@@ -67,3 +71,15 @@ def prefect_server(tmp_path_factory) -> Iterator[PrefectServer]:
         yield PrefectServer(api_url=info.api_url, ws=ws, pid=info.pid)
     finally:
         prefect_local.stop_all(ws)
+
+
+@pytest.fixture(scope="module")
+def ws(request, tmp_path_factory) -> Workspace:
+    """A workspace with train_support.make_dataset's default dataset (testdata0001, set as LATEST), one per test file.
+
+    A file that needs other dataset options defines its own:
+        @pytest.fixture(scope="module")
+        def ws(tmp_path_factory):
+            return make_ws(tmp_path_factory, "name", version="other0001", vocab_size=1024)
+    """
+    return make_ws(tmp_path_factory, request.module.__name__.rpartition(".")[2].removeprefix("test_"))

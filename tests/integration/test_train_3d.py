@@ -19,8 +19,7 @@ import pytest
 import torch
 
 from lmforge.components.training.planner import PlanInput, make_plan
-from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -29,13 +28,6 @@ COMMON = {"precision": "fp32", "max_steps": STEPS, "warmup_steps": 2, "save_ever
           "model": {"preset": "tiny", "num_layers": 4}}
 THREE_D = {"strategy": "ddp", "pipeline": {"stages": 2, "micro_batches": 2}, "tensor": {"autotp_size": 2}}
 TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("train3d") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import torch
 
 from lmforge.components.training import checkpoint as ckpt
 from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, tiny_training
+from tests.integration.train_support import tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -30,13 +30,6 @@ BASE = {"precision": "fp32", "max_steps": 8, "save_every": 3, "keep_checkpoints"
 # leg is exact); 1e-4 leaves room for that order and nothing else: a shifted batch or a wrong LR schedule
 # moved a loss by 2e-2 here (a leg whose max_steps differed from the reference's).
 LOSS_TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("elastic") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 @dataclasses.dataclass

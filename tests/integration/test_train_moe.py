@@ -14,8 +14,7 @@ import shutil
 import pytest
 import torch
 
-from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -28,13 +27,6 @@ def moe_training(ep: int, **overrides):
     return tiny_training(precision="fp32", max_steps=STEPS, warmup_steps=2, save_every=3,
                          model={"num_layers": LAYERS, "moe": {"num_experts": EXPERTS, "top_k": 1}},
                          parallel={"strategy": "zero2", "expert_parallel": ep}, **overrides)
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("moe") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from lmforge.components.errors import UserError
-from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -76,13 +75,6 @@ def nvme_dir(tmp_path_factory) -> Path:
     except UserError as e:
         pytest.skip(f"no folder with O_DIRECT for the swap files ({e}); set LMFORGE_TEST_NVME_DIR to one on ext4 or xfs")
     return folder
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("nvme-train") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 def test_zero3_nvme_offload_trains_to_cpu_offloads_losses(ws, nvme_dir):

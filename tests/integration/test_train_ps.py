@@ -17,7 +17,7 @@ import torch
 
 from lmforge.components.training.protocol import STRAGGLER_ENV
 from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -27,13 +27,6 @@ SETTINGS = {"precision": "fp32", "max_steps": STEPS, "warmup_steps": 5, "lr": 0.
 # Rank 1 sleeps this long each step (after its gradient, before it is applied), several of rank 0's steps: without
 # it two equal workers interleave, and a run whose staleness is all 0 (a broken version count) would pass.
 STRAGGLE = {"async-sgd": "1:0.1", "hogwild": "1:0.1"}
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("ps") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 @pytest.fixture(scope="module")

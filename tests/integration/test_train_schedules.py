@@ -15,8 +15,7 @@ import shutil
 import pytest
 import torch
 
-from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -26,13 +25,6 @@ LOSS_TOLERANCE = 1e-3
 
 def pipe(schedule: str) -> dict:
     return {"strategy": "ddp", "pipeline": {"stages": 2, "micro_batches": 4, "schedule": schedule, "virtual_stages": 2}}
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("sched") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 @pytest.fixture(scope="module")

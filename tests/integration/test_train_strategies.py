@@ -12,19 +12,11 @@ import pytest
 import torch
 
 from lmforge.components.training.planner import model_state_bytes
-from lmforge.components.workspace import Workspace
-from tests.integration.train_support import make_dataset, run_training, tiny_training
+from tests.integration.train_support import run_training, tiny_training
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 
 FP32 = {"precision": "fp32", "max_steps": 20, "save_every": 5, "warmup_steps": 3}
-
-
-@pytest.fixture(scope="module")
-def ws(tmp_path_factory) -> Workspace:
-    w = Workspace(tmp_path_factory.mktemp("train") / "ws").ensure()
-    make_dataset(w)
-    return w
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """A small real dataset for training tests: a BPE tokenizer and shards, built without the data stage.
 
     version = make_dataset(ws)        # writes datasets/<v>/{tokenizer,shards,manifest.json}, sets LATEST
+    ws = make_ws(tmp_path_factory, "name")   # a fresh workspace holding that dataset (the `ws` fixture)
 
 Standard-library docstrings (read with ast, never imported) give real English text; the
 format is exactly what components/data/shards.py writes and the data stage produces.
@@ -53,6 +54,17 @@ def make_dataset(ws: Workspace, *, vocab_size: int = 512, version: str = "testda
                                             "counts": {"train": len(ids) - n_val, "validation": n_val}})
     ws.set_latest_dataset(version)
     return version
+
+
+def make_ws(tmp_path_factory, name: str, **dataset_kwargs) -> Workspace:
+    """A fresh workspace in a temporary folder named `name`, holding make_dataset(ws, **dataset_kwargs).
+
+    The module-scoped `ws` fixture (tests/integration/conftest.py) is this, once per test file;
+    a file that needs other dataset options overrides `ws` with a one-line fixture that calls it.
+    """
+    ws = Workspace(tmp_path_factory.mktemp(name) / "ws").ensure()
+    make_dataset(ws, **dataset_kwargs)
+    return ws
 
 
 if __name__ == "__main__":
