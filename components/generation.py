@@ -182,18 +182,32 @@ def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], *, scores: bo
 
 def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str]:
     """(how many of `tokens` the row keeps, its text): through the token completing a stop string, before eos."""
+    n, text, _ = stop_state(tokenizer, tokens, stop_strings)
+    return n, text
+
+
+def stop_state(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str, bool]:
+    """`stopping_rule` and whether it ended the row (eos, or a stop string in its text) rather than its end."""
     eos = tokenizer.eos_token_id
     kept: list[int] = []
     for tok in tokens:
         if tok == eos:
-            break
+            return len(kept), tokenizer.decode(kept, skip_special_tokens=True), True
         kept.append(tok)
         if stop_strings:
             text = tokenizer.decode(kept, skip_special_tokens=True)
             cuts = [text.find(s) for s in stop_strings if s in text]
             if cuts:
-                return len(kept), text[: min(cuts)]
-    return len(kept), tokenizer.decode(kept, skip_special_tokens=True)
+                return len(kept), text[: min(cuts)], True
+    return len(kept), tokenizer.decode(kept, skip_special_tokens=True), False
+
+
+def stable_prefix(text: str, stop_strings: Sequence[str]) -> str:
+    """The part of a row's text so far that more tokens cannot change: without a trailing half UTF-8 character
+    (decoded as U+FFFD) and without a tail that could be the start of a stop string (a streamed row sends this)."""
+    text = text.rstrip("\ufffd")
+    hold = max((k for s in stop_strings for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - hold]
 
 
 class _StepClock:

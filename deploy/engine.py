@@ -1,0 +1,253 @@
+"""Continuous batching with token streaming: the serving engine behind one Triton model instance.
+
+    engine = Engine(model, tokenizer, EngineConfig(max_requests_per_step=32, kv_cache_tokens=16384, max_queue=256))
+    engine.start()
+    ticket = engine.submit(Row(ids, 32, GREEDY, ("\\n",)), on_event)   # Busy when max_queue requests are in flight
+    # on_event(Delta("def", (108,)))  ...  on_event(Final("stop", output))   from the engine's thread
+    engine.cancel(ticket)                                              # its Final says "cancelled"
+    engine.stop()
+
+Greedy rows run in transformers' own continuous batching (`ContinuousBatchingManager`, one per
+engine, kept for the instance's life): a request joins the running batch at the next step and
+leaves it when it is done, so a short request never waits for a long one, and each new token is
+streamed as it is decoded. Each step holds at most `max_requests_per_step` requests, and their KV
+caches share a paged budget of `kv_cache_tokens` tokens (`kv_blocks` pages of `page_tokens`); a
+request that does not fit waits in the manager's queue. The stopping rule is the one generation
+path's (`generation.stop_state`: eos, a stop string, the request's max tokens), applied to each
+request's tokens as they arrive, so the streamed text, the final text and the tokens kept are what
+`generation.generate` gives for the same prompt; a request stopped by a stop string is cancelled in
+the manager at once.
+
+Text is streamed as it becomes final: a delta never ends in half a UTF-8 character or in what could
+be the start of a stop string, so the deltas concatenate to the final text.
+
+A sampled row (temperature > 0) does not join the batch: its seed alone must decide its text, as
+in `generation.generate_rows`, so it runs alone on the engine's sampling thread, with the batch's
+loop paused (`manager.pause()`: torch's random generator is global), and is answered in one delta.
+
+At most `max_queue` requests are in flight (queued or running); `submit` refuses more with `Busy` at
+once, so a flood of clients costs neither unbounded memory nor unbounded waits.
+
+Imports only torch, transformers and the standard library: the Triton repository carries a copy in
+`lmforge_runtime/` beside generation.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+try:
+    from lmforge.components import generation
+except ImportError:  # inside a Triton model version folder, beside a copy of generation.py
+    from . import generation  # type: ignore[no-redef]
+
+__all__ = ["Busy", "Delta", "Engine", "EngineConfig", "Final"]
+
+
+class Busy(RuntimeError):
+    """The engine has max_queue requests in flight: retry later."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_requests_per_step: int = 32   # requests decoded together in one step
+    kv_cache_tokens: int = 16384      # the paged KV cache's budget, in tokens, shared by the running requests
+    page_tokens: int = 256            # tokens per KV page (transformers' page_size)
+    max_queue: int = 256              # requests in flight (queued + running) before `submit` refuses
+
+    @property
+    def kv_blocks(self) -> int:
+        return max(1, math.ceil(self.kv_cache_tokens / self.page_tokens))
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New text of a streamed request, and the tokens decoded since the last delta."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Final:
+    """A request's end: why (stop, length, cancelled, error), its whole Output (None on error) and the error."""
+
+    finish_reason: str
+    output: generation.Output | None
+    error: str = ""
+
+
+Sink = Callable[[Delta | Final], None]
+
+
+@dataclass
+class _Request:
+    row: generation.Row
+    sink: Sink
+    submitted: float = field(default_factory=time.perf_counter)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    sent_text: str = ""
+    sent_tokens: int = 0
+    first_token: float | None = None
+    done: bool = False
+
+
+class Engine:
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
+        self.model, self.tok, self.config = model, tokenizer, config
+        self._requests: dict[str, _Request] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._sampled: queue.Queue[str | None] = queue.Queue()
+        self._manager: Any = None
+        self._threads: list[threading.Thread] = []
+        self._running = False
+
+    # --- life -----------------------------------------------------------------------
+    def start(self) -> None:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
+        gen = GenerationConfig(do_sample=False, eos_token_id=eos, pad_token_id=eos if pad is None else pad,
+                               max_new_tokens=1)
+        cb = ContinuousBatchingConfig(max_requests_per_batch=self.config.max_requests_per_step,
+                                      num_blocks=self.config.kv_blocks, page_size=self.config.page_tokens,
+                                      return_logprobs=True, allow_block_sharing=False)
+        self._manager = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        self._manager.start()
+        with self._manager.pause():  # returns once the loop has set itself up (it seeds torch's generator then)
+            pass
+        self._running = True
+        self._threads = [threading.Thread(target=target, name=f"lmforge-engine-{name}", daemon=True)
+                         for name, target in (("results", self._route_results), ("sampled", self._run_sampled))]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        """Stop taking requests, end every one in flight as cancelled, stop the manager and the threads."""
+        self._running = False
+        for rid in list(self._requests):
+            self.cancel(rid)
+        self._sampled.put(None)
+        if self._manager is not None:
+            self._manager.stop(block=True)
+        for t in self._threads:
+            t.join(timeout=30)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._requests)
+
+    # --- requests ---------------------------------------------------------------------
+    def submit(self, row: generation.Row, sink: Sink) -> str:
+        """Queue `row`; its deltas and its Final go to `sink`. Busy when `max_queue` requests are in flight."""
+        if not self._running:
+            raise RuntimeError("the engine is not running: call start() first")
+        rid = f"r{next(self._ids)}"
+        with self._lock:
+            if len(self._requests) >= self.config.max_queue:
+                raise Busy(f"{len(self._requests)} requests in flight, the limit (max_queue); retry later")
+            self._requests[rid] = _Request(row, sink)
+        if row.sampling.greedy:
+            self._manager.add_request(list(row.ids), request_id=rid, max_new_tokens=row.max_new_tokens,
+                                      streaming=True, eos_token_id=self.tok.eos_token_id)
+        else:
+            self._sampled.put(rid)
+        return rid
+
+    def cancel(self, rid: str) -> None:
+        """End a request now (a client that went away): its Final says cancelled; the manager drops it."""
+        req = self._finish(rid)
+        if req is None:
+            return
+        if req.row.sampling.greedy and self._manager is not None:
+            self._manager.cancel_request(rid)
+        req.sink(Final("cancelled", self._output(req, len(req.tokens), req.sent_text)))
+
+    # --- the engine's threads -----------------------------------------------------------
+    def _route_results(self) -> None:
+        """Hand each step's output of the manager to its request."""
+        while self._running or self._manager.is_running():
+            result = self._manager.get_result(timeout=0.1)
+            if result is None:
+                if not self._manager.is_running():
+                    break
+                continue
+            with self._lock:
+                req = self._requests.get(result.request_id)
+            if req is None:  # cancelled or stopped already; the manager's late output is dropped
+                continue
+            if result.error:
+                self._fail(result.request_id, req, result.error)
+                continue
+            self._advance(result.request_id, req, list(result.generated_tokens), list(result.logprobs),
+                          finished=result.is_finished())
+
+    def _advance(self, rid: str, req: _Request, tokens: list[int], logprobs: list[float], *, finished: bool) -> None:
+        if req.first_token is None and tokens:
+            req.first_token = time.perf_counter()
+        req.tokens, req.logprobs = tokens[:req.row.max_new_tokens], logprobs
+        n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings)
+        ended = stopped or finished or len(req.tokens) >= req.row.max_new_tokens
+        if not ended:
+            self._send(req, generation.stable_prefix(text, req.row.stop_strings), n)
+            return
+        if self._finish(rid) is None:
+            return
+        if not finished:
+            self._manager.cancel_request(rid)
+        self._send(req, text, n)
+        req.sink(Final("stop" if stopped else "length", self._output(req, n, text)))
+
+    def _send(self, req: _Request, text: str, n: int) -> None:
+        if len(text) > len(req.sent_text) and text.startswith(req.sent_text):
+            req.sink(Delta(text[len(req.sent_text):], tuple(req.tokens[req.sent_tokens:n])))
+            req.sent_text, req.sent_tokens = text, n
+
+    def _run_sampled(self) -> None:
+        """Sampled rows, one at a time, each alone with its seed (generation.generate_rows' rule)."""
+        while (rid := self._sampled.get()) is not None:
+            with self._lock:
+                req = self._requests.get(rid)
+            if req is None:
+                continue
+            try:  # torch's random generator is global: the batch's loop waits while a seed decides this row
+                with self._manager.pause():
+                    out = generation.generate_rows(self.model, self.tok, [req.row], scores=True)[0]
+            except Exception as e:  # a failure of this request alone: it says so, the engine goes on
+                self._fail(rid, req, f"{type(e).__name__}: {e}")
+                continue
+            if self._finish(rid) is None:
+                continue
+            req.sink(Delta(out.text, out.token_ids))
+            stopped = out.tokens < req.row.max_new_tokens
+            req.sink(Final("stop" if stopped else "length", out))
+
+    # --- bookkeeping -------------------------------------------------------------------
+    def _finish(self, rid: str) -> _Request | None:
+        """Take a request out of flight; None when it was out already (each request ends once)."""
+        with self._lock:
+            req = self._requests.pop(rid, None)
+        if req is not None:
+            req.done = True
+        return req
+
+    def _fail(self, rid: str, req: _Request, error: str) -> None:
+        if self._finish(rid) is not None:
+            req.sink(Final("error", None, error))
+
+    def _output(self, req: _Request, n: int, text: str) -> generation.Output:
+        now = time.perf_counter()
+        lp = req.logprobs[:n]
+        return generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
+                                 mean_logprob=sum(lp) / len(lp) if lp else 0.0,
+                                 first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted)
