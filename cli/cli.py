@@ -39,6 +39,7 @@ from lmforge.cli.commands import ConfigOpt, JsonOpt, SetOpt
 from lmforge.cli.output import emit_json, json_mode
 from lmforge.cli.work import WorkFailed, one_line, start_work, the_work
 from lmforge.components.errors import UserError
+from lmforge.components.stages import STAGES
 from lmforge.components.workspace import Workspace
 from lmforge.flows import quiet
 
@@ -48,10 +49,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 ui_app = typer.Typer(no_args_is_help=True, help="Open the web UIs on loopback.")
 app.add_typer(ui_app, name="ui")
 
-# The stages `lmforge run` takes, in pipeline order; tests/unit/core/test_cli_conventions.py
-# checks this against lmforge.flows.pipeline.STAGES (which imports Prefect, too slow for --help).
-STAGE_NAMES = ("data", "features", "train", "evaluate", "compress", "deploy", "monitor")
-Stage = enum.Enum("Stage", {name: name for name in (*STAGE_NAMES, "all")}, type=str)  # choices in --help
+# The stages `lmforge run` takes, in pipeline order (components/stages.py, which imports nothing: no Prefect for --help).
+Stage = enum.Enum("Stage", {name: name for name in (*STAGES, "all")}, type=str)  # choices in --help
 
 
 # Global flags that may stand anywhere on the command line; main() takes them out before click parses.
@@ -107,10 +106,8 @@ def run(
     ws = Workspace.from_env()
     start_work(ws)
     from lmforge.cli.summary import headline, print_run_summary
-    from lmforge.flows.pipeline import available_stages, pipeline_flow, stage_flow
+    from lmforge.flows.pipeline import pipeline_flow, stage_flow
 
-    if stage != "all" and stage not in available_stages():
-        raise UserError("stage", stage, "is not installed here", f"Choose one of: {', '.join(available_stages())}, all")
     with json_mode(as_json):
         with the_work():
             if stage == "all":

@@ -1,10 +1,11 @@
 """The stages and the end-to-end pipeline that chains them.
 
-    lmforge run data            # one stage
-    lmforge run all             # every stage that exists, in order, as subflows
+    lmforge run data            # one stage: stage_flow("data")
+    lmforge run all             # every stage, in order, as subflows: pipeline_flow
 
-Compress is chained here explicitly, after the gate, and skipped when the gate declined
-this run's model (the champion, compressed when it was promoted, has not changed).
+pipeline_flow calls each stage's flow in turn, in the order of components/stages.py's
+STAGES. Compress runs after the gate, and is skipped when the gate declined this run's
+model (the champion, compressed when it was promoted, has not changed).
 The drift loop's retraining (data with the new domain through deploy) is flows/retrain.py.
 
 Stages hand each other nothing but the workspace: each reads its inputs from the
@@ -12,69 +13,88 @@ workspace's pointers (the latest dataset, the latest training run, registry alia
 and returns a small JSON-able summary. So any stage can be re-run on its own, and a
 pipeline re-run after a failure finds the finished deterministic stages in Prefect's
 persisted results (cached), and training continues from its last complete checkpoint.
+
+The stage flows are imported where they are called, not with this module: importing all
+seven takes seconds, and `lmforge run <stage>` imports only its own.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.registry.gate import production_alias
+from lmforge.components.stages import STAGES
 from lmforge.components.workspace import Workspace
 from lmforge.flows.lateness import too_late
 from lmforge.flows.workspace_flow import workspace_flow
 
-# name -> "module:flow"; a stage is present when its module is.
-STAGES: dict[str, str] = {
-    "data": "lmforge.flows.data:data_flow",
-    "features": "lmforge.flows.features:features_flow",
-    "train": "lmforge.flows.train:train_flow",
-    "evaluate": "lmforge.flows.evaluate:evaluate_flow",
-    "compress": "lmforge.flows.compress:compress_flow",
-    "deploy": "lmforge.flows.deploy:deploy_flow",
-    "monitor": "lmforge.flows.monitor:monitor_flow",
-}
-
-
-def available_stages() -> list[str]:
-    return [name for name, target in STAGES.items() if importlib.util.find_spec(target.split(":")[0]) is not None]
-
 
 def stage_flow(name: str) -> Any:
-    module, attr = STAGES[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+    """The flow of one stage (a name in STAGES), for `lmforge run <stage>`; only that stage's module is imported."""
+    match name:
+        case "data":
+            from lmforge.flows.data import data_flow as flow
+        case "features":
+            from lmforge.flows.features import features_flow as flow
+        case "train":
+            from lmforge.flows.train import train_flow as flow
+        case "evaluate":
+            from lmforge.flows.evaluate import evaluate_flow as flow
+        case "compress":
+            from lmforge.flows.compress import compress_flow as flow
+        case "deploy":
+            from lmforge.flows.deploy import deploy_flow as flow
+        case "monitor":
+            from lmforge.flows.monitor import monitor_flow as flow
+        case _:
+            raise KeyError(f"{name!r} is not a stage (the stages: {', '.join(STAGES)})")
+    return flow
 
 
 @workspace_flow(name="pipeline", log_prints=True)
 def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
                   max_lateness_minutes: float | None = None) -> Any:
-    """Run every available stage in order; return per-stage summaries and wall times.
+    """Run every stage in order; return per-stage summaries and wall times.
 
     A re-run after an interruption resumes: the data stages come from Prefect's cache, and
     training continues from its last complete checkpoint when the newest run stopped before
     exporting with this same training config and dataset (`resume` forces it).
     """
+    from lmforge.flows.compress import compress_flow
+    from lmforge.flows.data import data_flow
+    from lmforge.flows.deploy import deploy_flow
+    from lmforge.flows.evaluate import evaluate_flow
+    from lmforge.flows.features import features_flow
+    from lmforge.flows.monitor import monitor_flow
+    from lmforge.flows.train import train_flow
+
     reason = too_late(max_lateness_minutes)
     if reason:
         return Cancelled(message=reason)
     cfg = as_config(cfg)
-    summary: dict[str, Any] = {"config": cfg.name, "stages": {}}
-    for name in available_stages():
+    stages: dict[str, Any] = {}
+
+    def run(name: str, flow: Callable[..., Any], **kwargs: Any) -> None:
+        """Run one stage's flow, or skip it with the reason (no model to start from, the champion unchanged); record it."""
         start = time.perf_counter()
-        kwargs = {}
-        if name == "train":
-            kwargs["resume"] = resume or interrupted_run(Workspace.from_env(), cfg) is not None
-        missing = missing_model(Workspace.from_env(), cfg, name) or unchanged_champion(summary["stages"], name)
-        result = {"summary": missing} if missing else stage_flow(name)(cfg, **kwargs)
-        summary["stages"][name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
-    summary["links"] = run_links()
-    return summary
+        missing = missing_model(Workspace.from_env(), cfg, name) or unchanged_champion(stages, name)
+        result = {"summary": missing} if missing else flow(cfg, **kwargs)
+        stages[name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
+
+    run("data", data_flow)
+    run("features", features_flow)
+    run("train", train_flow, resume=resume or interrupted_run(Workspace.from_env(), cfg) is not None)
+    run("evaluate", evaluate_flow)
+    run("compress", compress_flow)   # after the gate; skipped when it declined this run's model (unchanged_champion)
+    run("deploy", deploy_flow)
+    run("monitor", monitor_flow)
+    return {"config": cfg.name, "stages": stages, "links": run_links()}
 
 
 def interrupted_run(ws: Workspace, cfg: PipelineConfig) -> str | None:

@@ -39,6 +39,7 @@ from typing import Any
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.registry.gate import production_alias
+from lmforge.components.stages import STAGES as PIPELINE_STAGES
 from lmforge.components.workspace import Workspace, atomic_write_text
 from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.trigger import append_record
@@ -46,7 +47,9 @@ from lmforge.monitoring.trigger import append_record
 LOCK_FILE = "retrain.lock"
 JOURNAL = "retrains.jsonl"
 SERVING, REFUSED, BUSY, FAILED = "serving", "refused", "busy", "failed"
-STAGES = ("corpus", "data", "train", "evaluate", "compress", "deploy")
+# What a retrain runs, in order (the failure reason names the first one not done): its corpus, then the
+# pipeline's stages but features and monitor.
+STAGES = ("corpus", *(name for name in PIPELINE_STAGES if name not in ("features", "monitor")))
 
 
 def _lock_path(ws: Workspace) -> Path:
@@ -161,7 +164,11 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
 def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, stages: dict[str, Any]) -> dict[str, Any]:
     from lmforge.components.registry import current
     from lmforge.deploy.rollout import RolloutRefused
-    from lmforge.flows.pipeline import stage_flow
+    from lmforge.flows.compress import compress_flow
+    from lmforge.flows.data import data_flow
+    from lmforge.flows.deploy import deploy_flow
+    from lmforge.flows.evaluate import evaluate_flow
+    from lmforge.flows.train import train_flow
     from lmforge.monitoring.served import served_model
 
     name = cfg.registry.model_name
@@ -176,9 +183,9 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
         run_cfg = run_cfg.model_copy(update={"training": cfg.training.model_copy(update={"model": model})})
         corpus["base"] = base
     stages["corpus"] = corpus
-    stages["data"] = stage_flow("data")(run_cfg)["summary"]
-    stages["train"] = stage_flow("train")(run_cfg)["summary"]
-    evaluated = stage_flow("evaluate")(run_cfg)
+    stages["data"] = data_flow(run_cfg)["summary"]
+    stages["train"] = train_flow(run_cfg)["summary"]
+    evaluated = evaluate_flow(run_cfg)
     stages["evaluate"] = evaluated["summary"]
     decision = evaluated["decision"]
     result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
@@ -187,9 +194,9 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
         result.update(outcome=REFUSED, serving=current(ws, name, production_alias(cfg.deploy.name)),
                       reason=f"gate: {decision['reason']}")
     else:
-        stages["compress"] = stage_flow("compress")(run_cfg).get("summary")
+        stages["compress"] = compress_flow(run_cfg).get("summary")
         try:
-            stages["deploy"] = stage_flow("deploy")(run_cfg)["summary"]
+            stages["deploy"] = deploy_flow(run_cfg)["summary"]
             result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
         except RolloutRefused as e:
             result.update(outcome=REFUSED, reason=f"rollout: {e}")

@@ -95,11 +95,11 @@ def test_every_option_of_every_command_has_help_text():
     assert not missing, missing
 
 
-def test_stage_choices_match_the_pipeline():
-    from lmforge.cli.cli import STAGE_NAMES
-    from lmforge.flows.pipeline import STAGES
+def test_stage_choices_are_the_pipeline_stages():
+    from lmforge.cli.cli import Stage
+    from lmforge.components.stages import STAGES
 
-    assert list(STAGE_NAMES) == list(STAGES)
+    assert [s.value for s in Stage] == [*STAGES, "all"]
 
 
 def test_new_command_modules_are_mounted_without_a_list():

@@ -1,0 +1,102 @@
+"""One list of the stages (components/stages.py): the pipeline runs it in order, and the CLI, the retrain
+chain, the run summary and the architecture picture follow it."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lmforge.components.stages import STAGES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_stage_list_imports_no_prefect():
+    code = "import sys, lmforge.components.stages; print(sorted(m for m in sys.modules if m.startswith('prefect')))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_each_stage_has_its_flow():
+    from lmforge.flows.pipeline import stage_flow
+
+    assert [stage_flow(name).name for name in STAGES] == list(STAGES)
+    with pytest.raises(KeyError, match="'register' is not a stage"):
+        stage_flow("register")
+
+
+@pytest.fixture
+def fake_stages(monkeypatch, workspace):
+    """Every stage flow replaced by one that records its call; the registry lookups and links stubbed out."""
+    from lmforge.flows import pipeline
+
+    calls: list[tuple[str, dict]] = []
+    results: dict[str, dict] = {}
+    for name in STAGES:
+        flow = pipeline.stage_flow(name)
+
+        def fake(cfg, _name=name, **kwargs):
+            calls.append((_name, kwargs))
+            return results.get(_name, {"summary": f"{_name} ran"})
+
+        monkeypatch.setattr(sys.modules[flow.fn.__module__], flow.fn.__name__, fake)
+    monkeypatch.setattr(pipeline, "missing_model", lambda ws, cfg, stage: None)
+    monkeypatch.setattr(pipeline, "interrupted_run", lambda ws, cfg: None)
+    monkeypatch.setattr(pipeline, "run_links", lambda: {"mlflow": "here"})
+    return calls, results
+
+
+def test_the_pipeline_runs_every_stage_once_in_order(fake_stages, tiny_config):
+    from lmforge.flows.pipeline import pipeline_flow
+
+    calls, _ = fake_stages
+    out = pipeline_flow.fn(tiny_config)
+    assert calls == [(name, {"resume": False} if name == "train" else {}) for name in STAGES]
+    assert list(out) == ["config", "stages", "links"] and out["config"] == tiny_config.name
+    assert list(out["stages"]) == list(STAGES)
+    assert all(set(s) == {"seconds", "result"} for s in out["stages"].values())
+    assert out["stages"]["data"]["result"] == {"summary": "data ran"} and out["links"] == {"mlflow": "here"}
+    calls.clear()
+    pipeline_flow.fn(tiny_config, resume=True)
+    assert ("train", {"resume": True}) in calls
+
+
+def test_the_pipeline_skips_compress_when_the_gate_declined(fake_stages, tiny_config):
+    from lmforge.flows.pipeline import pipeline_flow
+
+    calls, results = fake_stages
+    results["evaluate"] = {"decision": {"promote": False, "candidate_version": "4", "champion_version": "3"}}
+    out = pipeline_flow.fn(tiny_config)
+    assert [name for name, _ in calls] == [name for name in STAGES if name != "compress"]
+    assert out["stages"]["compress"]["result"]["summary"].startswith("skipped: the gate declined v4")
+
+
+def test_retrain_runs_a_chain_of_the_stages():
+    from lmforge.flows.retrain import STAGES as RETRAIN
+
+    assert RETRAIN == ("corpus", "data", "train", "evaluate", "compress", "deploy")
+    assert [name for name in STAGES if name in RETRAIN] == list(RETRAIN[1:])
+
+
+def test_the_run_summary_has_a_headline_per_stage():
+    from lmforge.cli.summary import HEADLINES
+
+    assert set(HEADLINES) == set(STAGES)
+
+
+def _draw_architecture():
+    spec = importlib.util.spec_from_file_location("draw_architecture", REPO / "scripts" / "draw_architecture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_architecture_picture_draws_a_box_per_stage(monkeypatch):
+    draw = _draw_architecture()
+    names = [name for name, _, _ in draw.boxes()]
+    assert names == ["data", "features", "train", "evaluate", "register", "compress", "deploy", "monitor"]
+    monkeypatch.delitem(draw.BOXES, "monitor")
+    with pytest.raises(ValueError, match="one entry per stage"):
+        draw.boxes()
