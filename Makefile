@@ -6,7 +6,7 @@ PY      := .venv/bin/python
 CONFIG  ?= configs/demo.toml
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint bench bootstrap clean-workspace wheel
+.PHONY: demo test test-unit lint docs bench bootstrap clean-workspace wheel
 
 .venv/.bootstrapped: pyproject.toml constraints.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -24,7 +24,7 @@ demo: .venv/.bootstrapped
 # quick unit files, and leaves the one-test integration files of a minute or two for the end, where one worker can
 # hold several (it takes more while it has 2 tests or fewer pending) while the other has none left; in collection
 # order the integration files go first and the unit files fill the end.
-# Serial, the suite kept ~1.1 of 2 cores busy (process starts, rendezvous, servers coming up); README, "Tests".
+# Serial, the suite kept ~1.1 of 2 cores busy (process starts, rendezvous, servers coming up); docs/testing.md.
 TEST_WORKERS ?= auto
 TEST_DIST    := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -35,6 +35,11 @@ test: .venv/.bootstrapped
 lint: .venv/.bootstrapped
 	.venv/bin/ruff check .
 	.venv/bin/lint-imports
+
+# The documentation site (docs/, config scripts/mkdocs.yml) into build/site/. --strict: a broken link or anchor fails it.
+# The configuration reference page is generated from components/sections/*.py by the hook scripts/docs_hooks.py.
+docs: .venv/.bootstrapped
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -f scripts/mkdocs.yml
 
 test-unit: .venv/.bootstrapped
 	$(PY) -m pytest $(TEST_DIST) tests/unit $(PYTEST_ARGS)
