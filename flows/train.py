@@ -8,11 +8,10 @@
 One MLflow run per training run in experiment `training` (a resume continues it): the
 resolved config, the generated DeepSpeed config, the dataset manifest hash, the base folder
 and its content hash when training.model.init is set (also in the export's lmforge.json; for a
-registry reference also the reference and the version the dataset pinned), per-step loss,
-lr, tokens/s, MFU and per-rank memory (with MoE also moe_aux_loss, expert_tokens_e<i> and
-moe_dropped_fraction; with a parameter-server strategy ps_bytes_sent_per_step, ps_dropped, ps_staleness_mean/max
-and the staleness histogram as ps_staleness_count_<k> per step plus the artifact ps_stats.json), the loss curve and
-the exported folder. Training
+registry reference also the reference and the version the dataset pinned), per-step metrics from
+rank 0's events (loss, lr, tokens/s, MFU, per-rank memory, and the MoE, pipeline-bubble and
+parameter-server fields: components/training/report.py, step_metrics, names them all), with a
+parameter-server strategy the artifact ps_stats.json, the loss curve and the exported folder. Training
 never caches and never retries: a failed launch names the rank and its last lines.
 """
 
@@ -36,7 +35,7 @@ from lmforge.components.taskdata import dataset_task
 from lmforge.components.tracking import start_run
 from lmforge.components.training.job import Job, prepare_job
 from lmforge.components.training.launcher import launch
-from lmforge.components.training.report import loss_curve_png, read_steps
+from lmforge.components.training.report import loss_curve_png, read_steps, step_metrics
 from lmforge.components.training.strategies import applied
 from lmforge.components.workspace import RUN_FILE, Workspace, atomic_write_json, sha256_file
 from lmforge.flows import quiet
@@ -79,31 +78,8 @@ def launch_task(job: Job, mlflow_run_id: str, start_step: int, max_steps: int) -
         def on_event(ev: dict[str, Any]) -> None:
             bar.update(tid, completed=ev["step"],
                        info=f"loss {ev['loss']:.3f}  {ev['tokens_per_s']:.0f} tok/s  MFU {ev['mfu']:.1%}")
-            values = {"loss": ev["loss"], "lr": ev["lr"], "tokens_per_s": ev["tokens_per_s"], "mfu": ev["mfu"]}
-            if "grad_norm" in ev:  # the global gradient norm clipping used, counted once across stages and tensor ranks
-                values["grad_norm"] = ev["grad_norm"]
-            for r, mem in enumerate(ev["memory"]):
-                values[f"model_state_mb_rank{r}"] = mem["total"] / 2 ** 20
-                values[f"rss_mb_rank{r}"] = mem["rss"] / 2 ** 20
-                if "rss_peak" in mem:  # the DeepSpeed ranks' host high-water mark and NVMe swap files (training/nvme.py)
-                    values[f"rss_peak_mb_rank{r}"] = mem["rss_peak"] / 2 ** 20
-                if mem.get("nvme"):
-                    values[f"nvme_mb_rank{r}"] = mem["nvme"] / 2 ** 20
-            if "expert_tokens" in ev:  # MoE: the auxiliary loss, each expert's load and the routes capacity dropped
-                values["moe_aux_loss"], values["moe_dropped_fraction"] = ev["moe_aux_loss"], ev["moe_dropped_fraction"]
-                values.update({f"expert_tokens_e{i}": n for i, n in enumerate(ev["expert_tokens"])})
-            if "bubble" in ev:  # pipeline: measured idle / compute beside the schedule's formula (training/schedules.py)
-                bub = ev["bubble"]
-                values.update({k: bub[k] for k in ("bubble", "bubble_formula", "bubble_of_step", "bubble_simulated")
-                               if k in bub})
-                values.update({f"bubble_rank{r}": x for r, x in enumerate(bub["bubble_per_rank"])})
-            if "ps" in ev:  # the parameter-server family (training/ps/): staleness histogram as per-bucket counts
-                ps = ev["ps"]
-                values.update({"ps_bytes_sent_per_step": ps["bytes_sent_per_step"], "ps_dropped": ps["dropped"],
-                               "ps_staleness_mean": ps["staleness_mean"], "ps_staleness_max": ps["staleness_max"]})
-                values.update({f"ps_staleness_count_{k}": n for k, n in ps["staleness_hist"].items()})
             ts = int(dt.datetime.now().timestamp() * 1000)
-            client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in values.items()])
+            client.log_batch(mlflow_run_id, metrics=[Metric(k, float(v), ts, ev["step"]) for k, v in step_metrics(ev).items()])
 
         def on_line(rank: int, line: str) -> None:
             # The ranks' own chatter shows under `lmforge -v`; quiet, the progress bar speaks for them
