@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,11 +31,15 @@ class RequestRecord:
     output_tokens: int
     output_chars: int
     mean_logprob: float     # mean log-probability of the generated tokens
-    latency_ms: float
+    latency_ms: float       # from the request's arrival to its last response
     status: str = "ok"      # "ok" or an error code
+    ttft_ms: float = 0.0    # time to first token: arrival to the first generated token (queueing included)
+    tpot_ms: float = 0.0    # time per output token after the first
+    finish_reason: str = ""  # stop (eos or a stop string), length (max_tokens), cancelled, error; "" when refused
 
 
 COLUMNS = tuple(f.name for f in fields(RequestRecord))
+DEFAULTS = {f.name: f.default for f in fields(RequestRecord) if f.default is not MISSING}  # absent in older lines
 NUMERIC = tuple(f.name for f in fields(RequestRecord) if f.type in ("int", "float"))
 
 
@@ -86,8 +90,9 @@ class RequestLog:
 def _parse(raw: bytes) -> dict | None:
     try:
         record = json.loads(raw.decode("utf-8"))
-        if not isinstance(record, dict) or set(record) != set(COLUMNS):
+        if not isinstance(record, dict) or not set(COLUMNS) - set(DEFAULTS) <= set(record) <= set(COLUMNS):
             return None
+        record = {**DEFAULTS, **record}
         datetime.fromisoformat(record["ts"])
         return record
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError):

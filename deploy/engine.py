@@ -21,6 +21,10 @@ the manager at once.
 Text is streamed as it becomes final: a delta never ends in half a UTF-8 character or in what could
 be the start of a stop string, so the deltas concatenate to the final text.
 
+`Batcher` gives the same interface over a function that generates whole rows (an ONNX graph
+through `generation.decode`, which has no continuous batching): the requests waiting when it is free
+run together, and each is answered in one delta.
+
 A sampled row (temperature > 0) does not join the batch: its seed alone must decide its text, as
 in `generation.generate_rows`, so it runs alone on the engine's sampling thread, with the batch's
 loop paused (`manager.pause()`: torch's random generator is global), and is answered in one delta.
@@ -48,7 +52,7 @@ try:
 except ImportError:  # inside a Triton model version folder, beside a copy of generation.py
     from . import generation  # type: ignore[no-redef]
 
-__all__ = ["Busy", "Delta", "Engine", "EngineConfig", "Final"]
+__all__ = ["Batcher", "Busy", "Delta", "Engine", "EngineConfig", "Final"]
 
 
 class Busy(RuntimeError):
@@ -100,16 +104,79 @@ class _Request:
     done: bool = False
 
 
-class Engine:
-    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
-        self.model, self.tok, self.config = model, tokenizer, config
+class _Flight:
+    """The requests in flight, the queue bound and each request's one ending: what both schedulers share."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
         self._requests: dict[str, _Request] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self._running = False
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._requests)
+
+    def _admit(self, row: generation.Row, sink: Sink) -> str:
+        if not self._running:
+            raise RuntimeError("the engine is not running: call start() first")
+        rid = f"r{next(self._ids)}"
+        with self._lock:
+            if len(self._requests) >= self.config.max_queue:
+                raise Busy(f"{len(self._requests)} requests in flight, the limit (max_queue); retry later")
+            self._requests[rid] = _Request(row, sink)
+        return rid
+
+    def _ids_in_flight(self) -> list[str]:
+        with self._lock:
+            return list(self._requests)
+
+    def _get(self, rid: str) -> _Request | None:
+        with self._lock:
+            return self._requests.get(rid)
+
+    def _finish(self, rid: str) -> _Request | None:
+        """Take a request out of flight; None when it was out already (each request ends once)."""
+        with self._lock:
+            req = self._requests.pop(rid, None)
+        if req is not None:
+            req.done = True
+        return req
+
+    def _deliver(self, rid: str, req: _Request, event: Delta | Final) -> None:
+        """Hand `event` to the request's sink; a sink that raises (its client went away) has its request dropped."""
+        try:
+            req.sink(event)
+        except Exception:
+            if self._finish(rid) is not None:
+                self._drop(rid, req)
+
+    def _drop(self, rid: str, req: _Request) -> None:
+        """Stop generating a request that has left flight (nothing is sent to it any more)."""
+
+    def _fail(self, rid: str, req: _Request, error: str) -> None:
+        if self._finish(rid) is not None:
+            self._deliver(rid, req, Final("error", None, error))
+
+    def _answer_whole(self, rid: str, req: _Request, out: generation.Output) -> None:
+        """Answer a request generated in one piece: one delta, then its Final."""
+        if self._finish(rid) is None:   # cancelled meanwhile: it has had its Final
+            return
+        self._deliver(rid, req, Delta(out.text, out.token_ids))
+        self._deliver(rid, req, Final("stop" if out.tokens < req.row.max_new_tokens else "length", out))
+
+
+class Engine(_Flight):
+    """Continuous batching of greedy rows in transformers' manager; sampled rows alone, each with its seed."""
+
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
+        super().__init__(config)
+        self.model, self.tok = model, tokenizer
         self._sampled: queue.Queue[str | None] = queue.Queue()
         self._manager: Any = None
         self._threads: list[threading.Thread] = []
-        self._running = False
 
     # --- life -----------------------------------------------------------------------
     def start(self) -> None:
@@ -134,7 +201,7 @@ class Engine:
     def stop(self) -> None:
         """Stop taking requests, end every one in flight as cancelled, stop the manager and the threads."""
         self._running = False
-        for rid in list(self._requests):
+        for rid in self._ids_in_flight():
             self.cancel(rid)
         self._sampled.put(None)
         if self._manager is not None:
@@ -142,21 +209,10 @@ class Engine:
         for t in self._threads:
             t.join(timeout=30)
 
-    @property
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._requests)
-
     # --- requests ---------------------------------------------------------------------
     def submit(self, row: generation.Row, sink: Sink) -> str:
         """Queue `row`; its deltas and its Final go to `sink`. Busy when `max_queue` requests are in flight."""
-        if not self._running:
-            raise RuntimeError("the engine is not running: call start() first")
-        rid = f"r{next(self._ids)}"
-        with self._lock:
-            if len(self._requests) >= self.config.max_queue:
-                raise Busy(f"{len(self._requests)} requests in flight, the limit (max_queue); retry later")
-            self._requests[rid] = _Request(row, sink)
+        rid = self._admit(row, sink)
         if row.sampling.greedy:
             self._manager.add_request(list(row.ids), request_id=rid, max_new_tokens=row.max_new_tokens,
                                       streaming=True, eos_token_id=self.tok.eos_token_id)
@@ -169,28 +225,33 @@ class Engine:
         req = self._finish(rid)
         if req is None:
             return
+        self._drop(rid, req)
+        self._deliver(rid, req, Final("cancelled", self._output(req, len(req.tokens), req.sent_text)))
+
+    def _drop(self, rid: str, req: _Request) -> None:
         if req.row.sampling.greedy and self._manager is not None:
             self._manager.cancel_request(rid)
-        req.sink(Final("cancelled", self._output(req, len(req.tokens), req.sent_text)))
 
     # --- the engine's threads -----------------------------------------------------------
     def _route_results(self) -> None:
-        """Hand each step's output of the manager to its request."""
+        """Hand each step's output of the manager to its request (one call each: a finished request, and its
+        client's sender, is held by no local variable while the loop waits)."""
         while self._running or self._manager.is_running():
             result = self._manager.get_result(timeout=0.1)
-            if result is None:
-                if not self._manager.is_running():
-                    break
-                continue
-            with self._lock:
-                req = self._requests.get(result.request_id)
-            if req is None:  # cancelled or stopped already; the manager's late output is dropped
-                continue
-            if result.error:
-                self._fail(result.request_id, req, result.error)
-                continue
-            self._advance(result.request_id, req, list(result.generated_tokens), list(result.logprobs),
-                          finished=result.is_finished())
+            if result is not None:
+                self._route(result)
+            elif not self._manager.is_running():
+                break
+
+    def _route(self, result: Any) -> None:
+        req = self._get(result.request_id)
+        if req is None:  # cancelled or stopped already; the manager's late output is dropped
+            return
+        if result.error:
+            self._fail(result.request_id, req, result.error)
+            return
+        self._advance(result.request_id, req, list(result.generated_tokens), list(result.logprobs),
+                      finished=result.is_finished())
 
     def _advance(self, rid: str, req: _Request, tokens: list[int], logprobs: list[float], *, finished: bool) -> None:
         if req.first_token is None and tokens:
@@ -199,51 +260,37 @@ class Engine:
         n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings)
         ended = stopped or finished or len(req.tokens) >= req.row.max_new_tokens
         if not ended:
-            self._send(req, generation.stable_prefix(text, req.row.stop_strings), n)
+            self._send(rid, req, generation.stable_prefix(text, req.row.stop_strings), n)
             return
         if self._finish(rid) is None:
             return
         if not finished:
             self._manager.cancel_request(rid)
-        self._send(req, text, n)
-        req.sink(Final("stop" if stopped else "length", self._output(req, n, text)))
+        self._send(rid, req, text, n)
+        self._deliver(rid, req, Final("stop" if stopped else "length", self._output(req, n, text)))
 
-    def _send(self, req: _Request, text: str, n: int) -> None:
+    def _send(self, rid: str, req: _Request, text: str, n: int) -> None:
         if len(text) > len(req.sent_text) and text.startswith(req.sent_text):
-            req.sink(Delta(text[len(req.sent_text):], tuple(req.tokens[req.sent_tokens:n])))
+            delta = Delta(text[len(req.sent_text):], tuple(req.tokens[req.sent_tokens:n]))
             req.sent_text, req.sent_tokens = text, n
+            self._deliver(rid, req, delta)
 
     def _run_sampled(self) -> None:
         """Sampled rows, one at a time, each alone with its seed (generation.generate_rows' rule)."""
         while (rid := self._sampled.get()) is not None:
-            with self._lock:
-                req = self._requests.get(rid)
-            if req is None:
-                continue
-            try:  # torch's random generator is global: the batch's loop waits while a seed decides this row
-                with self._manager.pause():
-                    out = generation.generate_rows(self.model, self.tok, [req.row], scores=True)[0]
-            except Exception as e:  # a failure of this request alone: it says so, the engine goes on
-                self._fail(rid, req, f"{type(e).__name__}: {e}")
-                continue
-            if self._finish(rid) is None:
-                continue
-            req.sink(Delta(out.text, out.token_ids))
-            stopped = out.tokens < req.row.max_new_tokens
-            req.sink(Final("stop" if stopped else "length", out))
+            self._sample(rid)
 
-    # --- bookkeeping -------------------------------------------------------------------
-    def _finish(self, rid: str) -> _Request | None:
-        """Take a request out of flight; None when it was out already (each request ends once)."""
-        with self._lock:
-            req = self._requests.pop(rid, None)
-        if req is not None:
-            req.done = True
-        return req
-
-    def _fail(self, rid: str, req: _Request, error: str) -> None:
-        if self._finish(rid) is not None:
-            req.sink(Final("error", None, error))
+    def _sample(self, rid: str) -> None:
+        req = self._get(rid)
+        if req is None:
+            return
+        try:  # torch's random generator is global: the batch's loop waits while a seed decides this row
+            with self._manager.pause():
+                out = generation.generate_rows(self.model, self.tok, [req.row], scores=True)[0]
+        except Exception as e:  # a failure of this request alone: it says so, the engine goes on
+            self._fail(rid, req, f"{type(e).__name__}: {e}")
+            return
+        self._answer_whole(rid, req, out)
 
     def _output(self, req: _Request, n: int, text: str) -> generation.Output:
         now = time.perf_counter()
@@ -251,3 +298,59 @@ class Engine:
         return generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
                                  mean_logprob=sum(lp) / len(lp) if lp else 0.0,
                                  first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted)
+
+
+class Batcher(_Flight):
+    """The engine's interface over `run(rows) -> outputs`, a function that generates whole rows (generation.decode on
+    an ONNX graph): the requests waiting when it is free, up to max_requests_per_step, run as one call."""
+
+    def __init__(self, run: Callable[[list[generation.Row]], list[generation.Output]],
+                 config: EngineConfig = EngineConfig()) -> None:
+        super().__init__(config)
+        self.run = run
+        self._waiting: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="lmforge-batcher", daemon=True)
+
+    def start(self) -> None:
+        self._running = True
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._running = False
+        for rid in self._ids_in_flight():
+            self.cancel(rid)
+        self._waiting.put(None)
+        self._thread.join(timeout=30)
+
+    def submit(self, row: generation.Row, sink: Sink) -> str:
+        rid = self._admit(row, sink)
+        self._waiting.put(rid)
+        return rid
+
+    def cancel(self, rid: str) -> None:
+        req = self._finish(rid)
+        if req is not None:   # a call running it finishes; its answer is dropped
+            self._deliver(rid, req, Final("cancelled", None))
+
+    def _loop(self) -> None:
+        while (rid := self._waiting.get()) is not None:
+            rids = [rid]
+            while len(rids) < self.config.max_requests_per_step and not self._waiting.empty():
+                rids.append(self._waiting.get_nowait())
+            if None in rids:
+                return
+            self._run_batch(rids)
+
+    def _run_batch(self, rids: list[str]) -> None:
+        """One call of `run` for the requests still in flight (a finished one is held by no local afterwards)."""
+        live = [(r, req) for r in rids if (req := self._get(r)) is not None]
+        if not live:
+            return
+        try:
+            outs = self.run([req.row for _, req in live])
+        except Exception as e:  # the call failed: each of its requests says so; the batcher goes on
+            for r, req in live:
+                self._fail(r, req, f"{type(e).__name__}: {e}")
+            return
+        for (r, req), out in zip(live, outs):
+            self._answer_whole(r, req, out)

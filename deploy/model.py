@@ -1,39 +1,46 @@
-"""The Triton python-backend model: batched generation with lmforge's one generation path, under the LLM convention.
+"""The Triton python-backend model: a decoupled LLM model with continuous batching and token streaming.
 
-Copied by deploy/repository.py into `<repo>/<model>/<version>/model.py`, beside
-`lmforge_runtime/` (generation, task, modelload, processing, records, requestlog) and `model/`
-(the model folder). It runs inside the server's Python (.venv-serve locally, the NGC
-container's on GPUs). Its tensors are those of Triton's own LLM backends (vLLM's, TensorRT-LLM's),
-so Triton's generate endpoint (`POST /v2/models/<model>/generate` with
-`{"text_input": "...", "max_tokens": 16}`), tritonclient and the tools built for them work unchanged:
+Copied by deploy/repository.py into `<repo>/<model>/<version>/model.py`, beside `lmforge_runtime/`
+(generation, engine, task, modelload, processing, records, requestlog) and `model/` (the model
+folder). It runs inside the server's Python (.venv-serve locally, the NGC container's on GPUs).
 
-    inputs   text_input [n,1] BYTES; optional max_tokens INT32, temperature FP32, top_p FP32, top_k INT32,
-             seed INT64, exclude_input_in_output BOOL [n,1]; stop [n,k] BYTES (stop strings)
-    outputs  text_output, token_ids [n,1] BYTES; prompt_tokens, output_tokens [n,1] INT32; mean_logprob,
-             first_token_ms, decode_ms [n,1] FP32
+Its contract is NVIDIA's vllm_backend's, so Triton's generate endpoints, tritonclient's streaming
+and the tools built for them (genai-perf, Triton's OpenAI frontend) work unchanged:
 
-A prompt is rendered, stopped and scored by the model's task (lmforge_runtime/task.py, recorded in
-the model's lmforge.json): for a chat task, a text_input holding a JSON list of {role, content}
-messages is the chat, any other text one user turn. text_output is the completion, cut before the
-first stop string (the task's and the request's); with `exclude_input_in_output = false` it
-starts with the text_input. Greedy unless `temperature > 0`; a sampled request runs alone with its
-seed, so the same seed gives the same text whatever shares its batch.
+    decoupled, max_batch_size 0: one prompt per request, one or more responses, the last flagged final
+    inputs   text_input [1] BYTES; optional stream BOOL, sampling_parameters BYTES (JSON: max_tokens,
+             temperature, top_p, top_k, seed, stop), exclude_input_in_output BOOL, return_finish_reason,
+             return_num_input_tokens, return_num_output_tokens BOOL; and the individual max_tokens INT32,
+             temperature FP32, top_p FP32, top_k INT32, seed INT64, stop [-1] BYTES (TensorRT-LLM's form;
+             a setting sent both ways is refused)
+    outputs  text_output (streamed: only the new text of each response), and on the final response
+             token_ids BYTES, prompt_tokens, output_tokens INT32, mean_logprob, first_token_ms, decode_ms FP32;
+             finish_reason, num_input_tokens, num_output_tokens when their return_* input asks
+
+`POST /v2/models/<model>/generate` answers `{"text_input": "...", "max_tokens": 16}` with one JSON
+object; `.../generate_stream` with `"stream": true` sends server-sent events, one per new piece of
+text. Over gRPC a stream (`start_stream`/`async_stream_infer`) gets the same responses.
+
+`execute` parses each request, hands it to the instance's engine (lmforge_runtime/engine.py:
+transformers' continuous batching, one manager per instance) and returns at once; the engine's
+thread sends its responses. A request is rendered, stopped and scored by the model's task
+(lmforge_runtime/task.py). Every request ends with a final response: its outputs, or a TritonError
+(INVALID_ARG, HTTP 400, naming the input that is wrong; UNAVAILABLE, HTTP 503, when the instance
+already holds `max_queue` requests; INTERNAL when generation fails). A client that cancels or goes
+away (`is_cancelled()`) has its request dropped from the batch. One bad request never fails another.
+Every request is logged once, when it ends (prompt features, output tokens, TTFT, TPOT, finish reason).
 
 The model loads with modelload.load_model (an int8 or low-rank variant as what it is) and goes to
-the instance's GPU unless its kernels are CPU-only (processing.serving_device: an int8 variant stays
-on the CPU, and the server log says why). A version whose model/ folder is an ONNX export
-(model.onnx, [deploy] format = "onnx") runs the graph in onnxruntime on the CPU through
-generation.decode (greedy only: a sampled request is refused): nvidia-pytriton's tritonserver ships
-the python backend only, no onnxruntime backend, so the graph is served from here. token_ids holds
-the generated ids, space-separated. Triton hands `execute` every request of a dynamic batch; their
-valid rows are generated together, and each request gets exactly one response: its outputs, or a
-TritonError with code INVALID_ARG (HTTP 400) naming the input that is wrong. One bad request never
-fails the others. Every row is appended to the request log.
+the instance's GPU unless its kernels are CPU-only (processing.serving_device). A version whose
+model/ folder is an ONNX export (model.onnx) runs the graph in onnxruntime on the CPU through
+generation.decode behind engine.Batcher (greedy only: a sampled request is refused); nvidia-pytriton's
+tritonserver ships the python backend only, no onnxruntime backend.
 """
 
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -41,12 +48,13 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lmforge_runtime import generation, modelload, onnxrun, processing, task  # noqa: E402
+from lmforge_runtime import engine, generation, modelload, onnxrun, processing, task  # noqa: E402
 from lmforge_runtime.requestlog import RequestLog, RequestRecord, now_iso  # noqa: E402
 
-BYTES_OUTPUTS = ("text_output", "token_ids")
-INT_OUTPUTS = ("prompt_tokens", "output_tokens")
-FLOAT_OUTPUTS = ("mean_logprob", "first_token_ms", "decode_ms")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+FLAGS = ("stream", "exclude_input_in_output", "return_finish_reason", "return_num_input_tokens",
+         "return_num_output_tokens")
 
 
 class TritonPythonModel:
@@ -60,6 +68,9 @@ class TritonPythonModel:
         self.limits = processing.Limits(
             max_prompt_chars=int(params["max_prompt_chars"]), max_prompt_tokens=int(params["max_prompt_tokens"]),
             max_new_tokens=int(params["max_new_tokens"]), max_new_tokens_limit=int(params["max_new_tokens_limit"]))
+        engine_config = engine.EngineConfig(
+            max_requests_per_step=int(params["max_requests_per_step"]), kv_cache_tokens=int(params["kv_cache_tokens"]),
+            page_tokens=int(params["kv_page_tokens"]), max_queue=int(params["max_queue"]))
         threads = int(params.get("threads", "0")) or max(1, (os.cpu_count() or 1) // int(params.get("instances", "1")))
         torch.set_num_threads(threads)
         here = os.path.dirname(os.path.abspath(__file__))
@@ -69,131 +80,210 @@ class TritonPythonModel:
         self.rare_ids = processing.load_rare_ids(here)
         log_dir = params.get("request_log", "")
         self.log = RequestLog(log_dir) if log_dir else None
-        self.model = self.forward = None
-        graph = os.path.join(folder, onnxrun.GRAPH_FILE)
-        if os.path.isfile(graph):  # an ONNX export: the same loop (generation.decode) over onnxruntime's forward
-            self.device = "cpu"
-            self.forward = onnxrun.OnnxForward(graph, threads=threads)
-            pb_utils.Logger.log_info(f"{self.name} v{self.version}: ONNX graph on onnxruntime "
-                                     f"{onnxrun.runtime_version()} (CPU execution provider, {threads} threads); "
-                                     f"task {self.task.kind}")
-            return
-        self.model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
-        # A GPU instance of an int8 variant keeps it on the CPU: torch's quantized::linear_dynamic has
-        # CPU kernels only (processing.serving_device, a copy of lmforge's accelerator.runnable_device check).
-        device, why = processing.serving_device(self.model, args["model_instance_kind"],
-                                                args["model_instance_device_id"], torch.cuda.is_available())
-        if device != "cpu":
-            self.model = self.model.to(torch.device(device))
-        self.device = device
-        pb_utils.Logger.log_info(f"{self.name} v{self.version}: model on {device} ({why}); task {self.task.kind}")
+        self.onnx = os.path.isfile(os.path.join(folder, onnxrun.GRAPH_FILE))
+        self.engine = self._onnx_engine(folder, threads, engine_config) if self.onnx else \
+            self._torch_engine(folder, args, engine_config)
+        self.engine.start()
+        self.live = {}   # engine request id -> its response sender, watched for cancellation
+        self.live_lock = threading.Lock()
+        self.watching = True
+        self.watcher = threading.Thread(target=self._watch_cancellations, name="lmforge-cancel", daemon=True)
+        self.watcher.start()
 
-    # --- one request: validate and tokenise --------------------------------------
-    def _input(self, request, name):
-        """The rows of an optional input as a list (None when absent); one row a prompt."""
+    def _torch_engine(self, folder, args, engine_config):
+        import torch
+
+        model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
+        device, why = processing.serving_device(model, args["model_instance_kind"], args["model_instance_device_id"],
+                                                torch.cuda.is_available())
+        if device != "cpu":
+            model = model.to(torch.device(device))
+        pb_utils.Logger.log_info(f"{self.name} v{self.version}: model on {device} ({why}); task {self.task.kind}; "
+                                 f"continuous batching, {engine_config.max_requests_per_step} requests a step, "
+                                 f"KV cache {engine_config.kv_cache_tokens} tokens, queue {engine_config.max_queue}")
+        return engine.Engine(model, self.tok, engine_config)
+
+    def _onnx_engine(self, folder, threads, engine_config):
+        forward = onnxrun.OnnxForward(os.path.join(folder, onnxrun.GRAPH_FILE), threads=threads)
+        pb_utils.Logger.log_info(f"{self.name} v{self.version}: ONNX graph on onnxruntime {onnxrun.runtime_version()} "
+                                 f"(CPU execution provider, {threads} threads); task {self.task.kind}")
+
+        def run(rows):   # greedy only (checked in _parse): rows that stop alike decode together
+            outs = [None] * len(rows)
+            for members in generation.batches(rows):
+                done = generation.decode(forward, self.tok, [rows[i].ids for i in members], scores=True,
+                                         max_new_tokens=[rows[i].max_new_tokens for i in members],
+                                         stop_strings=rows[members[0]].stop_strings)
+                for i, o in zip(members, done):
+                    outs[i] = o
+            return outs
+        return engine.Batcher(run, engine_config)
+
+    # --- a request in ------------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            self._submit(request, time.perf_counter())
+        return None
+
+    def _submit(self, request, arrived):
+        sender = request.get_response_sender()
+        try:
+            parsed = self._parse(request)
+        except processing.BadRequest as e:
+            self._refuse(sender, str(e), pb_utils.TritonError.INVALID_ARG, status=e.code)
+            return
+        stream = Stream(self, sender, parsed, arrived)
+        try:
+            rid = self.engine.submit(parsed["row"], stream.on_event)
+        except engine.Busy as e:
+            self._refuse(sender, f"{self.name} v{self.version} is busy: {e}", pb_utils.TritonError.UNAVAILABLE,
+                         status="busy", parsed=parsed)
+            return
+        with self.live_lock:
+            if not stream.ended:
+                self.live[rid] = (sender, stream)
+        del sender, stream   # only `live` and the engine hold them: Triton unloads a model once its senders are gone
+
+    def _refuse(self, sender, message, code, *, status, parsed=None):
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+        self.record(parsed, None, status=status, arrived=None)
+
+    def _value(self, request, name):
+        """An optional input's value: a scalar, the list of a [-1] input (stop), or None when it is absent."""
         t = pb_utils.get_input_tensor_by_name(request, name)
         if t is None:
             return None
-        arr = t.as_numpy()
-        return [list(r) for r in arr.reshape(arr.shape[0], -1)] if name == "stop" else arr.reshape(-1).tolist()
+        values = t.as_numpy().reshape(-1).tolist()
+        return values if name == "stop" else (values[0] if values else None)
 
     def _parse(self, request):
-        texts = self._input(request, "text_input")
-        if texts is None:  # Triton refuses a missing required input before us; this guards a config drift
+        text_input = self._value(request, "text_input")
+        if text_input is None:  # Triton refuses a missing required input before us; this guards a config drift
             raise processing.BadRequest("missing_input", "input text_input is required")
-        n = len(texts)
-        max_new = processing.parse_max_tokens(self._input(request, "max_tokens"), n, self.limits)
-        sampling = processing.parse_sampling({k: self._input(request, k) for k in processing.SAMPLING_INPUTS}, n)
-        stops = processing.parse_stop(self._input(request, "stop"), n)
-        exclude = self._input(request, "exclude_input_in_output")
-        parsed = []
-        for row, raw in enumerate(texts):
-            text = processing.decode_text(raw, self.limits, row=row)
-            if self.forward is not None and not sampling[row].greedy:
-                raise processing.BadRequest("bad_temperature", f"temperature[{row}] is {sampling[row].temperature}; "
-                                            "this version is an ONNX export, served greedy only: send 0")
-            try:
-                ids = self.task.encode(self.tok, self.task.parse_prompt(text))
-            except task.TaskError as e:
-                raise processing.BadRequest("bad_prompt", f"text_input[{row}]: {e}") from None
-            ids = processing.check_tokens(ids, self.limits, row=row)
-            text_ids = self.tok(text)["input_ids"]
-            parsed.append({"row": generation.Row(ids, max_new[row], sampling[row],
-                                                 (*self.task.stop_strings, *stops[row])),
-                           "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
-                           "rare": processing.rare_token_rate(text_ids, self.rare_ids, self.tok.unk_token_id),
-                           "echo": text if exclude is not None and not bool(exclude[row]) else ""})
-        return parsed
+        flags = {name: bool(v) for name in FLAGS if (v := self._value(request, name)) is not None}
+        if flags.get("stream") and flags.get("exclude_input_in_output") is False:
+            raise processing.BadRequest("bad_exclude_input", "exclude_input_in_output = false is not allowed when "
+                                                             "streaming (as in vLLM's backend); leave it out")
+        individual = {k: (None if (v := self._value(request, k)) is None else [v]) for k in SETTINGS}
+        max_new, sampling, stops = processing.request_settings(
+            individual, self._value(request, "sampling_parameters"), self.limits)
+        text = processing.decode_text(text_input, self.limits)
+        if self.onnx and not sampling.greedy:
+            raise processing.BadRequest("bad_temperature", f"temperature[0] is {sampling.temperature}; this version "
+                                                           "is an ONNX export, served greedy only: send 0")
+        try:
+            ids = self.task.encode(self.tok, self.task.parse_prompt(text))
+        except task.TaskError as e:
+            raise processing.BadRequest("bad_prompt", f"text_input[0]: {e}") from None
+        ids = processing.check_tokens(ids, self.limits)
+        text_ids = self.tok(text)["input_ids"]
+        return {"row": generation.Row(ids, max_new, sampling, (*self.task.stop_strings, *stops)), "flags": flags,
+                "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
+                "rare": processing.rare_token_rate(text_ids, self.rare_ids, self.tok.unk_token_id),
+                "echo": text if flags.get("exclude_input_in_output") is False else ""}
 
-    # --- a dynamic batch ----------------------------------------------------------
-    def execute(self, requests):
-        start = time.perf_counter()
-        responses = [None] * len(requests)
-        rows, owners = [], []
-        for i, request in enumerate(requests):
-            try:
-                parsed = self._parse(request)
-            except processing.BadRequest as e:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
-                self._log([{"chars": 0, "tokens": 0, "rare": 0.0}], None, start, status=e.code)
-                continue
-            owners.append((i, len(rows), len(parsed)))
-            rows.extend(parsed)
-        if rows:
-            try:
-                results = self._generate(rows)
-            except Exception as e:  # a failure of the batch itself (e.g. out of memory): every request says so
-                for i, _, _n in owners:
-                    responses[i] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"generation failed: {type(e).__name__}: {e}"))
-                self._log(rows, None, start, status="generation_failed")
-                return responses
-            for i, first, n in owners:
-                mine = results[first:first + n]
-                responses[i] = pb_utils.InferenceResponse(output_tensors=self._tensors(mine))
-            self._log(rows, results, start, status="ok")
-        return responses
+    # --- cancellation and the log ----------------------------------------------------------
+    def _watch_cancellations(self):
+        """Every 0.1 s: a request whose client cancelled or went away is dropped from the engine."""
+        while self.watching:
+            # Under the lock: a request leaves `live` (ended) before its final response is sent, and asking a sender
+            # whose final response has gone is a use after free in the server (it crashed the server in a test).
+            with self.live_lock:
+                cancelled = [rid for rid, (sender, _) in self.live.items() if sender.is_cancelled()]
+            for rid in cancelled:
+                self.engine.cancel(rid)
+            time.sleep(0.1)
 
-    def _generate(self, rows):
-        todo = [r["row"] for r in rows]
-        if self.forward is not None:  # greedy only (checked in _parse): rows that stop alike decode together
-            outs = [None] * len(todo)
-            for members in generation.batches(todo):
-                done = generation.decode(self.forward, self.tok, [todo[i].ids for i in members], scores=True,
-                                         max_new_tokens=[todo[i].max_new_tokens for i in members],
-                                         stop_strings=todo[members[0]].stop_strings)
-                for i, o in zip(members, done):
-                    outs[i] = o
-        else:
-            outs = generation.generate_rows(self.model, self.tok, todo, scores=True)
-        return [{"text_output": r["echo"] + o.text, "token_ids": " ".join(str(t) for t in o.token_ids),
-                 "prompt_tokens": r["prompt_tokens"], "output_tokens": o.tokens, "mean_logprob": o.mean_logprob,
-                 "first_token_ms": o.first_token_s * 1e3, "decode_ms": (o.total_s - o.first_token_s) * 1e3}
-                for r, o in zip(rows, outs)]
+    def ended(self, stream):
+        with self.live_lock:
+            stream.ended = True
+            for rid, (_, s) in list(self.live.items()):
+                if s is stream:
+                    del self.live[rid]
 
-    def _tensors(self, results):
-        def col(key, dtype):
-            return pb_utils.Tensor(key, np.array([[r[key]] for r in results], dtype=dtype))
-        return ([col(k, np.object_) for k in BYTES_OUTPUTS] + [col(k, np.int32) for k in INT_OUTPUTS]
-                + [col(k, np.float32) for k in FLOAT_OUTPUTS])
-
-    def _log(self, rows, results, start, *, status):
+    def record(self, parsed, output, *, status, arrived, finish_reason=""):
         if self.log is None:
             return
-        latency = (time.perf_counter() - start) * 1e3
-        ts = now_iso()
-        for k, r in enumerate(rows):
-            res = results[k] if results else None
-            try:
-                self.log.append(RequestRecord(
-                    ts=ts, model=self.name, version=self.version, prompt_chars=r["chars"], prompt_tokens=r["tokens"],
-                    rare_token_rate=float(r["rare"]), output_tokens=res["output_tokens"] if res else 0,
-                    output_chars=len(res["text_output"]) if res else 0,
-                    mean_logprob=float(res["mean_logprob"]) if res else 0.0, latency_ms=latency, status=status))
-            except OSError as e:  # a full disk must not fail serving; the server log says so
-                pb_utils.Logger.log_error(f"request log: {e}")
+        p = parsed or {"tokens": 0, "chars": 0, "rare": 0.0}
+        now = time.perf_counter()
+        ttft = output.first_token_s * 1e3 if output else 0.0
+        tpot = (output.total_s - output.first_token_s) * 1e3 / (output.tokens - 1) if output and output.tokens > 1 else 0.0
+        try:
+            self.log.append(RequestRecord(
+                ts=now_iso(), model=self.name, version=self.version, prompt_chars=p["chars"], prompt_tokens=p["tokens"],
+                rare_token_rate=float(p["rare"]), output_tokens=output.tokens if output else 0,
+                output_chars=len(output.text) if output else 0,
+                mean_logprob=float(output.mean_logprob) if output else 0.0,
+                latency_ms=(now - arrived) * 1e3 if arrived else 0.0, status=status, ttft_ms=ttft, tpot_ms=tpot,
+                finish_reason=finish_reason))
+        except OSError as e:  # a full disk must not fail serving; the server log says so
+            pb_utils.Logger.log_error(f"request log: {e}")
 
     def finalize(self):
-        self.model = self.forward = None
+        self.watching = False
+        self.watcher.join(timeout=5)   # before the engine stops and the stub tears down what is_cancelled() uses
+        self.engine.stop()
 
+
+class Stream:
+    """One request's responses: each engine Delta (when streaming), then the final response; logged once."""
+
+    def __init__(self, model, sender, parsed, arrived):
+        self.model, self.sender, self.parsed, self.arrived = model, sender, parsed, arrived
+        self.flags = parsed["flags"]
+        self.streaming = self.flags.get("stream", False)
+        self.sent_tokens = 0
+        self.ended = False
+
+    def on_event(self, event):
+        if self.sender is None:   # ended already (its client went away): nothing more to send
+            return
+        try:
+            self._respond(event)
+        except pb_utils.TritonModelException:   # the client went away between two tokens: its sender is closed
+            self.model.ended(self)
+            self.sender = None
+            self.model.record(self.parsed, None, status="cancelled", arrived=self.arrived, finish_reason="cancelled")
+            raise   # the engine drops the request from the batch
+
+    def _respond(self, event):
+        if isinstance(event, engine.Delta):
+            if self.streaming and event.text:
+                self.sender.send(pb_utils.InferenceResponse(output_tensors=self._text(event.text, len(event.token_ids))))
+            self.sent_tokens += len(event.token_ids)
+            return
+        self.model.ended(self)
+        sender, self.sender = self.sender, None   # released once the final response is out: Triton waits for it
+        if event.finish_reason == "error":
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"generation failed: {event.error}", pb_utils.TritonError.INTERNAL)), flags=FINAL)
+            self.model.record(self.parsed, None, status="generation_failed", arrived=self.arrived)
+            return
+        out = event.output
+        if event.finish_reason == "cancelled":
+            sender.send(flags=FINAL)   # the client is gone or asked to stop: end the stream, nothing more
+        else:
+            text = "" if self.streaming else self.parsed["echo"] + out.text
+            new = 0 if self.streaming else out.tokens
+            tensors = self._text(text, new, finish_reason=event.finish_reason) + self._details(out)
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
+        self.model.record(self.parsed, out, status="ok" if event.finish_reason != "cancelled" else "cancelled",
+                          arrived=self.arrived, finish_reason=event.finish_reason)
+
+    def _text(self, text, new_tokens, *, finish_reason=None):
+        tensors = [pb_utils.Tensor("text_output", np.array([text], dtype=np.object_))]
+        if self.flags.get("return_num_output_tokens"):
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([new_tokens], dtype=np.uint32)))
+        if finish_reason and self.flags.get("return_finish_reason"):
+            tensors.append(pb_utils.Tensor("finish_reason", np.array([finish_reason], dtype=np.object_)))
+        if finish_reason and self.flags.get("return_num_input_tokens"):
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([self.parsed["prompt_tokens"]], dtype=np.uint32)))
+        return tensors
+
+    def _details(self, out):
+        """lmforge's outputs on the final response: the whole answer's tokens, counts, score and timings."""
+        values = {"token_ids": (" ".join(str(t) for t in out.token_ids), np.object_),
+                  "prompt_tokens": (self.parsed["prompt_tokens"], np.int32), "output_tokens": (out.tokens, np.int32),
+                  "mean_logprob": (out.mean_logprob, np.float32), "first_token_ms": (out.first_token_s * 1e3, np.float32),
+                  "decode_ms": ((out.total_s - out.first_token_s) * 1e3, np.float32)}
+        return [pb_utils.Tensor(k, np.array([v], dtype=dt)) for k, (v, dt) in values.items()]

@@ -6,17 +6,18 @@
     max_tokens = parse_max_tokens([16], 1, limits)              # [16]; BadRequest names the field and the row
     sampling = parse_sampling({"temperature": [0.7], "seed": [3]}, 1)   # [Sampling(temperature=0.7, seed=3)]
     stops = parse_stop([[b"\n\n"]], 1)                          # [("\n\n",)]
+    max_new, sampling, stops = request_settings({"max_tokens": [16]}, '{"temperature": 0.7, "stop": "\\n"}', limits)
     rate = rare_token_rate(tokenizer(text)["input_ids"], rare_ids, unk_id)
     device, why = serving_device(model, "GPU", 0, torch.cuda.is_available())  # ("cpu", "quantized::... is CPU-only ...")
 
-The Triton model (deploy/model.py) serves the LLM convention of Triton's own LLM backends (vLLM's,
-TensorRT-LLM's): `text_input` in, `text_output` out, with optional `max_tokens`, `temperature`,
-`top_p`, `top_k`, `seed`, `stop` and `exclude_input_in_output`. Every check here names the input
-and the row it refuses, so a client can fix its request; the model answers it with a 400 and
-generates the rest of its batch.
+The Triton model (deploy/model.py) serves the LLM convention of Triton's own LLM backends: `text_input`
+in, `text_output` out, with the settings as vLLM's backend takes them (`sampling_parameters`, a JSON
+object: max_tokens, temperature, top_p, top_k, seed, stop) or as TensorRT-LLM's does (one input each).
+Every check here names the input (and the row) it refuses, so a client can fix its request; the model
+answers it with a 400 and goes on with every other request.
 
 The Triton model runs inside the server's own Python, where lmforge is not installed: the
-repository builder copies this file, components/generation.py, components/task.py,
+repository builder copies this file, deploy/engine.py, components/generation.py, components/task.py,
 components/modelload.py, components/data/records.py and components/requestlog.py into
 `<version>/lmforge_runtime/`, hence the fallback imports. Standard library only (the generation
 module imports torch only inside its functions).
@@ -41,7 +42,8 @@ except ImportError:  # inside a Triton model version folder, beside a copy of ge
     from .generation import Sampling  # type: ignore[no-redef]
 
 __all__ = ["BadRequest", "Limits", "check_tokens", "decode_text", "is_well_formed", "load_rare_ids",
-           "parse_max_tokens", "parse_sampling", "parse_stop", "rare_token_rate", "serving_device",
+           "parse_max_tokens", "parse_sampling", "parse_sampling_parameters", "parse_stop", "rare_token_rate", "request_settings",
+           "serving_device",
            "VALIDATION_FILE", "read_validation_prompts"]
 
 RARE_TOKENS_FILE = "rare_tokens.json"
@@ -157,6 +159,60 @@ def rare_token_rate(ids: Sequence[int], rare_ids: frozenset[int], unk_id: int | 
         return 0.0
     n = sum(1 for i in ids if i == unk_id or i in rare_ids)
     return n / len(ids)
+
+
+# vllm_backend's `sampling_parameters` input: one JSON object; the keys lmforge serves, and what each must be.
+SAMPLING_PARAMETERS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int,
+                       "stop": list}
+
+
+def parse_sampling_parameters(raw: object | None) -> dict[str, Any]:
+    """The `sampling_parameters` JSON string as {key: value} (stop always a list of strings), or BadRequest naming the
+    key that is unknown or of the wrong type. None (the input is absent) is {}."""
+    if raw is None:
+        return {}
+    text = decode_text(raw, None, name="sampling_parameters")
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRequest("bad_sampling_parameters", f"sampling_parameters is not JSON ({e.msg} at character "
+                                                     f"{e.pos}); send a JSON object such as {{\"max_tokens\": 16}}") from None
+    if not isinstance(params, dict):
+        raise BadRequest("bad_sampling_parameters", "sampling_parameters must be a JSON object, "
+                                                     f"not {type(params).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        kind = SAMPLING_PARAMETERS.get(key)
+        if kind is None:
+            raise BadRequest("bad_sampling_parameters", f"sampling_parameters.{key} is not served here; the keys are "
+                                                         f"{', '.join(SAMPLING_PARAMETERS)}")
+        if key == "stop" and isinstance(value, str):
+            value = [value]
+        ok = (isinstance(value, list) and all(isinstance(s, str) for s in value) if kind is list
+              else isinstance(value, (int, float)) and not isinstance(value, bool)
+              and (kind is float or float(value).is_integer()))
+        if not ok:
+            want = "a list of strings" if kind is list else "an integer" if kind is int else "a number"
+            raise BadRequest("bad_sampling_parameters", f"sampling_parameters.{key} is {value!r}; it must be {want}")
+        out[key] = value if kind is list else kind(value)
+    return out
+
+
+def request_settings(inputs: dict[str, list[Any] | None], sampling_parameters: object | None,
+                     limits: Limits) -> tuple[int, Sampling, tuple[str, ...]]:
+    """One request's max_tokens, Sampling and stop strings, from its individual inputs ({name: [value]}, stop:
+    [[strings]]; None when absent) and its sampling_parameters JSON; a setting sent both ways is refused."""
+    params = parse_sampling_parameters(sampling_parameters)
+    both = sorted(k for k in params if inputs.get(k) is not None)
+    if both:
+        raise BadRequest("bad_sampling_parameters", f"{', '.join(both)} sent both as an input and in "
+                                                     "sampling_parameters; send each setting once")
+
+    def col(name: str) -> list[Any] | None:
+        return inputs.get(name) if inputs.get(name) is not None else ([params[name]] if name in params else None)
+    max_new = parse_max_tokens(col("max_tokens"), 1, limits)[0]
+    sampling = parse_sampling({name: col(name) for name in SAMPLING_INPUTS}, 1)[0]
+    return max_new, sampling, parse_stop(col("stop"), 1)[0]
 
 
 def is_well_formed(result: dict) -> str | None:

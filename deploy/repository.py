@@ -8,10 +8,11 @@
 
 Layout (the standard one, so the same folder runs in the NGC tritonserver container):
 
-    <repo>/<model>/config.pbtxt             python backend, batching, instances, the LLM convention's
-                                            tensors (text_input -> text_output, deploy/model.py), version policy
+    <repo>/<model>/config.pbtxt             python backend, decoupled, instances, the engine's settings, the LLM
+                                            convention's tensors (text_input -> text_output, deploy/model.py),
+                                            version policy
     <repo>/<model>/<version>/model.py       deploy/model.py
-    <repo>/<model>/<version>/lmforge_runtime/  generation.py, modelload.py (torch + transformers), processing.py,
+    <repo>/<model>/<version>/lmforge_runtime/  generation.py, engine.py, modelload.py (torch + transformers), processing.py,
                                             records.py, requestlog.py (stdlib), onnxrun.py (onnxruntime):
                                             no lmforge install needed
     <repo>/<model>/<version>/model/         the model folder (safetensors, tokenizer, lmforge.json), or its ONNX
@@ -53,18 +54,26 @@ from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.task import Task
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
+from lmforge.deploy import engine as engine_module
 from lmforge.deploy import processing as processing_module
 from lmforge.deploy.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 
 MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
-# Triton's LLM convention (the tensors of its vLLM and TensorRT-LLM backends): deploy/model.py says what each holds.
-INPUTS = (("text_input", "TYPE_STRING", "[ 1 ]", False), ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
-          ("temperature", "TYPE_FP32", "[ 1 ]", True), ("top_p", "TYPE_FP32", "[ 1 ]", True),
-          ("top_k", "TYPE_INT32", "[ 1 ]", True), ("seed", "TYPE_INT64", "[ 1 ]", True),
-          ("stop", "TYPE_STRING", "[ -1 ]", True), ("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", True))
-BYTES_OUTPUTS = ("text_output", "token_ids")
-INT_OUTPUTS = ("prompt_tokens", "output_tokens")
-FLOAT_OUTPUTS = ("mean_logprob", "first_token_ms", "decode_ms")
+# Triton's LLM convention: the tensors of NVIDIA's vllm_backend (text_input, stream, sampling_parameters,
+# exclude_input_in_output, return_*), and the individual sampling inputs of its TensorRT-LLM backend; deploy/model.py
+# says what each holds. max_batch_size 0: no batch dimension, one prompt per request (the engine batches).
+INPUTS = (("text_input", "TYPE_STRING", "[ 1 ]", False), ("stream", "TYPE_BOOL", "[ 1 ]", True),
+          ("sampling_parameters", "TYPE_STRING", "[ 1 ]", True), ("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", True),
+          ("return_finish_reason", "TYPE_BOOL", "[ 1 ]", True), ("return_num_input_tokens", "TYPE_BOOL", "[ 1 ]", True),
+          ("return_num_output_tokens", "TYPE_BOOL", "[ 1 ]", True),
+          ("max_tokens", "TYPE_INT32", "[ 1 ]", True), ("temperature", "TYPE_FP32", "[ 1 ]", True),
+          ("top_p", "TYPE_FP32", "[ 1 ]", True), ("top_k", "TYPE_INT32", "[ 1 ]", True),
+          ("seed", "TYPE_INT64", "[ 1 ]", True), ("stop", "TYPE_STRING", "[ -1 ]", True))
+OUTPUTS = (("text_output", "TYPE_STRING", "[ -1 ]"), ("finish_reason", "TYPE_STRING", "[ -1 ]"),
+           ("num_input_tokens", "TYPE_UINT32", "[ 1 ]"), ("num_output_tokens", "TYPE_UINT32", "[ -1 ]"),
+           ("token_ids", "TYPE_STRING", "[ 1 ]"), ("prompt_tokens", "TYPE_INT32", "[ 1 ]"),
+           ("output_tokens", "TYPE_INT32", "[ 1 ]"), ("mean_logprob", "TYPE_FP32", "[ 1 ]"),
+           ("first_token_ms", "TYPE_FP32", "[ 1 ]"), ("decode_ms", "TYPE_FP32", "[ 1 ]"))
 REVISION_PARAMETER = "lmforge_revision"  # deploy/client.py reads it back from the server
 PRIVATE = 0o700
 
@@ -99,53 +108,46 @@ def instance_kind(cfg: DeployConfig) -> str:
 
 
 def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
-                 dynamic_batching: bool | None = None, revision: str | None = None) -> str:
-    """The model configuration in Triton's protobuf text format."""
+                 revision: str | None = None) -> str:
+    """The model configuration in Triton's protobuf text format: decoupled (a request may get several responses),
+    no batch dimension, the engine's settings as parameters."""
     assert versions, "a model config must name at least one version"
-    batching = cfg.dynamic_batching if dynamic_batching is None else dynamic_batching
 
-    def tensor(name: str, dtype: str, dims: str = "[ 1 ]", optional: bool = False) -> str:
+    def tensor(name: str, dtype: str, dims: str, optional: bool = False) -> str:
         opt = " optional: true" if optional else ""
         return f'  {{ name: "{name}" data_type: {dtype} dims: {dims}{opt} }}'
 
-    inputs = [tensor(*spec) for spec in INPUTS]
-    outputs = ([tensor(n, "TYPE_STRING") for n in BYTES_OUTPUTS] + [tensor(n, "TYPE_INT32") for n in INT_OUTPUTS]
-               + [tensor(n, "TYPE_FP32") for n in FLOAT_OUTPUTS])
     params = {
         "max_prompt_chars": cfg.max_prompt_chars, "max_prompt_tokens": cfg.max_prompt_tokens,
         "max_new_tokens": cfg.max_new_tokens, "max_new_tokens_limit": cfg.max_new_tokens_limit,
         "threads": cfg.threads_per_instance, "instances": cfg.instance_count,
-        "request_log": str(request_log) if request_log else "",
+        "request_log": str(request_log) if request_log else "", "engine": cfg.engine,
+        "max_requests_per_step": cfg.max_requests_per_step, "kv_cache_tokens": cfg.kv_cache_tokens,
+        "kv_page_tokens": cfg.kv_page_tokens, "max_queue": cfg.max_queue,
     }
     if revision:
         params[REVISION_PARAMETER] = revision
     lines = [
         f'name: "{cfg.model_name}"',
         'backend: "python"',
-        f"max_batch_size: {cfg.max_batch_size}",
+        "max_batch_size: 0",
+        "model_transaction_policy { decoupled: true }",
         f"version_policy: {{ specific: {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}",
-        "input [", ",\n".join(inputs), "]",
-        "output [", ",\n".join(outputs), "]",
+        "input [", ",\n".join(tensor(*spec) for spec in INPUTS), "]",
+        "output [", ",\n".join(tensor(*spec) for spec in OUTPUTS), "]",
         f"instance_group [ {{ kind: KIND_{instance_kind(cfg).upper()} count: {cfg.instance_count} }} ]",
+        "parameters [",
+        ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}' for k, v in params.items()),
+        "]",
     ]
-    if batching:
-        sizes = ", ".join(str(s) for s in sorted(set(cfg.preferred_batch_sizes)))
-        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {sizes} ] "
-                     f"max_queue_delay_microseconds: {cfg.max_queue_delay_us} }}")
-    lines.append("parameters [")
-    lines.append(",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}'
-                            for k, v in params.items()))
-    lines.append("]")
     return "\n".join(lines) + "\n"
 
 
-def write_config(repo: Path, cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
-                 dynamic_batching: bool | None = None) -> str:
+def write_config(repo: Path, cfg: DeployConfig, *, versions: list[int], request_log: Path | None) -> str:
     """Write config.pbtxt atomically, with a fresh revision; return the revision (the server's once it has loaded it)."""
     private_repository(repo)
     revision = f"{time.time_ns():x}-{secrets.token_hex(3)}"  # unique per write, even for the same versions
-    text = config_pbtxt(cfg, versions=versions, request_log=request_log, dynamic_batching=dynamic_batching,
-                        revision=revision)
+    text = config_pbtxt(cfg, versions=versions, request_log=request_log, revision=revision)
     # Written in the staging folder, then renamed into place: not even a temporary file appears where Triton polls.
     atomic_write_text(model_root(repo, cfg.model_name) / "config.pbtxt", text, tmp_dir=staging_dir(repo))
     return revision
@@ -201,7 +203,8 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.{version}."))
     try:
         shutil.copy2(MODEL_PY, tmp / "model.py")
-        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, requestlog_module, onnxrun_module))
+        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, engine_module, requestlog_module,
+                                                            onnxrun_module))
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
         rare = rare_ids_from(shard_dir, cfg.rare_token_min_count) if shard_dir else None
         atomic_write_json(tmp / RARE_TOKENS_FILE, {

@@ -92,19 +92,27 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
 
 
 def validate(url: str, cfg: DeployConfig, version: int, prompts: list[str]) -> tuple[list[str], list[dict[str, Any]]]:
-    """Query `version` with its validation prompts; (problems, per-request checks)."""
+    """Query `version` with its validation prompts, each streamed (generate_stream), then all at once; (problems,
+    per-request checks)."""
     problems, checks = [], []
+    timeout = max(cfg.validation_latency_ms / 1e3 * 2, 10.0)
     batches = [[p] for p in prompts] + ([prompts] if len(prompts) > 1 else [])
     for batch in batches:
         try:
-            gens = client.generate(url, batch, model=cfg.model_name, version=version,
-                                   timeout=max(cfg.validation_latency_ms / 1e3 * 2, 10.0))
+            if len(batch) == 1:
+                gen, pieces = client.stream_endpoint_generate(url, batch[0], model=cfg.model_name, version=version,
+                                                              timeout=timeout)
+                gens = [gen]
+            else:
+                gens, pieces = client.generate(url, batch, model=cfg.model_name, version=version, timeout=timeout), []
         except (client.RequestFailed, OSError) as e:
             problems.append(f"request for {batch[0]!r} failed: {e}")
             checks.append({"prompts": len(batch), "error": str(e)})
             continue
-        latency = gens[0].latency_ms
+        latency = max(g.latency_ms for g in gens)
         check = {"prompts": len(batch), "latency_ms": round(latency, 1), "text_output": gens[0].text[:80]}
+        if len(batch) == 1:
+            check["streamed_pieces"] = len(pieces)
         if len(gens) != len(batch):
             problems.append(f"{len(batch)} prompts got {len(gens)} answers")
         if latency > cfg.validation_latency_ms:

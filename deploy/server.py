@@ -206,13 +206,15 @@ def read_state(ws: Workspace) -> dict[str, Any] | None:
 
 
 def write_state(ws: Workspace, info: ServerInfo, *, model: str, version: int | None,
-                history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Record the running server: model, served version, ports, pid, URLs and the rollout history."""
+                history: list[dict[str, Any]] | None = None, openai: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record the running server: model, served version, ports, pid, URLs and the rollout history, and the OpenAI
+    gateway in front of it (`openai`: deploy/gateway.py's record; left out, the one recorded before is kept)."""
     previous = read_state(ws) or {}
     state = {"model": model, "version": version, "http": info.http_port, "grpc": info.grpc_port,
              "metrics": info.metrics_port, "pid": info.pid, "url": f"http://{info.url}",
              "server": asdict(info),
-             "history": history if history is not None else previous.get("history", [])}
+             "history": history if history is not None else previous.get("history", []),
+             "openai": openai if openai is not None else previous.get("openai")}
     atomic_write_json(state_path(ws), state)
     return state
 

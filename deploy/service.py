@@ -1,12 +1,13 @@
 """The deployment as a whole: a server for the workspace, the registry's model on it, rollback, stop.
 
-    info = ensure_server(ws, cfg.deploy)                         # reuse the running one, or start and wait
+    info = ensure_server(ws, cfg.deploy)                         # reuse the running one, or start and wait; with
+                                                                 # [deploy] openai, the OpenAI gateway in front of it
     version, folder = resolve_model(ws, cfg.registry.model_name, "champion")
     result = deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name,
                             version=version, model_dir=folder)  # gated; moves production_alias(cfg.deploy.name),
                                                                  # only if it still holds what it held at the start
     rollback_production(ws, cfg.deploy, info, registry_model=cfg.registry.model_name)
-    stop(ws)
+    stop(ws)                                                     # the server and its gateway
 
 With [deploy] format = "onnx", the version's ONNX export (deploy/onnx.py: exported, checked against torch,
 registered as its lineage) is what the version folder holds, and model.py runs it in onnxruntime.
@@ -18,6 +19,7 @@ and `lmforge deploy stop` call them directly.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +29,7 @@ from lmforge.components.registry.travel import COUNTS_FILE
 from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
-from lmforge.deploy import client
+from lmforge.deploy import client, gateway
 from lmforge.deploy.repository import build_version, config_revision, served_versions, version_dir
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import ServerInfo, info_from_state, read_state, running_server, start_server, stop_server, write_state
@@ -42,13 +44,30 @@ def journal_path(ws: Workspace) -> Path:
 
 
 def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
-    """The workspace's running server, or a new one on loopback, ready (it loads the repository as it starts)."""
+    """The workspace's running server, or a new one on loopback, ready (it loads the repository as it starts); with
+    `cfg.openai`, the OpenAI-compatible gateway in front of it too (ensure_gateway)."""
     info = running_server(ws)  # running and live; it may be not-ready while a model loads
-    if info is not None:
-        return info
-    info = start_server(repo_dir(ws), cfg, log_path=ws.triton / "server.log", wait=cfg.readiness_timeout_s)
-    write_state(ws, info, model=cfg.model_name, version=None)
+    if info is None:
+        info = start_server(repo_dir(ws), cfg, log_path=ws.triton / "server.log", wait=cfg.readiness_timeout_s)
+        write_state(ws, info, model=cfg.model_name, version=None)
+    if cfg.openai:
+        ensure_gateway(ws, cfg, info)
     return info
+
+
+def ensure_gateway(ws: Workspace, cfg: DeployConfig, info: ServerInfo) -> gateway.GatewayInfo:
+    """The recorded gateway if it still runs in front of this server, else a new one, ready; recorded in state.json."""
+    state = read_state(ws) or {}
+    gw = gateway.from_state(state)
+    if gw is not None and gw.triton_grpc == info.grpc_url and gateway.is_running(gw):
+        return gw
+    if gw is not None:   # one for a server that is gone: nothing should be left listening
+        gateway.stop_gateway(gw)
+    gw = gateway.start_gateway(repo_dir(ws), cfg, triton_grpc=info.grpc_url, log_path=ws.triton / "openai.log",
+                               wait=cfg.readiness_timeout_s)
+    write_state(ws, info, model=state.get("model") or cfg.model_name, version=state.get("version"),
+                openai={**asdict(gw), "base_url": gw.base_url})
+    return gw
 
 
 def resolve_model(ws: Workspace, registry_model: str, alias: str) -> tuple[int, Path]:
@@ -179,10 +198,12 @@ def serve_current(ws: Workspace, cfg: DeployConfig, info: ServerInfo) -> list[in
 
 
 def stop(ws: Workspace) -> dict[str, Any]:
-    """Stop the workspace's server; the state file keeps the history but no pid."""
+    """Stop the workspace's OpenAI gateway and server; the state file keeps the history but no pid."""
     state = read_state(ws)
     if not state or "server" not in state:
         return {"stopped": False, "reason": "no server recorded in this workspace"}
+    gw = gateway.from_state(state)
+    gateway_stopped = gateway.stop_gateway(gw) if gw is not None else False
     stopped = stop_server(info_from_state(state))
     atomic_write_json(ws.triton / "state.json", {**state, "pid": None, "stopped_at": now_iso()})
-    return {"stopped": stopped, "pid": state["server"]["pid"]}
+    return {"stopped": stopped, "pid": state["server"]["pid"], "openai_stopped": gateway_stopped}

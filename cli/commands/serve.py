@@ -2,6 +2,7 @@
 
     lmforge serve [--detach]                    # Triton on loopback with the production (or deploy.alias) model
     lmforge generate "Once upon a time" [--protocol grpc] [--max-tokens 16] [--temperature 0.7 --seed 3] [--stop "."]
+    lmforge generate "Once upon a time" --stream           # the answer piece by piece, as it is decoded (gRPC)
     lmforge generate --messages chat.json       # a chat task: [{"role": "user", "content": "..."}, ...]
     lmforge deploy rollback [--reason "bad outputs"]   # the previous production version, through the gate
     lmforge deploy stop
@@ -126,6 +127,7 @@ def generate(
     seed: Annotated[int | None, typer.Option("--seed", help="the same seed gives the same sampled text")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="a stop sequence (repeatable)")] = None,
     version: Annotated[int | None, typer.Option("--version", help="a specific loaded version")] = None,
+    stream: Annotated[bool, typer.Option("--stream", help="print the answer as it is decoded (gRPC stream)")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print every output as JSON")] = False,
 ) -> None:
     """Ask the served model to continue a prompt (or a chat), over HTTP or gRPC, under the model's own task."""
@@ -133,6 +135,7 @@ def generate(
 
     from lmforge.deploy.client import Params, RequestFailed
     from lmforge.deploy.client import generate as gen
+    from lmforge.deploy.client import stream as stream_pieces
     from lmforge.deploy.server import read_state
 
     text = _prompt_text(prompt, messages)
@@ -144,7 +147,15 @@ def generate(
     proto: Literal["http", "grpc"] = "http" if protocol == "http" else "grpc"
     params = Params(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     stop=tuple(stop or ()))
+    if stream and as_json:
+        raise UserError("lmforge generate", None, "takes --stream or --json, not both",
+                        "--stream prints the text as it comes; --json prints the whole answer's outputs at the end")
     try:
+        if stream:
+            for piece in stream_pieces(info.grpc_url, text, model=model, version=version, params=params):
+                console.print(piece, end="", soft_wrap=True, highlight=False, markup=False)
+            console.print()
+            return
         out = gen(url, [text], protocol=proto, model=model, version=version, params=params)[0]
     except RequestFailed as e:
         raise UserError("request", repr(text[:80]), f"was refused by the server: {e}") from None

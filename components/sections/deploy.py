@@ -1,6 +1,6 @@
 """The [deploy] table: the Triton model repository, the server and the rollout gate.
 
-    cfg = DeployConfig(alias="compressed", max_batch_size=16, http_port=0)   # 0 = a free port
+    cfg = DeployConfig(alias="compressed", max_requests_per_step=16, http_port=0)   # 0 = a free port
     cfg = DeployConfig(format="onnx")   # serve the version's ONNX export (onnxruntime in the python backend)
     cfg = DeployConfig(name="eu")       # this target's serving alias is `production-eu` (gate.production_alias)
 
@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 
 from ._base import Name, Section
 
+STATIC_BATCHING = ("max_batch_size", "dynamic_batching", "preferred_batch_sizes", "max_queue_delay_us")
 DEFAULT_DEPLOYMENT = "default"   # its alias stays plain `production`: existing registries keep their meaning
 
 
@@ -34,13 +35,25 @@ class DeployConfig(Section):
     http_port: int = Field(8000, ge=0, le=65535, description="0 = pick a free port")
     grpc_port: int = Field(8001, ge=0, le=65535, description="0 = pick a free port")
     metrics_port: int = Field(8002, ge=0, le=65535, description="0 = pick a free port")
+    openai: bool = Field(True, description="start an OpenAI-compatible HTTP gateway (/v1/models, /v1/completions, "
+                                           "/v1/chat/completions) in front of the served model, on `host`, with the "
+                                           "server; `lmforge status --json` names its base URL")
+    openai_port: int = Field(0, ge=0, le=65535, description="the OpenAI gateway's port; 0 = pick a free port")
 
-    # The model configuration (config.pbtxt).
-    max_batch_size: int = Field(8, ge=1, le=256, description="largest batch Triton hands the model")
-    dynamic_batching: bool = Field(True, description="let Triton group concurrent requests into one batch")
-    preferred_batch_sizes: list[int] = Field([4, 8], description="batch sizes the batcher forms without waiting")
-    max_queue_delay_us: int = Field(20_000, ge=0, le=10_000_000,
-                                    description="how long a request may wait for others to batch with")
+    # The model configuration (config.pbtxt) and its engine (deploy/engine.py).
+    engine: Literal["transformers"] = Field(
+        "transformers", description="what generates inside each instance: transformers' continuous batching "
+                                    "(a request joins the running batch at the next step and streams its tokens)")
+    max_requests_per_step: int = Field(32, ge=1, le=1024, description="requests an instance decodes together in one "
+                                                                      "step")
+    kv_cache_tokens: int = Field(16384, ge=64, le=16_777_216,
+                                 description="an instance's paged KV cache, in tokens, shared by the requests it "
+                                             "decodes; bytes = tokens x layers x 2 x kv_heads x head_dim x dtype size")
+    kv_page_tokens: int = Field(256, ge=16, le=4096, description="tokens per KV cache page (a request holds whole "
+                                                                 "pages)")
+    max_queue: int = Field(256, ge=1, le=100_000,
+                           description="requests an instance holds (queued or decoding); more are refused at once "
+                                       "(gRPC UNAVAILABLE, HTTP 503) rather than left to wait")
     instance_count: int = Field(1, ge=1, le=64, description="model instances (each a process with the model)")
     instance_kind: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="Triton instance kind: auto = KIND_GPU when the deploying host has CUDA, else KIND_CPU")
@@ -63,11 +76,17 @@ class DeployConfig(Section):
     validation_latency_ms: float = Field(20_000.0, gt=0, description="each validation request must finish within this")
     readiness_timeout_s: float = Field(180.0, gt=0, le=3600, description="how long to wait for the server or a model")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_static_batching(cls, data: object) -> object:
+        old = sorted(set(data) & set(STATIC_BATCHING)) if isinstance(data, dict) else []
+        if old:
+            raise ValueError(f"{', '.join(old)}: removed; the served model batches continuously (a request joins "
+                             "the running batch at the next step): set max_requests_per_step and max_queue instead")
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "DeployConfig":
-        if any(s < 1 or s > self.max_batch_size for s in self.preferred_batch_sizes):
-            raise ValueError(f"preferred_batch_sizes {self.preferred_batch_sizes} must lie in 1..max_batch_size "
-                             f"({self.max_batch_size})")
         if self.max_new_tokens > self.max_new_tokens_limit:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit "
                              f"{self.max_new_tokens_limit}")

@@ -84,6 +84,7 @@ def triton_model(monkeypatch, tmp_path):
     fake = types.ModuleType("triton_python_backend_utils")
     fake.Logger = types.SimpleNamespace(log_info=logged.append, log_warn=logged.append, log_error=logged.append,
                                         log_verbose=logged.append)
+    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
     monkeypatch.setattr(sys, "path", list(sys.path))  # model.py puts its folder first
     threads = torch.get_num_threads()
@@ -95,16 +96,24 @@ def triton_model(monkeypatch, tmp_path):
         spec = importlib.util.spec_from_file_location("lmforge_triton_model_under_test", folder / "model.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
+        # CUDA is faked here, so the engine's manager must not start (it would reach for CUDA); the integration
+        # tests start it for real (tests/integration/test_deploy_triton.py).
+        monkeypatch.setattr(module.engine.Engine, "start", lambda self: None)
         params = {"max_prompt_chars": 200, "max_prompt_tokens": 32, "max_new_tokens": 4, "max_new_tokens_limit": 8,
-                  "threads": torch.get_num_threads(), "instances": 1, "request_log": ""}
+                  "threads": torch.get_num_threads(), "instances": 1, "request_log": "", "max_requests_per_step": 4,
+                  "kv_cache_tokens": 1024, "kv_page_tokens": 64, "max_queue": 8}
         served = module.TritonPythonModel()
         served.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": str(v)} for k, v in
                                                                       params.items()}}),
                            "model_name": "m", "model_version": "1", "model_instance_kind": kind,
                            "model_instance_device_id": device_id})
+        started.append(served)
         return served
 
+    started: list = []
     yield start, logged
+    for served in started:
+        served.finalize()
     torch.set_num_threads(threads)
     for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_runtime"]:
         del sys.modules[name]
@@ -114,7 +123,7 @@ def test_a_gpu_instance_serves_int8_on_the_cpu_and_says_why(fake_cuda, triton_mo
     start, logged = triton_model
     served = start(variants["int8"])
     assert not any(d.startswith("cuda") for d in fake_cuda)
-    assert next(served.model.parameters()).device.type == "cpu"
+    assert next(served.engine.model.parameters()).device.type == "cpu"
     assert any("on cpu" in m and INT8_REASON in m for m in logged), logged
 
 

@@ -121,3 +121,39 @@ def test_the_runtime_copy_imports_without_lmforge(tmp_path):
     out = subprocess.run([python, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True,
                          check=True)
     assert out.stdout == 'def f(x):\n    """ 3'
+
+
+# --- vLLM's sampling_parameters and the individual inputs --------------------------------------
+
+def test_sampling_parameters_json_gives_the_same_settings_as_the_individual_inputs():
+    by_json = processing.request_settings(
+        {}, b'{"max_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 3, "stop": "\\n"}', LIMITS)
+    by_inputs = processing.request_settings(
+        {"max_tokens": [5], "temperature": [0.5], "top_p": [0.9], "top_k": [7], "seed": [3], "stop": [[b"\n"]]},
+        None, LIMITS)
+    assert by_json == by_inputs == (5, Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3), ("\n",))
+    assert processing.request_settings({}, None, LIMITS) == (LIMITS.max_new_tokens, Sampling(), ())
+
+
+@pytest.mark.parametrize("raw, says", [
+    (b"{max_tokens: 4}", "is not JSON"),
+    (b"[4]", "must be a JSON object"),
+    (b'{"max_tokens": 4, "frequency_penalty": 1}', "sampling_parameters.frequency_penalty is not served here"),
+    (b'{"max_tokens": "4"}', "sampling_parameters.max_tokens is '4'; it must be an integer"),
+    (b'{"max_tokens": 2.5}', "it must be an integer"),
+    (b'{"temperature": true}', "it must be a number"),
+    (b'{"stop": [1]}', "a list of strings"),
+    (b'{"temperature": NaN}', "temperature[0] is nan"),
+    (b'{"max_tokens": -1}', "max_tokens[0] is -1"),
+    (b'{"top_p": 0}', "top_p[0] is 0.0"),
+    (b"\xff", "not valid UTF-8"),
+])
+def test_bad_sampling_parameters_are_refused_naming_the_key(raw, says):
+    with pytest.raises(BadRequest) as e:
+        processing.request_settings({}, raw, LIMITS)
+    assert says in str(e.value)
+
+
+def test_a_setting_sent_both_ways_is_refused():
+    with pytest.raises(BadRequest, match="max_tokens sent both as an input and in sampling_parameters"):
+        processing.request_settings({"max_tokens": [4]}, b'{"max_tokens": 4}', LIMITS)

@@ -20,34 +20,36 @@ def parse(text: str) -> model_config_pb2.ModelConfig:
     return text_format.Parse(text, model_config_pb2.ModelConfig())
 
 
-def test_config_pbtxt_is_a_valid_triton_model_config(tmp_path):
-    cfg = DeployConfig(max_batch_size=16, preferred_batch_sizes=[4, 16], max_queue_delay_us=5000, instance_count=2)
+def test_config_pbtxt_is_a_decoupled_triton_model_config_with_vllms_contract(tmp_path):
+    cfg = DeployConfig(max_requests_per_step=16, kv_cache_tokens=8192, max_queue=40, instance_count=2)
     mc = parse(repository.config_pbtxt(cfg, versions=[3, 2], request_log=tmp_path / "requests"))
-    assert (mc.name, mc.backend, mc.max_batch_size) == ("lmforge", "python", 16)
+    assert (mc.name, mc.backend, mc.max_batch_size) == ("lmforge", "python", 0)   # the engine batches, not Triton
+    assert mc.model_transaction_policy.decoupled and not mc.HasField("dynamic_batching")
     assert list(mc.version_policy.specific.versions) == [2, 3]
-    assert list(mc.dynamic_batching.preferred_batch_size) == [4, 16]
-    assert mc.dynamic_batching.max_queue_delay_microseconds == 5000
     assert [(g.kind, g.count) for g in mc.instance_group] == [(model_config_pb2.ModelInstanceGroup.KIND_CPU, 2)]
     inputs = {i.name: i for i in mc.input}
-    # Triton's LLM convention (its vLLM and TensorRT-LLM backends' tensors): text_input required, the rest optional.
-    assert inputs["text_input"].data_type == model_config_pb2.TYPE_STRING and not inputs["text_input"].optional
-    assert list(inputs["text_input"].dims) == [1] and list(inputs["stop"].dims) == [-1]
     T = model_config_pb2
+    # NVIDIA's vllm_backend tensors, text_input required and the rest optional; and TensorRT-LLM's individual ones.
+    assert inputs["text_input"].data_type == T.TYPE_STRING and not inputs["text_input"].optional
+    assert list(inputs["text_input"].dims) == [1] and list(inputs["stop"].dims) == [-1]
     assert {n: (i.data_type, i.optional) for n, i in inputs.items() if n != "text_input"} == {
+        "stream": (T.TYPE_BOOL, True), "sampling_parameters": (T.TYPE_STRING, True),
+        "exclude_input_in_output": (T.TYPE_BOOL, True), "return_finish_reason": (T.TYPE_BOOL, True),
+        "return_num_input_tokens": (T.TYPE_BOOL, True), "return_num_output_tokens": (T.TYPE_BOOL, True),
         "max_tokens": (T.TYPE_INT32, True), "temperature": (T.TYPE_FP32, True), "top_p": (T.TYPE_FP32, True),
-        "top_k": (T.TYPE_INT32, True), "seed": (T.TYPE_INT64, True), "stop": (T.TYPE_STRING, True),
-        "exclude_input_in_output": (T.TYPE_BOOL, True)}   # and no client-supplied retrieval context
+        "top_k": (T.TYPE_INT32, True), "seed": (T.TYPE_INT64, True), "stop": (T.TYPE_STRING, True)}
     outputs = {o.name: o.data_type for o in mc.output}
-    assert outputs == {"text_output": T.TYPE_STRING, "token_ids": T.TYPE_STRING, "prompt_tokens": T.TYPE_INT32,
-                       "output_tokens": T.TYPE_INT32, "mean_logprob": T.TYPE_FP32, "first_token_ms": T.TYPE_FP32,
-                       "decode_ms": T.TYPE_FP32}
-    assert mc.parameters["request_log"].string_value == str(tmp_path / "requests")
-    assert mc.parameters["max_prompt_tokens"].string_value == str(cfg.max_prompt_tokens)
+    assert outputs == {"text_output": T.TYPE_STRING, "finish_reason": T.TYPE_STRING,
+                       "num_input_tokens": T.TYPE_UINT32, "num_output_tokens": T.TYPE_UINT32,
+                       "token_ids": T.TYPE_STRING, "prompt_tokens": T.TYPE_INT32, "output_tokens": T.TYPE_INT32,
+                       "mean_logprob": T.TYPE_FP32, "first_token_ms": T.TYPE_FP32, "decode_ms": T.TYPE_FP32}
+    params = {k: v.string_value for k, v in mc.parameters.items()}
+    assert params["request_log"] == str(tmp_path / "requests") and params["max_prompt_tokens"] == str(cfg.max_prompt_tokens)
+    assert (params["engine"], params["max_requests_per_step"], params["kv_cache_tokens"], params["max_queue"]) == \
+        ("transformers", "16", "8192", "40")
 
 
-def test_dynamic_batching_can_be_switched_off():
-    off = parse(repository.config_pbtxt(DeployConfig(), versions=[1], request_log=None, dynamic_batching=False))
-    assert not off.HasField("dynamic_batching")
+def test_a_gpu_instance_kind_is_written_as_such():
     gpu = parse(repository.config_pbtxt(DeployConfig(instance_kind="gpu"), versions=[1], request_log=None))
     assert gpu.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_GPU
 
@@ -70,7 +72,7 @@ def test_build_version_copies_runtime_and_safetensors_only(tmp_path, tiny_model_
     assert folder == tmp_path / "repo" / "lmforge" / "4"
     assert (folder / "model.py").read_text().startswith('"""The Triton python-backend model')
     assert {p.name for p in (folder / "lmforge_runtime").iterdir()} >= {
-        "__init__.py", "generation.py", "modelload.py", "processing.py", "records.py", "requestlog.py"}
+        "__init__.py", "generation.py", "engine.py", "modelload.py", "processing.py", "records.py", "requestlog.py"}
     assert (folder / "model" / "model.safetensors").is_file()
     assert not (folder / "model" / "pytorch_model.bin").exists()
     rare = json.loads((folder / "rare_tokens.json").read_text())
@@ -89,7 +91,7 @@ def test_build_version_refuses_a_folder_without_safetensors(tmp_path):
 
 
 @pytest.mark.parametrize("deploy, match", [
-    ({"preferred_batch_sizes": [4, 32], "max_batch_size": 8}, "preferred_batch_sizes"),
+    ({"dynamic_batching": True, "max_batch_size": 8}, "removed; the served model batches continuously"),
     ({"max_new_tokens": 64, "max_new_tokens_limit": 32}, "max_new_tokens"),
     ({"http_port": 9000, "grpc_port": 9000}, "must differ"),
     ({"instance_kind": "tpu"}, "instance_kind"),

@@ -1,0 +1,90 @@
+"""The OpenAI-compatible gateway (deploy/openai_api.py) as a process of its own, started and stopped with the server.
+
+    gw = start_gateway(repo, cfg, triton_grpc=info.grpc_url, log_path=ws.triton / "openai.log",
+                       wait=cfg.readiness_timeout_s)     # deploy.openai_port 0 = a free port; ready = GET /v1/models
+    gw.base_url                                          # "http://127.0.0.1:PORT/v1", what OpenAI clients take
+    state["openai"] = asdict(gw)                         # deploy/server.py write_state keeps it in state.json
+    stop_gateway(gw)                                     # SIGTERM (uvicorn drains), then SIGKILL
+
+It runs lmforge's own Python (this interpreter, whose environment has lmforge installed) with the same
+allowlisted environment as tritonserver (deploy/server.py allowed_env) plus PYTHONPATH when set: no
+credential in any other variable reaches it. Started, recognised (pid + start time) and stopped by the
+shared lifecycle in components/service.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lmforge.components import service, supervisor
+from lmforge.components.ports import free_port
+from lmforge.components.requestlog import now_iso
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy.server import allowed_env
+
+NAME = "openai gateway"
+
+
+@dataclass(frozen=True)
+class GatewayInfo:
+    pid: int
+    host: str
+    port: int
+    triton_grpc: str    # the server it fronts: a gateway for another server is not reused
+    log: str
+    started_at: str
+    create_time: float = 0.0
+
+    @property
+    def process(self) -> supervisor.ProcessRecord:
+        return supervisor.ProcessRecord(pid=self.pid, create_time=self.create_time, pgid=self.pid)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+
+def gateway_env() -> dict[str, str]:
+    """The allowlisted part of this environment (deploy/server.py SERVER_ENV_NAMES and prefixes), and PYTHONPATH when
+    lmforge is importable through it (a checkout run without installing); nothing else."""
+    env = allowed_env(os.environ)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+def start_gateway(repo: Path, cfg: DeployConfig, *, triton_grpc: str, log_path: Path,
+                  wait: float = 60.0) -> GatewayInfo:
+    """Launch the gateway for `cfg.model_name` on cfg.host:cfg.openai_port and wait (at most `wait` s) until it
+    answers; one that does not is stopped again and ServiceNotReady (a UserError, with the log's tail) propagates."""
+    port = cfg.openai_port or free_port(cfg.host)
+    cmd = [sys.executable, "-m", "lmforge.deploy.openai_api", "--triton-grpc", triton_grpc,
+           "--model", cfg.model_name, "--repo", str(Path(repo).resolve()), "--host", cfg.host, "--port", str(port)]
+    log_path = Path(log_path)
+    svc = service.Service(NAME, cmd, log=log_path, ready=service.http_ok(f"http://{cfg.host}:{port}/v1/models"),
+                          env=gateway_env(), cwd=log_path.parent, address=f"http://{cfg.host}:{port}/v1",
+                          timeout_fix="raise deploy.readiness_timeout_s, or set deploy.openai = false")
+    rec = service.start(svc, timeout=wait)
+    return GatewayInfo(pid=rec.pid, host=cfg.host, port=port, triton_grpc=triton_grpc, log=str(log_path),
+                       started_at=now_iso(), create_time=rec.create_time)
+
+
+def is_running(info: GatewayInfo) -> bool:
+    return service.alive(info.process)
+
+
+def stop_gateway(info: GatewayInfo, *, timeout: float = 10.0) -> bool:
+    """SIGTERM to its process group, then SIGKILL of what is left after `timeout` s. True if it ran."""
+    return service.stop(info.process, grace=timeout)
+
+
+def from_state(state: dict[str, Any] | None) -> GatewayInfo | None:
+    """The gateway a state file records (deploy/server.py write_state, key "openai"), or None."""
+    recorded = (state or {}).get("openai")
+    if not recorded:
+        return None
+    return GatewayInfo(**{k: v for k, v in recorded.items() if k in GatewayInfo.__dataclass_fields__})
