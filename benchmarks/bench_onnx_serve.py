@@ -10,10 +10,11 @@ torch first: deploy/model.py runs the graph in onnxruntime through generation.de
 are python-backend models; nvidia-pytriton's tritonserver has no onnxruntime backend. The model
 is by default a random LlamaForCausalLM of the demo's shape (bench_serve.build_model).
 
-The clients are bench_serve's (closed loop, gRPC, one signature per request, greedy, the
-same --new-tokens); the two models are measured in alternating rounds at each concurrency, so
-load from other processes falls on both. Reported per model and concurrency: generated tokens/s
-and median TTFT (latency minus the server-measured decode time after the first token), and the
+The clients are bench_serve's (closed loop, a gRPC stream per request, greedy, its mixed output
+lengths: 8 to 64 tokens; --new-tokens is only the warm-up's); the two models are measured in
+alternating rounds at each concurrency, so load from other processes falls on both. Reported per
+model and concurrency: generated tokens/s
+and median TTFT (the client's time to the first streamed piece), and the
 ratios onnx / torch (tokens/s: > 1 is faster; TTFT: < 1 is faster; TTFT of a point is its median request's,
 and of several rounds the median of theirs).
 
@@ -92,7 +93,6 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per model and concurrency")
-    ap.add_argument("--max-seconds", type=float, default=60.0, help="per point")
     ap.add_argument("--threads", type=int, default=2, help="threads of the in-process comparison (torch and onnxruntime)")
     args = ap.parse_args()
     command = "python benchmarks/bench_onnx_serve.py " + " ".join(sys.argv[1:])
@@ -106,8 +106,8 @@ def main() -> None:
         report = export_onnx(model_dir, tmp / "onnx")
         results["export"] = {"seconds": report.export_s, "max_abs_diff": report.max_abs_diff,
                              "tolerance": report.tolerance, "kv_cache": report.kv_cache, "versions": report.versions}
-        base = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_batch_size=8, preferred_batch_sizes=[8],
-                            max_queue_delay_us=20_000, max_new_tokens=args.new_tokens, readiness_timeout_s=300)
+        base = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_requests_per_step=8,
+                            max_new_tokens=args.new_tokens, readiness_timeout_s=300)
         cfgs = {name: base.model_copy(update={"model_name": name}) for name in MODELS}
         repo = tmp / "repo"
         for name, folder in (("torch", model_dir), ("onnx", tmp / "onnx")):
@@ -118,16 +118,16 @@ def main() -> None:
             server.wait_ready(info, timeout=300)
             for name in MODELS:
                 client.wait_versions(info.url, name, [1], revision=repository.config_revision(repo, name), timeout=300)
-            senders = {name: triton_sender(info, cfgs[name], args.new_tokens) for name in MODELS}
+            senders = {name: triton_sender(info.grpc_url, name) for name in MODELS}
             for name in MODELS:
                 for p in PROMPTS[:3]:
-                    senders[name](p)  # warm-up
+                    senders[name](p, args.new_tokens)  # warm-up
             for c in args.concurrency:
                 for r in range(args.rounds):
                     order = MODELS if r % 2 == 0 else MODELS[::-1]
                     for name in order:
                         point = {"config": name, "round": r,
-                                 **run_point(senders[name], c, args.requests_per_client, args.max_seconds)}
+                                 **run_point(senders[name], c, args.requests_per_client * c)}
                         print(point, flush=True)
                         results["points"].append(point)
         finally:
@@ -143,10 +143,9 @@ def main() -> None:
         agg = {}
         for name in MODELS:
             pts = [p for p in results["points"] if p["config"] == name and p["concurrency"] == c]
-            wall = sum(p["wall_s"] for p in pts)
             agg[name] = {"requests": sum(p["requests"] for p in pts), "errors": sum(p["errors"] for p in pts),
-                         "tokens_per_s": sum(p["tokens_per_s"] * p["wall_s"] for p in pts) / wall,
-                         "ttft_ms": statistics.median(p["ttft_ms"] for p in pts)}
+                         "tokens_per_s": statistics.mean(p["tokens_per_s"] for p in pts),
+                         "ttft_ms": statistics.median(p["ttft_p50_ms"] for p in pts)}
             rows.append((name, c, agg[name]["requests"], f"{agg[name]['tokens_per_s']:.1f}",
                          f"{agg[name]['ttft_ms']:.0f}", agg[name]["errors"]))
         tps = agg["onnx"]["tokens_per_s"] / agg["torch"]["tokens_per_s"]

@@ -88,6 +88,7 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
     state = ws.triton / "state.json"
     if not state.exists():
         return []
+    from lmforge.deploy import gateway
     from lmforge.deploy.server import info_from_state, is_running
 
     s = json.loads(state.read_text())
@@ -98,15 +99,7 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
     else:
         where = f"not running (pid {s.get('pid')} has exited)"
     return [{"model": s.get("model"), "version": s.get("version"), "http": s.get("url"),
-             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}", "openai": openai_url(s), "state": where}]
-
-
-def openai_url(state: dict[str, Any]) -> str | None:
-    """The base URL of the OpenAI gateway the state file records, while it runs (deploy/gateway.py); else None."""
-    from lmforge.deploy import gateway
-
-    gw = gateway.from_state(state)
-    return gw.base_url if gw is not None and not state.get("stopped_at") and gateway.is_running(gw) else None
+             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}", "openai": gateway.running_url(s), "state": where}]
 
 
 def status_dict(ws: Workspace) -> dict[str, Any]:

@@ -108,6 +108,9 @@ def print_run_summary(result: dict[str, Any], console: Console, *, ws: Workspace
     deploy = result["stages"].get("deploy", {}).get("result") or {}
     if deploy.get("endpoint"):
         console.print(f"served at {deploy['endpoint']}: curl {deploy['endpoint']}/v2/health/ready ; "
-                      f"lmforge generate \"def parse(text):\"")
+                      f"lmforge generate \"def parse(text):\" --stream")
+    if deploy.get("openai"):
+        console.print(f"OpenAI-compatible API at {deploy['openai']}: "
+                      f"openai.OpenAI(base_url=\"{deploy['openai']}\", api_key=\"unused\")")
     for name, link in result.get("links", {}).items():
         console.print(f"{name}: {link}")

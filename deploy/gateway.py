@@ -88,3 +88,9 @@ def from_state(state: dict[str, Any] | None) -> GatewayInfo | None:
     if not recorded:
         return None
     return GatewayInfo(**{k: v for k, v in recorded.items() if k in GatewayInfo.__dataclass_fields__})
+
+
+def running_url(state: dict[str, Any] | None) -> str | None:
+    """The base URL of the gateway a server's state file records, while it runs; None otherwise."""
+    gw = from_state(state)
+    return gw.base_url if gw is not None and not (state or {}).get("stopped_at") and is_running(gw) else None

@@ -1,7 +1,7 @@
 """The deploy stage: the registry's model behind a real Triton server, through the rollout gate.
 
     lmforge run deploy                          # champion (deploy.alias) -> build -> load -> validate -> production
-    deploy_flow(load_config("configs/demo.toml"))   # {"endpoint", "version", "summary"}
+    deploy_flow(load_config("configs/demo.toml"))   # {"endpoint", "grpc", "openai", "version", "summary"}
 
 The server is left running for the demo (`lmforge deploy stop` ends it); its address is
 in <workspace>/triton/state.json. A refused version raises RolloutRefused: the CLI
@@ -20,7 +20,8 @@ from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace
-from lmforge.deploy.server import ServerInfo
+from lmforge.deploy import gateway
+from lmforge.deploy.server import ServerInfo, read_state
 from lmforge.deploy.service import deploy_version, ensure_server, resolve_model
 from lmforge.flows.workspace_flow import workspace_flow
 
@@ -68,5 +69,8 @@ def deploy_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         if report is not None:
             summary += (f"; ONNX graph in onnxruntime (python backend), logits within {report.max_abs_diff:.2g} of "
                         f"torch (tolerance {report.tolerance:g}), lineage on the version (tag onnx_artifact)")
+    openai = gateway.running_url(read_state(ws))
+    if openai:
+        summary += f"; OpenAI-compatible API at {openai}"
     print(summary)
-    return {"endpoint": endpoint, "grpc": info.grpc_url, "version": version, "summary": summary}
+    return {"endpoint": endpoint, "grpc": info.grpc_url, "openai": openai, "version": version, "summary": summary}
