@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.accelerator import cpu_model
+from lmforge.components.runtime.accelerator import cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PACKAGES = ("torch", "deepspeed", "prefect", "mlflow", "feast", "qdrant-client", "whylogs", "transformers", "tritonclient")

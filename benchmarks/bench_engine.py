@@ -32,7 +32,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
 from benchmarks.bench_serve import PROMPTS, build_model  # noqa: E402
-from lmforge.components import generation, modelload  # noqa: E402
+from lmforge.components import generation  # noqa: E402
+from lmforge.components.model import modelload  # noqa: E402
 from lmforge.components.task import Task  # noqa: E402
 from lmforge.deploy.engine import Delta, Engine, EngineConfig, Final  # noqa: E402
 

@@ -40,10 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from lmforge.components.accelerator import autocast, choose_precision, to_device  # noqa: E402
-from lmforge.components.adapters import adapter_targets, add_adapters  # noqa: E402
-from lmforge.components.basemodel import copy_tokenizer  # noqa: E402
 from lmforge.components.data.shards import write_shards  # noqa: E402
+from lmforge.components.model.adapters import adapter_targets, add_adapters  # noqa: E402
+from lmforge.components.model.basemodel import copy_tokenizer  # noqa: E402
+from lmforge.components.runtime.accelerator import autocast, choose_precision, to_device  # noqa: E402
 from lmforge.components.sections.training import TrainingConfig  # noqa: E402
 from lmforge.components.training.pipeline_model import lm_loss  # noqa: E402
 from lmforge.components.training.sft import SftBatches, choose_batching, write_examples  # noqa: E402

@@ -57,8 +57,9 @@ def in_process(model_dir: Path, onnx_dir: Path, new_tokens: int, rounds: int, th
 
     import torch
 
-    from lmforge.components import generation, modelload
-    from lmforge.components.onnxrun import OnnxForward
+    from lmforge.components import generation
+    from lmforge.components.model import modelload
+    from lmforge.components.model.onnxrun import OnnxForward
 
     torch.set_num_threads(threads)
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)

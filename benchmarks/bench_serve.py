@@ -162,7 +162,8 @@ def run_point(send: Send, concurrency: int, requests: int) -> dict[str, Any]:
 
 def static_baseline(model_dir: Path, n: int) -> dict[str, Any]:
     """The same workload in this process: `generation.generate` on consecutive batches of 32."""
-    from lmforge.components import generation, modelload
+    from lmforge.components import generation
+    from lmforge.components.model import modelload
     from lmforge.components.task import Task
 
     tok, model = modelload.load_tokenizer(model_dir), modelload.load_model(model_dir)

@@ -37,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lmforge.components.accelerator import Precision, autocast, choose_precision, to_device  # noqa: E402
+from lmforge.components.runtime.accelerator import Precision, autocast, choose_precision, to_device  # noqa: E402
 from lmforge.components.sections.training import TrainingConfig  # noqa: E402
 from lmforge.components.training.model import build_model, count_params, load_tokenizer, train_flops_per_token  # noqa: E402
 from lmforge.components.training.perf import device_peak  # noqa: E402

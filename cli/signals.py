@@ -12,7 +12,7 @@ now raise `Interrupted` (a KeyboardInterrupt, as Ctrl-C always did), so the same
 
 `reap` is the backstop for a child started in the instant before its owner registered its clean-up.
 It stops only descendants in this command's own session. Services started on purpose to outlive the
-command run in sessions of their own (components/supervisor.py): tritonserver once deploy has started
+command run in sessions of their own (components/runtime/supervisor.py): tritonserver once deploy has started
 it, and the server of `lmforge prefect up`. The training launcher also has its own session; it stops
 its ranks itself when the interruption unwinds through it.
 """

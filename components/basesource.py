@@ -1,6 +1,6 @@
 """Where a training base comes from: a local folder, or a registered version (`[training.model] init`).
 
-    base = resolve_base(ws, "/models/qwen2-0.5b")             # a folder: check_base (components/basemodel.py)
+    base = resolve_base(ws, "/models/qwen2-0.5b")             # a folder: check_base (components/model/basemodel.py)
     base = resolve_base(ws, "models:/lmforge-lm@champion")    # the version the alias holds now, downloaded and checked
     base.ref, base.version, base.path       # "models:/lmforge-lm@champion", "3", <ws>/registry/lmforge-lm/3/<hf>
     base.pin()                              # {"ref": ..., "version": "3"}: what the dataset's manifest records
@@ -27,8 +27,8 @@ import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
-from lmforge.components.basemodel import KEY, BaseCheckpoint, check_base
 from lmforge.components.errors import UserError
+from lmforge.components.model.basemodel import KEY, BaseCheckpoint, check_base
 from lmforge.components.registry.store import download_model, list_versions, resolve_version, version_tags
 from lmforge.components.sections.training import REGISTRY_SHAPES, parse_registry_ref
 from lmforge.components.workspace import Workspace

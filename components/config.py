@@ -1,7 +1,7 @@
 """The pipeline config: one TOML table per stage, read into pydantic models.
 
     cfg = load_config("configs/demo.toml", ["training.max_steps=20", "data.source=/corpus.jsonl"])
-    cfg = load_config("tiny")  # a config shipped with lmforge (components/resources.py); None is "demo"
+    cfg = load_config("tiny")  # a config shipped with lmforge (components/runtime/resources.py); None is "demo"
     cfg.data.source            # the [data] table is a DataConfig
     config_hash(cfg.training)  # stable hash of one section, recorded on every artifact it makes
 
@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from lmforge.components.errors import UserError
-from lmforge.components.resources import resolve_config
+from lmforge.components.runtime.resources import resolve_config
 from lmforge.components.sections._base import Name, Section
 from lmforge.components.sections.compression import CompressionConfig
 from lmforge.components.sections.data import DataConfig

@@ -7,7 +7,7 @@
 The graph comes from `torch.onnx.export(..., dynamo=True)` (torch.export, then onnxscript) of a
 wrapper around the causal LM that takes and returns the KV cache as flat tensors: inputs
 `input_ids`, `attention_mask`, `position_ids`, `past_key_<i>`/`past_value_<i>` per layer; outputs
-`logits` and `present_key_<i>`/`present_value_<i>` (components/onnxrun.py runs it). Batch,
+`logits` and `present_key_<i>`/`present_value_<i>` (components/model/onnxrun.py runs it). Batch,
 sequence and past lengths are dynamic, so one graph serves the prefill (past of length 0) and
 every decoding step (sequence 1). The model is exported in fp32.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.onnxrun import GRAPH_FILE, INPUTS, OnnxForward, cache_names
+from lmforge.components.model.onnxrun import GRAPH_FILE, INPUTS, OnnxForward, cache_names
 from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_tree
 
 ONNX_FILE = GRAPH_FILE
@@ -168,7 +168,7 @@ def export_onnx(model_dir: Path, out_dir: Path, *, tolerance: float = DEFAULT_TO
     import torch
     import transformers
 
-    from lmforge.components import modelload
+    from lmforge.components.model import modelload
     from lmforge.components.registry.loading import check_model_dir
 
     model_dir = check_model_dir(Path(model_dir))

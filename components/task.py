@@ -39,7 +39,7 @@ except ImportError:  # inside lmforge_runtime/, beside records.py
     from .records import DOC_CLOSE, DOC_OPEN, Record, extract_summary, generation_prompt, lm_text  # type: ignore[no-redef]
 
 KINDS = ("completion", "chat", "docstring")
-META_FILE = "lmforge.json"  # a model folder's record (components/modelload.py META); its "task" is the task
+META_FILE = "lmforge.json"  # a model folder's record (components/model/modelload.py META); its "task" is the task
 TEXT_PROMPT_WORDS = 24
 TEXT_REFERENCE_WORDS = 24
 _WORD = re.compile(r"\S+")

@@ -9,7 +9,7 @@
 It runs lmforge's own Python (this interpreter, whose environment has lmforge installed) with the same
 allowlisted environment as tritonserver (deploy/server.py allowed_env) plus PYTHONPATH when set: no
 credential in any other variable reaches it. Started, recognised (pid + start time) and stopped by the
-shared lifecycle in components/service.py.
+shared lifecycle in components/runtime/service.py.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.components import service, supervisor
-from lmforge.components.ports import free_port
 from lmforge.components.requestlog import now_iso
+from lmforge.components.runtime import service, supervisor
+from lmforge.components.runtime.ports import free_port
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy.server import allowed_env
 

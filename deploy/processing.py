@@ -18,7 +18,7 @@ answers it with a 400 and goes on with every other request.
 
 The Triton model runs inside the server's own Python, where lmforge is not installed: the
 repository builder copies this file, deploy/engine.py, components/generation.py, components/task.py,
-components/modelload.py, components/data/records.py and components/requestlog.py into
+components/model/modelload.py, components/data/records.py and components/requestlog.py into
 `<version>/lmforge_runtime/`, hence the fallback imports. Standard library only (the generation
 module imports torch only inside its functions).
 
@@ -251,7 +251,7 @@ def serving_device(model: Any, instance_kind: str, device_id: int | str, cuda_av
     if not cuda_available:
         return "cpu", "Triton instance kind GPU, but torch in this Python sees no CUDA device"
     try:  # imported here: modelload imports torch, and the rest of this module is standard library only
-        from lmforge.components.modelload import cpu_only_kernels
+        from lmforge.components.model.modelload import cpu_only_kernels
     except ImportError:  # inside the model repository's lmforge_runtime/
         from .modelload import cpu_only_kernels  # type: ignore[no-redef]
     kernels = cpu_only_kernels(model)

@@ -46,9 +46,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.components import onnxrun as onnxrun_module
 from lmforge.components import requestlog as requestlog_module
 from lmforge.components.errors import UserError
+from lmforge.components.model import onnxrun as onnxrun_module
 from lmforge.components.onnx_export import check_onnx_dir, is_onnx_dir
 from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
 from lmforge.components.sections.deploy import DeployConfig
@@ -102,7 +102,7 @@ def instance_kind(cfg: DeployConfig) -> str:
     """cpu or gpu: the configured kind, or for `auto` whether this host has a CUDA device."""
     if cfg.instance_kind != "auto":
         return cfg.instance_kind
-    from lmforge.components.accelerator import pick_device
+    from lmforge.components.runtime.accelerator import pick_device
 
     return "gpu" if pick_device().type == "cuda" else "cpu"
 

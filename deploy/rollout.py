@@ -72,8 +72,9 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
     try:
         task = Task.load(folder / "model")
         if is_onnx_dir(folder / "model"):  # an ONNX export: onnxruntime through the loop model.py runs it with
-            from lmforge.components import generation, modelload
-            from lmforge.components.onnxrun import OnnxForward
+            from lmforge.components import generation
+            from lmforge.components.model import modelload
+            from lmforge.components.model.onnxrun import OnnxForward
 
             tok = modelload.load_tokenizer(folder / "model")
             # The graph must load and run the prefill and a cached step (an eos first ends sooner: a valid answer).

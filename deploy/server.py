@@ -21,7 +21,7 @@ a Redis URL), whatever the variable is named, never reaches Triton. The reposito
 it is the only way to change what serves. Strict readiness (ready = every loaded model
 ready); it keeps running when a model fails to load. The process is started, recognised
 (pid + start time, never its name) and stopped by the shared lifecycle in
-components/service.py; only the command line, the environment and the readiness URL are Triton's.
+components/runtime/service.py; only the command line, the environment and the readiness URL are Triton's.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.components import service, supervisor
 from lmforge.components.errors import UserError
-from lmforge.components.ports import free_port
 from lmforge.components.requestlog import now_iso
+from lmforge.components.runtime import service, supervisor
+from lmforge.components.runtime.ports import free_port
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
 

@@ -41,13 +41,13 @@ from rich.table import Table
 
 from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
-from lmforge.components.cpus import usable_cpus
 from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
 from lmforge.components.data.ingest import check_source
 from lmforge.components.data.readers import plan_shards
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
 from lmforge.components.errors import UserError
+from lmforge.components.runtime.cpus import usable_cpus
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json
@@ -64,7 +64,7 @@ CODE = {
     "near": [_D + m for m in ("minhash", "corpuswork", "shardwork", "stepref")],
     "split": [_D + m for m in ("split", "corpuswork", "shardwork", "stepref")],
     "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork", "stepref")],
-    "base-tokenizer": ["lmforge.components.basemodel", *(_D + m for m in ("tokenizer", "corpuswork", "stepref"))],
+    "base-tokenizer": ["lmforge.components.model.basemodel", *(_D + m for m in ("tokenizer", "corpuswork", "stepref"))],
     "finish": [_D + m for m in ("featurize", "shardwork", "records", "tokenizer", "shards", "stepref")],
 }
 

@@ -103,7 +103,7 @@ SERVER_STATE = "server.json"   # <ws>/prefect/<this>: the server `lmforge prefec
 
 def workspace_server_url(ws: Workspace) -> str | None:
     """The API URL of the server `lmforge prefect up` started for this workspace, if that very process still runs."""
-    from lmforge.components import service
+    from lmforge.components.runtime import service
 
     rec, data = service.running(ws.prefect / SERVER_STATE)
     return data["api_url"] if rec is not None else None

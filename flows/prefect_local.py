@@ -9,7 +9,7 @@ The server keeps its database in the workspace (<ws>/prefect), the same one the
 embedded mode uses, so flow runs made before `up` show in its UI. While it is up,
 `lmforge` commands send their runs to it (see `active_api_url`); the plain `prefect`
 CLI needs `PREFECT_API_URL`, which `up` prints. Processes are started, waited for,
-recognised and stopped by the shared lifecycle in components/service.py (the same one
+recognised and stopped by the shared lifecycle in components/runtime/service.py (the same one
 tritonserver uses): a recorded pid that now belongs to another process is treated as
 gone, never signalled. Only the command lines, the environment and the health URL are
 Prefect's.
@@ -23,9 +23,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmforge.components import service
 from lmforge.components.errors import UserError
-from lmforge.components.resources import prefect_yaml
+from lmforge.components.runtime import service
+from lmforge.components.runtime.resources import prefect_yaml
 from lmforge.components.workspace import Workspace
 from lmforge.flows import prefect_env
 
@@ -56,7 +56,7 @@ def server_env(ws: Workspace, api_url: str | None = None) -> dict[str, str]:
 
 
 def _service(ws: Workspace, port: int) -> service.Service:
-    """The Prefect server as the shared lifecycle (components/service.py) sees it: command, environment, health URL."""
+    """The Prefect server as the shared lifecycle (components/runtime/service.py) sees it: command, environment, health URL."""
     api_url = f"http://127.0.0.1:{port}/api"
     return service.Service("prefect server", [prefect_bin(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                            log=ws.prefect / "server.log", env=server_env(ws), ready=service.http_ok(f"{api_url}/health"),

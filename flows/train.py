@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
-from lmforge.components.resources import source_commit
+from lmforge.components.runtime.resources import source_commit
 from lmforge.components.taskdata import dataset_task
 from lmforge.components.tracking import start_run
 from lmforge.components.training.job import Job, prepare_job

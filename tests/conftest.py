@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.components.cpus import cpu_share, usable_cpus
-from lmforge.components.ports import free_port  # noqa: F401  (tests import it from here)
+from lmforge.components.runtime.cpus import cpu_share, usable_cpus
+from lmforge.components.runtime.ports import free_port  # noqa: F401  (tests import it from here)
 from tests.checkpoints import train_tokenizer
 
 # Under `make test`'s xdist workers, a worker's own torch work (the in-process flows: evaluation, compression, data)

@@ -132,7 +132,7 @@ def base_size(folder: Path, lora_r: int) -> tuple[float, dict[str, int], float |
     (the model is built on the meta device: no weights are read)."""
     from transformers import AutoConfig
 
-    from lmforge.components.adapters import adapter_targets
+    from lmforge.components.model.adapters import adapter_targets
     from lmforge.components.sections.training import LoraTrainingConfig
     from lmforge.components.training.lora import FIELD, adapter_params
     from lmforge.components.training.model import meta_model

@@ -33,7 +33,7 @@ from lmforge.components.compression.finetune import Finetuner, LossFn
 from lmforge.components.compression.modules import require_linear
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
-from lmforge.components.projections import decoder_blocks
+from lmforge.components.model.projections import decoder_blocks
 from lmforge.components.sections.compression import DistillConfig
 
 

@@ -11,7 +11,7 @@ a function of (seed, step), so a run is reproducible. The loop itself is plain P
 on one process: the compression fine-tunes are tens of steps on a model that is already
 trained, where launching DeepSpeed ranks would cost more than the steps themselves.
 
-It runs on the device components/accelerator.py picks (the GPU when there is one; the model
+It runs on the device components/runtime/accelerator.py picks (the GPU when there is one; the model
 goes there for the run and comes back after), in the precision it resolves: `bf16` unset
 means bf16 autocast only where bf16 is really faster. `threads` applies to CPU runs only.
 """
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmforge.components.accelerator import autocast, choose_precision, on_device, pick_device, to_device
 from lmforge.components.errors import UserError
+from lmforge.components.runtime.accelerator import autocast, choose_precision, on_device, pick_device, to_device
 from lmforge.components.sections.compression import FinetuneConfig
 from lmforge.components.training.data import TokenWindows
 

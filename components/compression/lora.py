@@ -6,7 +6,7 @@ Only the adapters train (W stays frozen); `merge_and_unload` then folds B @ A * 
 into each W, so the result has exactly the parent's architecture and size, loads with a
 plain `from_pretrained`, and costs nothing extra at inference. It is the cheap way to
 adapt a (compressed) model to a data slice; the parameters do not shrink. Targets are
-components/projections.py's projections (Linear or GPT-2's Conv1D; `targets = []` means every one
+components/model/projections.py's projections (Linear or GPT-2's Conv1D; `targets = []` means every one
 inside the decoder blocks); a head tied to the embedding gets no adapter. The default
 targets, Llama's `q_proj`/`v_proj`, on a model that has no projection by those names (GPT-2's
 `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's fused `qkv_proj`) mean `[]`, and the recipe
@@ -19,11 +19,11 @@ from pathlib import Path
 
 from torch import nn
 
-from lmforge.components.adapters import adapter_targets, add_adapters, target_suffixes
 from lmforge.components.compression.finetune import Finetuner
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
-from lmforge.components.projections import Chosen
+from lmforge.components.model.adapters import adapter_targets, add_adapters, target_suffixes
+from lmforge.components.model.projections import Chosen
 from lmforge.components.sections.compression import LoraConfig
 
 

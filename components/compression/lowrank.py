@@ -14,7 +14,7 @@ approximation, and for any x the output error |W x - W_r x| is at most s_{r+1} |
 - mode=rank: the same r everywhere; a rank a layer cannot have is an error before any work.
 
 A layer is factorised only where that saves parameters; otherwise it stays dense. Targets
-are components/projections.py's projections (Linear or GPT-2's Conv1D, read as out x in; `targets = []`
+are components/model/projections.py's projections (Linear or GPT-2's Conv1D, read as out x in; `targets = []`
 means every one inside the decoder blocks); a head tied to the embedding stays as it is.
 """
 
@@ -28,7 +28,7 @@ import torch
 from lmforge.components.compression.modules import LowRankLinear, set_module
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
-from lmforge.components.projections import Chosen, as_linear, choose_targets
+from lmforge.components.model.projections import Chosen, as_linear, choose_targets
 from lmforge.components.sections.compression import LowRankConfig
 
 

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.accelerator import runnable_device
 from lmforge.components.compression.variant import load_variant, variant_stats
 from lmforge.components.errors import UserError
 from lmforge.components.evaluation.bpc import bits_per_character
@@ -31,7 +30,8 @@ from lmforge.components.evaluation.evaluate import read_split, sample_records, t
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import summarize
 from lmforge.components.evaluation.text_metrics import score_texts
-from lmforge.components.modelload import load_tokenizer
+from lmforge.components.model.modelload import load_tokenizer
+from lmforge.components.runtime.accelerator import runnable_device
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.task import Task
 

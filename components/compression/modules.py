@@ -3,9 +3,9 @@
     layer = LowRankLinear.from_linear(linear, rank=16)     # W ~ (U_r S_r) @ V_r^T
     apply_lowrank(model, {"model.layers.0.mlp.up_proj": 16})  # same shapes as a saved variant
     quantize_int8(model, skip=["lm_head"])                  # torch.ao dynamic int8 Linear layers
-    linear_layers(model)                                     # name -> Linear or Conv1D (components/projections.py walks)
+    linear_layers(model)                                     # name -> Linear or Conv1D (components/model/projections.py walks)
 
-LowRankLinear, apply_lowrank and set_module live in components/modelload.py, the loader
+LowRankLinear, apply_lowrank and set_module live in components/model/modelload.py, the loader
 the server and the MLflow pyfunc carry, and are re-exported here. Only these structural
 edits are ever applied when a variant is loaded, and each is driven by plain data (names
 and ranks) in the variant's lmforge.json: loading never executes stored code or
@@ -19,15 +19,15 @@ import warnings
 import torch
 from torch import nn
 
-from lmforge.components.modelload import LowRankLinear, apply_lowrank, set_module  # the loader's own layers
-from lmforge.components.projections import is_projection, linearize, projections, require_projections, select
+from lmforge.components.model.modelload import LowRankLinear, apply_lowrank, set_module  # the loader's own layers
+from lmforge.components.model.projections import is_projection, linearize, projections, require_projections, select
 
 __all__ = ["LowRankLinear", "apply_lowrank", "count_params", "is_int8_linear", "linear_layers", "linear_weight_bytes",
            "quantize_int8", "require_linear", "select", "set_module", "weight_bytes"]
 
 
 def linear_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Every linear-like layer (nn.Linear and transformers' Conv1D), by name; components/projections.py is the one walk."""
+    """Every linear-like layer (nn.Linear and transformers' Conv1D), by name; components/model/projections.py is the one walk."""
     return {name: p.module for name, p in projections(model).items()}
 
 

@@ -3,7 +3,7 @@
     pruned = prune_variant(model_dir, out / "prune", PruneConfig(sparsity=0.5), tuner=tuner)
     slim = prune_channels_variant(model_dir, out / "channels", ChannelPruneConfig(keep=0.5))
 
-Unstructured pruning works on the projections components/projections.py finds (Linear or Conv1D;
+Unstructured pruning works on the projections components/model/projections.py finds (Linear or Conv1D;
 `targets = []` means every one inside the decoder blocks; a head tied to the embedding is
 never pruned) with torch.nn.utils.prune (L1 magnitude, global or per layer): the
 mask stays attached during the optional recovery fine-tune, so pruned weights stay zero
@@ -29,7 +29,7 @@ from lmforge.components.compression.finetune import Finetuner
 from lmforge.components.compression.modules import require_linear
 from lmforge.components.compression.variant import load_parent, save_variant
 from lmforge.components.errors import UserError
-from lmforge.components.projections import Chosen, choose_targets
+from lmforge.components.model.projections import Chosen, choose_targets
 from lmforge.components.sections.compression import ChannelPruneConfig, PruneConfig
 
 

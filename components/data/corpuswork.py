@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from lmforge.components.basemodel import copy_tokenizer, tokenizer_hash
 from lmforge.components.data.manifest import build_manifest
 from lmforge.components.data.minhash import band_keys, greedy_near_dups, lsh_params
 from lmforge.components.data.quarantine import iter_quarantine, write_quarantine
@@ -36,6 +35,7 @@ from lmforge.components.data.split import SPLITS, place_groups
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, TokenizerRef
 from lmforge.components.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from lmforge.components.errors import UserError
+from lmforge.components.model.basemodel import copy_tokenizer, tokenizer_hash
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_file, sha256_tree
 
@@ -245,7 +245,7 @@ def train_tokenizer_from(ingest_refs: list[IngestRef], sel: SelectRef, near: Nea
 
 
 def copy_base_tokenizer(base: Path, out: Path) -> TokenizerRef:
-    """A base model's own tokenizer instead of a trained one: its files copied as they are (components/basemodel.py).
+    """A base model's own tokenizer instead of a trained one: its files copied as they are (components/model/basemodel.py).
 
     The reference's hash is the base's tokenizer hash, so the dataset version depends on it and
     training can check that a dataset was made with its base's tokenizer. Nothing is trained on.

@@ -7,7 +7,7 @@
 
 Special tokens, in this order (ids 0-3): <pad> <bos> <eos> <unk>. Byte-level means any
 text round-trips: decode(encode(text)) == text, with no unknown tokens. A base model's
-tokenizer (copied by the data stage, components/basemodel.py) ends documents with its
+tokenizer (copied by the data stage, components/model/basemodel.py) ends documents with its
 own end-of-sequence token, which its tokenizer_config.json names.
 """
 

@@ -18,7 +18,7 @@ Characters are Python characters (code points) of the texts, so BPC compares mod
 different tokenizers on the same text.
 
 The model runs on the GPU when there is one (moved there for the call and back after), unless
-its kernels are CPU-only (an int8 variant: components/accelerator.py's `runnable_device`), and
+its kernels are CPU-only (an int8 variant: components/runtime/accelerator.py's `runnable_device`), and
 always in fp32: the registry's gate compares BPCs from different runs and machines.
 """
 
@@ -67,7 +67,7 @@ def bits_per_character(model: Any, tokenizer: Any, texts: Sequence[str], *, star
     kernels exist there only (accelerator.runnable_device decides, whatever the caller asked)."""
     import torch
 
-    from lmforge.components.accelerator import on_device, runnable_device, to_device
+    from lmforge.components.runtime.accelerator import on_device, runnable_device, to_device
 
     device = runnable_device(model, device).device
     encoded = tokenizer(list(texts), add_special_tokens=False)["input_ids"]

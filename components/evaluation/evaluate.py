@@ -85,7 +85,7 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                        rag: Rag | Callable[[str], str] | None = None, default_task: Task | None = None) -> EvalResult:
     import torch
 
-    from lmforge.components.accelerator import runnable_device
+    from lmforge.components.runtime.accelerator import runnable_device
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

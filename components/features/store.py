@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from lmforge.components.errors import UserError
-from lmforge.components.resources import feature_repo_dir
+from lmforge.components.runtime.resources import feature_repo_dir
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.workspace import ENV_HOME, Workspace
 

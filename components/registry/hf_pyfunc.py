@@ -35,7 +35,8 @@ def _runtime() -> tuple[Any, Any, Any]:
     try:
         from lmforge_runtime import generation, modelload, task  # type: ignore[import-not-found]
     except ImportError:
-        from lmforge.components import generation, modelload, task
+        from lmforge.components import generation, task
+        from lmforge.components.model import modelload
     return modelload, generation, task
 
 

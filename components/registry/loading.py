@@ -3,7 +3,7 @@
     model, tokenizer = load_causal_lm(path)          # eval mode, CPU, the stored dtype (fp32 for an export)
     write_runtime(folder / "lmforge_runtime")       # the loader and generation code a server or pyfunc imports
 
-Any lmforge folder loads as what it is (components/modelload.py): a plain export or a
+Any lmforge folder loads as what it is (components/model/modelload.py): a plain export or a
 cast with `from_pretrained`, an int8 variant as int8, a low-rank variant with its factors.
 
 A folder is accepted only when its weights are safetensors (`model.safetensors` or a
@@ -48,7 +48,7 @@ def check_model_dir(model_dir: Path) -> Path:
 
 def load_causal_lm(model_dir: Path, *, dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) of any lmforge model folder, as the server and the pyfunc load it."""
-    from lmforge.components import modelload
+    from lmforge.components.model import modelload
 
     d = check_model_dir(model_dir)
     return modelload.load_model(d, dtype=dtype), modelload.load_tokenizer(d)
@@ -57,8 +57,9 @@ def load_causal_lm(model_dir: Path, *, dtype: Any = None) -> tuple[Any, Any]:
 def write_runtime(dest: Path, *, extra: tuple[Any, ...] = ()) -> Path:
     """Copy the stdlib+torch+transformers modules a serving process needs into the package `dest`:
     generation.py, modelload.py, task.py and records.py, plus `extra` modules (deploy/processing.py, ...)."""
-    from lmforge.components import generation, modelload, task
+    from lmforge.components import generation, task
     from lmforge.components.data import records
+    from lmforge.components.model import modelload
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

@@ -89,7 +89,7 @@ class LowRankConfig(Section):
                                "(nn.Linear, GPT-2's Conv1D) inside the decoder blocks, never a tied head")
 
 
-# Llama's attention query and value projections, as in the LoRA paper; components/adapters.py reads this
+# Llama's attention query and value projections, as in the LoRA paper; components/model/adapters.py reads this
 # default on a model without them as every projection in the decoder blocks.
 DEFAULT_LORA_TARGETS = ("q_proj", "v_proj")
 

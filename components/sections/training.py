@@ -127,7 +127,7 @@ class ModelConfig(Section):
     With `init` set, the base's config.json decides the architecture: `preset` is ignored (a config
     file may keep one for runs without init), and a size key set to anything but its default is
     an error, because the base could not honour it. The folder itself is checked where the
-    stages start (components/basemodel.py resolve_base), not at config load, which reads no files
+    stages start (components/model/basemodel.py resolve_base), not at config load, which reads no files
     and asks no registry; only the shape of a registry reference is checked here.
     """
 

@@ -6,7 +6,7 @@ pipeline, AutoTP, expert parallelism: moe.py).
     result = launch(request)                                         # components/training/launcher.py
 
 The rank entry point is `python -m lmforge.components.training.rank` (run by the deepspeed launcher).
-Device, precision and peak FLOP/s come from components/accelerator.py and perf.py, decided in job.py.
+Device, precision and peak FLOP/s come from components/runtime/accelerator.py and perf.py, decided in job.py.
 A resume on another number of ranks goes through DeepSpeed's universal checkpoint: universal.py.
 The parameter-server family (ps-sync, async-sgd, hogwild, easgd) runs beside DeepSpeed from its own rank
 entry, `python -m lmforge.components.training.ps.rank`, under the same launcher: ps/.

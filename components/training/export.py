@@ -79,7 +79,7 @@ def write_export(out_dir: Path, state: dict[str, torch.Tensor], config: Any, tok
         if tokenizer_dir is None:
             tokenizer.save_pretrained(tmp)
         else:
-            from lmforge.components.basemodel import copy_tokenizer
+            from lmforge.components.model.basemodel import copy_tokenizer
 
             copy_tokenizer(Path(tokenizer_dir), tmp)
         for name, folder in (extra or {}).items():

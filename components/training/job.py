@@ -5,14 +5,14 @@
     result = launch(job.launch)            # components/training/launcher.py
     job.ds_config, job.layout              # what was generated, for the run's record
     job.hardware.summary()                 # device, precision and why, peak FLOP/s and its source
-    job.base                               # with training.model.init: the checked base (components/basemodel.py)
+    job.base                               # with training.model.init: the checked base (components/model/basemodel.py)
 
 Everything that can be checked before ranks start is checked here (layout, data, resume
 state, num_ranks against the visible GPUs), so a bad setting costs a second, not a launch. A resume on
 another number of ranks is checked and its checkpoint converted to DeepSpeed's universal form here
 (components/training/universal.py), and the job's notes say so. The
 precision `auto` resolves to and the peak FLOP/s of the device are decided here too, once,
-before the ranks start (components/accelerator.py, components/training/perf.py). With a base
+before the ranks start (components/runtime/accelerator.py, components/training/perf.py). With a base
 (`training.model.init`) the folder is checked here, and a dataset tokenised with any other
 tokenizer than the base's is refused: its token ids would index the wrong embeddings.
 """
@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.accelerator import Precision, choose_precision, cpu_model, pick_device, visible_gpus
-from lmforge.components.basemodel import BaseCheckpoint, check_base, tokenizer_hash
 from lmforge.components.data.shards import read_index
 from lmforge.components.errors import UserError
+from lmforge.components.model.basemodel import BaseCheckpoint, check_base, tokenizer_hash
+from lmforge.components.runtime.accelerator import Precision, choose_precision, cpu_model, pick_device, visible_gpus
 from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.task import DEMO, Task
 from lmforge.components.taskdata import check_task

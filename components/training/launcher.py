@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.components import supervisor
-from lmforge.components.cpus import cpu_share
 from lmforge.components.errors import UserError
-from lmforge.components.ports import free_port
+from lmforge.components.runtime import supervisor
+from lmforge.components.runtime.cpus import cpu_share
+from lmforge.components.runtime.ports import free_port
 from lmforge.components.training.ops import extensions_env, load_ops
 from lmforge.components.training.protocol import (
     EVENT_PREFIX,

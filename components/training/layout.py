@@ -113,7 +113,7 @@ def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> 
     (a model built on the meta device: no weights are read)."""
     from transformers import AutoConfig
 
-    from lmforge.components.projections import projections
+    from lmforge.components.model.projections import projections
     from lmforge.components.training.model import meta_model
     from lmforge.components.training.pipeline_model import unsplittable
 

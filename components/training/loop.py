@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lmforge.components.accelerator import to_device
+from lmforge.components.runtime.accelerator import to_device
 from lmforge.components.training.assemble import RankState
 from lmforge.components.training.collectives import DeviceCollectives, memory_rows
 from lmforge.components.training.memory import device_peak_bytes, host_peak_rss_bytes, host_rss_bytes, model_state_bytes

@@ -1,4 +1,4 @@
-"""LoRA training: adapters on the base's projections (components/adapters.py), checked before launch, merged at export.
+"""LoRA training: adapters on the base's projections (components/model/adapters.py), checked before launch, merged at export.
 
     chosen = check_adapters(cfg, config)                 # before launch, on a meta-device model: a UserError, or the targets
     model = with_adapters(model, cfg)                     # on each rank, after the base loaded (ZeRO-3: partitioned)
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from lmforge.components.adapters import adapter_targets, add_adapters
-from lmforge.components.projections import Chosen
+from lmforge.components.model.adapters import adapter_targets, add_adapters
+from lmforge.components.model.projections import Chosen
 from lmforge.components.sections.training import TrainingConfig
 
 FIELD = "training.lora.target_modules"

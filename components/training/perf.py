@@ -8,7 +8,7 @@
 For a GPU in the datasheet table the peak is NVIDIA's dense (non-sparse) figure for the
 precision in use; fp32 on CUDA runs its matmuls as TF32 (the rank turns it on), so it is
 measured against the TF32 figure. Any other device gets a GEMM peak measured once per machine
-before ranks start and cached (components/accelerator.py): an unknown GPU's best large GEMM;
+before ranks start and cached (components/runtime/accelerator.py): an unknown GPU's best large GEMM;
 a CPU's best single-core GEMM times its physical cores. A measured figure is a lower bound of the true
 peak, so the cache keeps the best one seen and a measurement taken while the machine was busy
 is taken again next time.
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from lmforge.components.accelerator import cache_get, cache_put, matmul_flops
-from lmforge.components.cpus import usable_cpus
+from lmforge.components.runtime.accelerator import cache_get, cache_put, matmul_flops
+from lmforge.components.runtime.cpus import usable_cpus
 
 T = 1e12
 # (pattern on torch.cuda.get_device_name, product, dense TFLOP/s by precision). Order matters: the

@@ -171,7 +171,7 @@ def export(s: RankState, *, final_loss: float, peak: float) -> None:
     import torch.distributed as dist
     from safetensors.torch import save_file
 
-    from lmforge.components.accelerator import to_device
+    from lmforge.components.runtime.accelerator import to_device
     from lmforge.components.training.export import gather_hf_state, write_export
     from lmforge.components.training.model import model_config
 

@@ -11,7 +11,7 @@
                  prefect_server(tmp, pg.create_database("prefect", driver="postgresql+asyncpg")) as api:
                 ...
 
-Each one is a context manager: it starts the server with components/service.py (its own
+Each one is a context manager: it starts the server with components/runtime/service.py (its own
 session and process group, a log file under `tmp`), waits until it answers (a bound of its
 own; on a timeout the error ends with the log's tail) and stops it on the way out, whatever
 happened inside. A server whose binary or client library is missing calls `pytest.skip`
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.components import service
-from lmforge.components.ports import free_port
+from lmforge.components.runtime import service
+from lmforge.components.runtime.ports import free_port
 
 VENV_BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"

@@ -155,7 +155,8 @@ def test_a_streamed_answer_comes_in_pieces_that_concatenate_to_the_evaluated_ans
 def test_128_concurrent_streams_each_get_their_solo_answer(dep, tiny_model_dir):
     """Requests of mixed lengths joining and leaving one running batch: each streamed answer is token for token
     what generating that prompt alone gives (fp32)."""
-    from lmforge.components import generation, modelload
+    from lmforge.components import generation
+    from lmforge.components.model import modelload
 
     model, tok = modelload.load_model(tiny_model_dir), modelload.load_tokenizer(tiny_model_dir)
     prompts = [f"{SIGNATURES[i % len(SIGNATURES)][:-1]}  # {i}:" for i in range(128)]
@@ -183,7 +184,8 @@ def test_a_cancelled_stream_stops_its_generation_and_is_logged_once(dep, tiny_mo
 
     import tritonclient.grpc as grpcclient
 
-    from lmforge.components import generation, modelload
+    from lmforge.components import generation
+    from lmforge.components.model import modelload
 
     model, tok = modelload.load_model(tiny_model_dir), modelload.load_tokenizer(tiny_model_dir)
     # A prompt whose greedy answer runs the whole 1000 tokens (no eos), so only the cancellation can end it early.

@@ -25,8 +25,8 @@ def test_a_base_is_fine_tuned_exported_as_itself_and_registered_with_its_lineage
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from lmforge.components.basemodel import check_base, tokenizer_hash
     from lmforge.components.config import load_config
+    from lmforge.components.model.basemodel import check_base, tokenizer_hash
     from lmforge.components.tracking import use_workspace
     from lmforge.flows.data import data_flow
     from lmforge.flows.evaluate import evaluate_flow

@@ -27,8 +27,8 @@ def test_a_gpt2_base_goes_through_the_whole_pipeline_and_its_fine_tune_serves(wo
     from mlflow import MlflowClient
 
     from lmforge.cli.status import status_dict
-    from lmforge.components.basemodel import check_base, tokenizer_hash
     from lmforge.components.config import load_config
+    from lmforge.components.model.basemodel import check_base, tokenizer_hash
     from lmforge.components.registry import current, download_model, version_tags
     from lmforge.components.tracking import use_workspace
     from lmforge.deploy import client, service

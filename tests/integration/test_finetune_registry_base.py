@@ -56,8 +56,8 @@ def test_unknown_names_unset_aliases_and_missing_versions_are_refused_naming_the
 def test_the_alias_is_pinned_by_the_data_stage_and_training_uses_that_version_after_it_moves(workspace, registered):
     from mlflow import MlflowClient
 
-    from lmforge.components.basemodel import tokenizer_hash
     from lmforge.components.config import load_config
+    from lmforge.components.model.basemodel import tokenizer_hash
     from lmforge.components.registry import set_alias, version_tags
     from lmforge.components.tracking import use_workspace
     from lmforge.components.workspace import sha256_tree

@@ -25,8 +25,8 @@ def base_dataset(ws, base):
     """The base's tokenizer and shards of standard-library docstrings, as the data stage leaves them."""
     from transformers import AutoTokenizer
 
-    from lmforge.components.basemodel import copy_tokenizer
     from lmforge.components.data.shards import write_shards
+    from lmforge.components.model.basemodel import copy_tokenizer
     from lmforge.components.workspace import atomic_write_json
     from tests.integration.train_support import stdlib_records
 

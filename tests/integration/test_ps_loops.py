@@ -110,7 +110,7 @@ def _rank(rank: int, world: int, port: int, out: str, strategy: str, over: dict,
 def run_ranks(tmp_path: Path, strategy: str, inits: list[torch.Tensor], *, straggle: str | None = None,
               **over: Any) -> list[dict]:
     """Start len(inits) ranks (rank r's table starts at inits[r]); every rank's saved result, in rank order."""
-    from lmforge.components.ports import free_port
+    from lmforge.components.runtime.ports import free_port
 
     spawn = multiprocessing.get_context("spawn")
     port, world = free_port(), len(inits)

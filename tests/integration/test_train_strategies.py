@@ -113,7 +113,7 @@ def test_strategy_trains_and_exports(ws, name, parallel):
 
 def test_the_ranks_shared_memory_buffers_are_released_when_the_run_ends(ws):
     """DeepSpeed's CPU ranks each map a ~66 MiB /dev/shm allreduce buffer and never unlink it."""
-    from lmforge.components.ports import free_port
+    from lmforge.components.runtime.ports import free_port
     from lmforge.components.training.launcher import shm_buffers
 
     port = free_port()

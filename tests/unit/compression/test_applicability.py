@@ -2,12 +2,12 @@
 
 import pytest
 
-from lmforge.components.adapters import target_suffixes
 from lmforge.components.compression.build import inapplicable
 from lmforge.components.compression.lora import check_lora
 from lmforge.components.compression.variant import load_parent
 from lmforge.components.errors import UserError
-from lmforge.components.projections import projections
+from lmforge.components.model.adapters import target_suffixes
+from lmforge.components.model.projections import projections
 from lmforge.components.sections.compression import LoraConfig
 
 

@@ -18,7 +18,7 @@ from lmforge.components.compression.prune import prune_channels_variant, prune_v
 from lmforge.components.compression.quantize import quantize_int8_variant
 from lmforge.components.compression.variant import load_variant, read_meta
 from lmforge.components.errors import UserError
-from lmforge.components.projections import TIED, decoder_blocks, linearize, projections
+from lmforge.components.model.projections import TIED, decoder_blocks, linearize, projections
 from lmforge.components.sections.compression import (
     ChannelPruneConfig,
     DistillConfig,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.components import accelerator
 from lmforge.components.compression.measure import evaluate_variant
 from lmforge.components.compression.quantize import quantize_int8_variant
 from lmforge.components.compression.tradeoff import tradeoff_markdown, tradeoff_rows
 from lmforge.components.compression.variant import load_variant
 from lmforge.components.evaluation import evaluate_model_dir
 from lmforge.components.evaluation.bpc import bits_per_character
-from lmforge.components.modelload import load_tokenizer
+from lmforge.components.model.modelload import load_tokenizer
+from lmforge.components.runtime import accelerator
 from lmforge.components.sections.compression import CompressionConfig, QuantizeConfig
 from lmforge.components.sections.evaluation import EvaluationConfig
 from tests.integration.evalreg_support import make_eval_dataset

@@ -3,10 +3,10 @@ import copy
 import pytest
 import torch
 
-from lmforge.components.adapters import add_adapters
 from lmforge.components.compression.lora import check_lora, lora_variant
 from lmforge.components.compression.variant import load_variant, read_meta
 from lmforge.components.errors import UserError
+from lmforge.components.model.adapters import add_adapters
 from lmforge.components.sections.compression import LoraConfig
 
 from ._util import logits

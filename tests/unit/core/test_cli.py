@@ -48,7 +48,7 @@ def test_unknown_option_is_exit_2_on_stderr(tmp_path):
 
 def test_a_failure_that_is_not_a_user_error_is_one_line_exit_1(tmp_path):
     """`lmforge prefect deploy` against a server that is not there: the work fails, without a traceback."""
-    from lmforge.components import supervisor
+    from lmforge.components.runtime import supervisor
 
     ws = tmp_path / "ws"
     (ws / "prefect").mkdir(parents=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.components import accelerator
+from lmforge.components.runtime import accelerator
 
 
 def fake_gpu(monkeypatch, name: str, capability: tuple[int, int]) -> None:

@@ -6,9 +6,9 @@ import subprocess
 
 import pytest
 
-from lmforge.components import resources
 from lmforge.components.config import load_config
 from lmforge.components.errors import UserError
+from lmforge.components.runtime import resources
 
 
 def test_packaged_configs_load_by_name_from_any_folder(tmp_path, monkeypatch):

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from lmforge.components import service, supervisor
-from lmforge.components.ports import free_port
+from lmforge.components.runtime import service, supervisor
+from lmforge.components.runtime.ports import free_port
 
 
 def http_server(tmp_path, port: int) -> service.Service:

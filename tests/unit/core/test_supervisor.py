@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
-from lmforge.components import supervisor
-from lmforge.components.supervisor import ProcessRecord
+from lmforge.components.runtime import supervisor
+from lmforge.components.runtime.supervisor import ProcessRecord
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 # A parent that ignores SIGTERM and has a child: only SIGKILL of the group ends both.

@@ -12,8 +12,9 @@ import threading
 
 import pytest
 
-from lmforge.components import generation, modelload
+from lmforge.components import generation
 from lmforge.components.generation import GREEDY, Row, Sampling, stable_prefix
+from lmforge.components.model import modelload
 from lmforge.components.task import Task
 from lmforge.deploy.engine import Busy, Delta, Engine, EngineConfig, Final
 

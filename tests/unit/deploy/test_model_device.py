@@ -1,7 +1,7 @@
 """Where the Triton model puts the model it serves: a GPU instance, but an int8 variant stays on the CPU.
 
 deploy/model.py runs inside tritonserver's Python, where lmforge is not installed; the check it
-uses, `cpu_only_kernels`, lives in components/modelload.py, which the repository carries, and
+uses, `cpu_only_kernels`, lives in components/model/modelload.py, which the repository carries, and
 evaluation asks the same function. No server and no GPU: the version folder is built for real,
 `triton_python_backend_utils` is faked, CUDA is made to look present and `Module.to` onto CUDA
 is recorded and refused (`HandedCuda`), never done.
@@ -20,7 +20,7 @@ import torch
 from lmforge.components.compression.lowrank import lowrank_variant
 from lmforge.components.compression.quantize import quantize_int8_variant
 from lmforge.components.compression.variant import load_variant
-from lmforge.components.modelload import cpu_only_kernels
+from lmforge.components.model.modelload import cpu_only_kernels
 from lmforge.components.sections.compression import LowRankConfig, QuantizeConfig
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import processing, repository

@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lmforge.components import generation, modelload
+from lmforge.components import generation
 from lmforge.components.errors import UserError
+from lmforge.components.model import modelload
+from lmforge.components.model.onnxrun import OnnxForward
 from lmforge.components.onnx_export import (
     LogitsMismatch,
     check_logits,
@@ -22,7 +24,6 @@ from lmforge.components.onnx_export import (
     export_onnx,
     read_report,
 )
-from lmforge.components.onnxrun import OnnxForward
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.task import DEMO
 from lmforge.deploy import repository

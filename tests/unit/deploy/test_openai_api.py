@@ -205,7 +205,7 @@ def test_a_client_that_goes_away_closes_its_triton_request(tmp_path):
     cancels its gRPC call there) instead of running on."""
     import uvicorn
 
-    from lmforge.components.ports import free_port
+    from lmforge.components.runtime.ports import free_port
 
     app, fake = app_with(tmp_path, delay=0.02, forever=True)
     port = free_port("127.0.0.1")

@@ -74,8 +74,8 @@ def test_the_server_runs_with_no_model_control_api_no_key_and_a_private_reposito
     """Poll mode: Triton refuses load/unload from anyone, so nothing secret goes on its command line or environment."""
     if not (server.serve_venv() / "bin" / "python").exists():
         pytest.skip("no .venv-serve here (scripts/bootstrap.sh builds it)")
-    from lmforge.components import service
-    from lmforge.components.supervisor import ProcessRecord
+    from lmforge.components.runtime import service
+    from lmforge.components.runtime.supervisor import ProcessRecord
 
     launched = []
     monkeypatch.setattr(service, "launch", lambda svc: launched.append(svc) or ProcessRecord(1, 0.0, 1))

@@ -11,8 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from lmforge.components.basemodel import check_base, copy_tokenizer, tokenizer_hash
 from lmforge.components.errors import UserError
+from lmforge.components.model.basemodel import check_base, copy_tokenizer, tokenizer_hash
 from lmforge.components.sections.training import ModelConfig, TrainingConfig
 from lmforge.components.training.job import check_base_dataset
 from lmforge.components.training.layout import check_layout

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.components.basemodel import BaseCheckpoint, check_base
 from lmforge.components.config import load_config
 from lmforge.components.errors import UserError
+from lmforge.components.model.basemodel import BaseCheckpoint, check_base
 from lmforge.components.sections.training import RegistryRef, parse_registry_ref
 from tests.conftest import TINY_CONFIG
 

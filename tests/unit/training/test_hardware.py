@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmforge.components import accelerator
 from lmforge.components.errors import UserError
+from lmforge.components.runtime import accelerator
 from lmforge.components.training import collectives, perf, rank
 from lmforge.components.training.launcher import LaunchRequest, command
 
@@ -275,7 +275,7 @@ def test_rank_threads_follow_the_cpus_this_process_may_use(monkeypatch):
     """Pinned to 4 of a host's 64 CPUs (taskset, a container's cpuset), 2 ranks get 2 threads each, not 32."""
     import os
 
-    from lmforge.components import cpus
+    from lmforge.components.runtime import cpus
     from lmforge.components.training import launcher
 
     monkeypatch.setattr(os, "cpu_count", lambda: 64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.components import accelerator
+from lmforge.components.runtime import accelerator
 from lmforge.components.sections.training import ModelConfig
 from lmforge.components.training import perf
 from lmforge.components.training.model import build_model, param_count, train_flops_per_token

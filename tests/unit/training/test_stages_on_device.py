@@ -1,4 +1,4 @@
-"""Compression fine-tuning, distillation and BPC take their device and precision from components/accelerator.py."""
+"""Compression fine-tuning, distillation and BPC take their device and precision from components/runtime/accelerator.py."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmforge.components import accelerator
+from lmforge.components.runtime import accelerator
 
 
 @pytest.fixture(autouse=True)

@@ -7,13 +7,13 @@
     wait_ready(svc, rec, timeout=60)          # ... and wait later: ServiceNotReady names the log's last lines
     save_state(ws.prefect / "server.json", rec, api_url=url)   # atomic JSON: the record plus the caller's fields
     rec, fields = running(ws.prefect / "server.json")         # (None, {}) unless that very process still runs
-    stop(rec, grace=10)                       # SIGTERM, wait, SIGKILL (components/supervisor.py)
+    stop(rec, grace=10)                       # SIGTERM, wait, SIGKILL (components/runtime/supervisor.py)
     stop_recorded(ws.prefect / "server.json") # stop what a state file names, then remove the file
 
 A service differs from another only in its command line, its environment and how it
 says it is ready (`ready`, usually an HTTP health URL); the rest lives here. Processes
 are started, recognised (pid plus start time, never by name) and stopped by
-components/supervisor.py, so a recorded pid that now belongs to another process is
+components/runtime/supervisor.py, so a recorded pid that now belongs to another process is
 never signalled.
 """
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmforge.components import supervisor
 from lmforge.components.errors import UserError
+from lmforge.components.runtime import supervisor
 
 POLL_S = 0.25  # between readiness probes: quick enough for a test, cheap for the service
 

@@ -5,7 +5,7 @@
 
 One piece of code for the compression stage's LoRA variant (components/compression/lora.py)
 and LoRA training on the ranks (components/training/lora.py). Targets are
-components/projections.py's projections (Linear or GPT-2's Conv1D); `[]` means every one
+components/model/projections.py's projections (Linear or GPT-2's Conv1D); `[]` means every one
 inside the decoder blocks, and a head tied to the embedding gets no adapter. The default
 targets, Llama's `q_proj`/`v_proj`, on a model with no projection by those names (GPT-2's
 `c_attn`, GPT-NeoX's `query_key_value`, Phi-3's fused `qkv_proj`) mean `[]`; targets a user
@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from lmforge.components.errors import UserError
-from lmforge.components.projections import Chosen, choose_targets, projections, select
+from lmforge.components.model.projections import Chosen, choose_targets, projections, select
 from lmforge.components.sections.compression import DEFAULT_LORA_TARGETS
 
 DEFAULT_TARGETS = list(DEFAULT_LORA_TARGETS)  # compression.lora.targets' and training.lora.target_modules' default
