@@ -101,7 +101,6 @@ class _Request:
     sent_text: str = ""
     sent_tokens: int = 0
     first_token: float | None = None
-    done: bool = False
 
 
 class _Flight:
@@ -140,10 +139,7 @@ class _Flight:
     def _finish(self, rid: str) -> _Request | None:
         """Take a request out of flight; None when it was out already (each request ends once)."""
         with self._lock:
-            req = self._requests.pop(rid, None)
-        if req is not None:
-            req.done = True
-        return req
+            return self._requests.pop(rid, None)
 
     def _deliver(self, rid: str, req: _Request, event: Delta | Final) -> None:
         """Hand `event` to the request's sink; a sink that raises (its client went away) has its request dropped."""

@@ -232,7 +232,6 @@ class Stream:
         self.model, self.sender, self.parsed, self.arrived = model, sender, parsed, arrived
         self.flags = parsed["flags"]
         self.streaming = self.flags.get("stream", False)
-        self.sent_tokens = 0
         self.ended = False
 
     def on_event(self, event):
@@ -250,7 +249,6 @@ class Stream:
         if isinstance(event, engine.Delta):
             if self.streaming and event.text:
                 self.sender.send(pb_utils.InferenceResponse(output_tensors=self._text(event.text, len(event.token_ids))))
-            self.sent_tokens += len(event.token_ids)
             return
         self.model.ended(self)
         sender, self.sender = self.sender, None   # released once the final response is out: Triton waits for it
