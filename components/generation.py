@@ -186,20 +186,26 @@ def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[
     return n, text
 
 
-def stop_state(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str, bool]:
-    """`stopping_rule` and whether it ended the row (eos, or a stop string in its text) rather than its end."""
+def stop_state(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str], *,
+               checked: int = 0) -> tuple[int, str, bool]:
+    """`stopping_rule` and whether it ended the row (eos, or a stop string in its text) rather than its end.
+
+    `checked`: how many leading tokens an earlier call saw without the row ending, so a row that grows by a token
+    a step (deploy/engine.py) costs one decode a step, not one per token so far.
+    """
     eos = tokenizer.eos_token_id
-    kept: list[int] = []
-    for tok in tokens:
-        if tok == eos:
-            return len(kept), tokenizer.decode(kept, skip_special_tokens=True), True
-        kept.append(tok)
+    text = None
+    for k in range(checked, len(tokens)):
+        if tokens[k] == eos:
+            return k, tokenizer.decode(tokens[:k], skip_special_tokens=True), True
         if stop_strings:
-            text = tokenizer.decode(kept, skip_special_tokens=True)
+            text = tokenizer.decode(tokens[:k + 1], skip_special_tokens=True)
             cuts = [text.find(s) for s in stop_strings if s in text]
             if cuts:
-                return len(kept), text[: min(cuts)], True
-    return len(kept), tokenizer.decode(kept, skip_special_tokens=True), False
+                return k + 1, text[: min(cuts)], True
+    if text is None:
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+    return len(tokens), text, False
 
 
 def stable_prefix(text: str, stop_strings: Sequence[str]) -> str:

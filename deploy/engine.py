@@ -100,6 +100,7 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
     sent_text: str = ""
     sent_tokens: int = 0
+    checked: int = 0          # tokens the stopping rule has seen without the request ending
     first_token: float | None = None
 
 
@@ -253,7 +254,8 @@ class Engine(_Flight):
         if req.first_token is None and tokens:
             req.first_token = time.perf_counter()
         req.tokens, req.logprobs = tokens[:req.row.max_new_tokens], logprobs
-        n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings)
+        n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings, checked=req.checked)
+        req.checked = n
         ended = stopped or finished or len(req.tokens) >= req.row.max_new_tokens
         if not ended:
             self._send(rid, req, generation.stable_prefix(text, req.row.stop_strings), n)
