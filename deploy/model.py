@@ -233,17 +233,22 @@ class Stream:
         self.flags = parsed["flags"]
         self.streaming = self.flags.get("stream", False)
         self.ended = False
+        # Two threads may call on_event: the engine's with a delta, the cancellation watcher's (through
+        # engine.cancel) with the final; one at a time, so the request ends, and is logged, once.
+        self.lock = threading.Lock()
 
     def on_event(self, event):
-        if self.sender is None:   # ended already (its client went away): nothing more to send
-            return
-        try:
-            self._respond(event)
-        except pb_utils.TritonModelException:   # the client went away between two tokens: its sender is closed
-            self.model.ended(self)
-            self.sender = None
-            self.model.record(self.parsed, None, status="cancelled", arrived=self.arrived, finish_reason="cancelled")
-            raise   # the engine drops the request from the batch
+        with self.lock:
+            if self.sender is None:   # ended already (its client went away): nothing more to send
+                return
+            try:
+                self._respond(event)
+            except pb_utils.TritonModelException:   # the client went away between two tokens: its sender is closed
+                self.model.ended(self)
+                self.sender = None
+                self.model.record(self.parsed, None, status="cancelled", arrived=self.arrived,
+                                  finish_reason="cancelled")
+                raise   # the engine drops the request from the batch
 
     def _respond(self, event):
         if isinstance(event, engine.Delta):
