@@ -20,7 +20,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from lmforge.components.errors import UserError
 from lmforge.components.runtime.resources import resolve_config
@@ -52,6 +52,14 @@ class PipelineConfig(Section):
     compression: CompressionConfig = CompressionConfig()
     deploy: DeployConfig = DeployConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
+
+    @model_validator(mode="after")
+    def _gated_benchmarks_are_run(self) -> "PipelineConfig":
+        missing = [r.task for r in self.registry.gate_benchmarks if r.task not in self.evaluation.benchmarks.tasks]
+        if missing:
+            raise ValueError(f"registry.gate_benchmarks names {', '.join(missing)}, which evaluation.benchmarks.tasks "
+                             "does not run; add it there, or remove the rule")
+        return self
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> PipelineConfig:

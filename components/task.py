@@ -100,13 +100,14 @@ class Task:
 
     def encode(self, tokenizer: Any, prompt: Prompt, *, max_tokens: int | None = None) -> list[int]:
         """The prompt's ids, cut from the left to `max_tokens` when given: a template's rendering, or
-        [eos, *ids of the prompt] (every training document follows an eos)."""
+        [eos, *ids of the prompt] (every training document follows an eos; a prompt that starts with one, as a
+        benchmark harness's rendered context may, is not given a second)."""
         text = self.text(tokenizer, prompt)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not self.uses_template(tokenizer):
             eos = tokenizer.eos_token_id
             assert eos is not None, "the tokenizer defines an eos token"
-            ids = [eos, *ids]
+            ids = ids if ids[:1] == [eos] else [eos, *ids]
         return ids[-max_tokens:] if max_tokens else ids
 
     def answer(self, tokenizer: Any, prompt: Prompt, completion: str) -> list[int]:

@@ -252,6 +252,8 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
             write_report(result, Path(tmp), n=cfg.evaluation.report_examples,
                          title=f"Evaluation of {run} (model version {model_version})", decision=decision)
             (Path(tmp) / "decision.json").write_text(json.dumps(decision, indent=2))
+            if result.info.get("benchmarks"):   # the harness's results JSON, as lm-eval writes it
+                (Path(tmp) / "benchmarks.json").write_text(json.dumps(result.info["benchmarks"], indent=2))
             mlflow.log_artifacts(tmp, artifact_path="report")
         eval_run_id = mlrun.info.run_id
 
@@ -266,14 +268,24 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         print(f"  {result.info['generation']}")
     if base is not None and base.metrics is not None:
         print(f"  base {base.name}: BPC {base.metrics['bpc']:.4f} on the same sample")
+    if result.info.get("benchmarks"):
+        print("  benchmarks (lm-evaluation-harness; report/benchmarks.json):\n" + benchmark_table(result.info["benchmarks"]))
     summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
                "eval_set": eval_set.sha256[:12],
                "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
                "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
     if base is not None and base.metrics is not None:
         summary["base_bpc"] = round(base.metrics["bpc"], 4)
+    summary.update({k: round(v, 4) for k, v in m.items() if k.startswith("bench.") and not k.endswith("_stderr")})
     return json_safe({"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
                       "rag": result.rag, "summary": summary})
+
+
+def benchmark_table(results: dict[str, Any]) -> str:
+    """The harness's own markdown table of its results, indented under the stage's lines."""
+    from lm_eval.utils import make_table
+
+    return "\n".join("    " + line for line in make_table(results).splitlines())
 
 
 def json_safe(obj: Any) -> Any:

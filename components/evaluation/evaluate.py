@@ -30,6 +30,7 @@ from typing import Any
 
 from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
+from lmforge.components.evaluation import benchmarks
 from lmforge.components.evaluation.baseline import UnigramModel
 from lmforge.components.evaluation.bpc import bits_per_character
 from lmforge.components.evaluation.generation import generate
@@ -90,6 +91,16 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     started = time.perf_counter()
+    heldout = read_split(dataset_dir, cfg.split)
+    if not heldout:
+        raise UserError("dataset", dataset_dir, f"has an empty {cfg.split} split",
+                        "Use more documents (data.max_docs) or another split")
+    train = read_split(dataset_dir, "train")
+    task = Task.load(model_dir, default=default_task or Task(infer_kind(train + heldout)))
+    suites = None
+    if cfg.benchmarks.tasks:   # every benchmark task's data is checked before the model loads
+        held = benchmarks.HeldOut(Path(dataset_dir), cfg.split, task, seed=cfg.seed)
+        suites = benchmarks.check_tasks(cfg.benchmarks, held.metadata(Path(model_dir)))
     model, tokenizer = load_causal_lm(Path(model_dir))
     # BPC, generation and latency all run where the model is: the GPU when there is one, unless the
     # folder is an int8 variant, whose kernels are CPU-only. In fp32 on every device, so that the
@@ -97,11 +108,6 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     where = runnable_device(model)
     device = where.device
     model.to(device)
-    heldout = read_split(dataset_dir, cfg.split)
-    if not heldout:
-        raise UserError("dataset", dataset_dir, f"has an empty {cfg.split} split",
-                        "Use more documents (data.max_docs) or another split")
-    train = read_split(dataset_dir, "train")
     start_id = tokenizer.eos_token_id
     assert start_id is not None, "the tokenizer defines an eos token"
     context, trained = scored_context(Path(model_dir), cfg, model.config)
@@ -113,7 +119,6 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                            device=device)
     unigram_bpc = UnigramModel.fit(tokenizer, [r.text for r in train]).bits_per_character(tokenizer, texts)
 
-    task = Task.load(model_dir, default=default_task or Task(infer_kind(train + heldout)))
     examples = task_examples(heldout, task, cfg.max_examples, rng)
     prompts, refs = [p for _, p, _ in examples], [ref for _, _, ref in examples]
     gen_kwargs = dict(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
@@ -132,6 +137,8 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
     rag_info, rag_preds, rag_pairs = _run_rag(rag, model, tokenizer, prompts, refs, task, gen_kwargs, scores.metrics())
     metrics.update({f"rag_{k}": v for k, v in rag_info.get("metrics", {}).items()})
     metrics.update({f"rag_delta_{k}": v for k, v in rag_info.get("delta", {}).items()})
+    suite = benchmarks.on_model(model, tokenizer, cfg.benchmarks, suites) if suites is not None else None
+    metrics.update(suite.metrics if suite else {})
 
     out = [Example(id=r.id, prompt=task.prompt_as_text(p), reference=ref, prediction=pred, rougeL=s["rougeL"],
                    rouge1=s["rouge1"], tokens=g.tokens, rag_prediction=rag_preds[i] if rag_preds else None,
@@ -143,7 +150,8 @@ def evaluate_model_dir(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig
                                            "prompt and a reference: no generation was scored",
             "device": str(device), "device_reason": where.reason, "context_length": context,
             "trained_context": trained, "baseline": "unigram, add-one smoothed, fit on the train split",
-            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2)}
+            "parameters": sum(p.numel() for p in model.parameters()), "seconds": round(time.perf_counter() - started, 2),
+            "benchmarks": suite.results if suite else None}
     return EvalResult(metrics=metrics, examples=out, rag=rag_info, info=info)
 
 

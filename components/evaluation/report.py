@@ -50,11 +50,15 @@ def render_markdown(result: EvalResult, *, n: int, title: str, decision: dict[st
         lines += [f"| {k} | {_fmt(m[k])} | {_fmt(rag['metrics'][k])} | {rag['delta'][k]:+.4g} |" for k in rag["metrics"]]
     else:
         lines.append(f"RAG {rag.get('status', 'off')}: {rag.get('reason', '')}")
+    if result.info.get("benchmarks"):
+        from lm_eval.utils import make_table
+
+        lines += ["", "## Benchmarks (lm-evaluation-harness)", "", make_table(result.info["benchmarks"]).strip()]
     if decision:
         lines += ["", "## Promotion", "", f"**{decision.get('outcome', '')}**: {decision.get('reason', '')}", "",
                   "| metric | candidate | champion |", "|---|---|---|"]
         cand, champ = decision.get("candidate") or {}, decision.get("champion") or {}
-        for k in ("bpc", "unigram_bpc", "rougeL", "bleu"):
+        for k in ("bpc", "unigram_bpc", "rougeL", "bleu", *sorted(k for k in cand if k.startswith("bench."))):
             lines.append(f"| {k} | {_fmt(cand.get(k, ''))} | {_fmt(champ.get(k, '-'))} |")
     worst, best = worst_and_best(result.examples, n)
     for name, rows in (("Worst examples", worst), ("Best examples", best)):

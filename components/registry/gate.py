@@ -13,6 +13,9 @@ Rules (RegistryConfig):
   baseline_margin, the unigram model (add-one smoothed token frequencies of the train split,
   baseline.py) scored on the same held-out tokens and characters.
 A BPC that is missing or not finite never promotes.
+- then each of `gate_benchmarks` (a task, a metric of lm-evaluation-harness): the candidate's score may
+  fall below the champion's (without one, the base's) by at most margin + stderrs * the standard error
+  of the difference; the first rule that fails declines, and the reason names its task.
 
 The champion moves by compare-and-swap on the holder the decision was made against
 (aliases.set_alias(expect=...)): when another gate promoted in between, this one is
@@ -22,6 +25,7 @@ declined with that reason, and its record says which holder it should be compare
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -31,7 +35,7 @@ from lmforge.components.registry.audit import no_progress_bar
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.registry.store import finite, version_metrics
 from lmforge.components.sections.deploy import DEFAULT_DEPLOYMENT
-from lmforge.components.sections.registry import RegistryConfig
+from lmforge.components.sections.registry import BenchmarkRule, RegistryConfig
 from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
@@ -52,6 +56,11 @@ def production_alias(deployment: str = DEFAULT_DEPLOYMENT) -> str:
 SHOWN = ("bpc", "unigram_bpc", "perplexity", "rougeL", "bleu", "exact_match", "tokens_per_s")
 
 
+def shown(metrics: Mapping[str, float]) -> dict[str, float]:
+    """What a decision records of one side's metrics: SHOWN and every benchmark score (bench.*)."""
+    return {k: float(v) for k, v in metrics.items() if k in SHOWN or k.startswith("bench.")}
+
+
 @dataclass(frozen=True)
 class Decision:
     promote: bool
@@ -60,7 +69,7 @@ class Decision:
     champion_version: str | None
     candidate: dict[str, float]
     champion: dict[str, float] | None
-    rules: dict[str, float]
+    rules: dict[str, Any]
     base: dict[str, Any] | None = None   # {"name", "sha256", "metrics"} when the first fine-tune was gated against its base
     eval_set: dict[str, Any] | None = None   # the evaluation set both sides were scored on (EvalSet.to_dict())
 
@@ -107,16 +116,66 @@ class BaseScore:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "sha256": self.sha256, "why": self.why,
-                "metrics": {k: float(self.metrics[k]) for k in SHOWN if k in self.metrics} if self.metrics else None}
+                "metrics": shown(self.metrics) if self.metrics else None}
 
 
 def decide(candidate: Mapping[str, float], champion: Mapping[str, float] | None, cfg: RegistryConfig, *,
            base: BaseScore | None = None) -> tuple[bool, str]:
-    """(promote?, reason) from the two sides' metrics and the config's rules.
+    """(promote?, reason) from the two sides' metrics and the config's rules: BPC (and ROUGE-L), then each of
+    `gate_benchmarks` against the champion, or against the base a first fine-tune started from.
 
     `base` matters only without a champion: a fine-tuned candidate must then beat its base's BPC by
     bpc_margin instead of the unigram baseline.
     """
+    promote, reason = decide_bpc(candidate, champion, cfg, base=base)
+    if not promote or not cfg.gate_benchmarks:
+        return promote, reason
+    if champion is not None:
+        reference, who = champion, "the champion"
+    elif base is not None and base.metrics is not None:
+        reference, who = base.metrics, f"the base {base.name}"
+    else:
+        return True, f"{reason}; benchmarks: no champion or base to compare with"
+    held, verdicts = check_benchmarks(candidate, reference, cfg.gate_benchmarks, who)
+    return held, f"{reason}; {verdicts}" if held else f"{reason}, but {verdicts}"
+
+
+def check_benchmarks(candidate: Mapping[str, float], reference: Mapping[str, float], rules: list[BenchmarkRule],
+                     who: str) -> tuple[bool, str]:
+    """(all rules hold?, what each said): the first rule that fails decides, and is named first."""
+    said = []
+    for rule in rules:
+        ok, line = benchmark_rule(candidate, reference, rule, who)
+        if not ok:
+            return False, line
+        said.append(line)
+    return True, "; ".join(said)
+
+
+def benchmark_rule(candidate: Mapping[str, float], reference: Mapping[str, float], rule: BenchmarkRule,
+                   who: str) -> tuple[bool, str]:
+    """One rule: the candidate's bench.<task>.<metric> may fall below the reference's by at most
+    margin + stderrs * sqrt(se_candidate^2 + se_reference^2) (a regression within the noise is no regression)."""
+    key = f"bench.{rule.task}.{rule.metric}"
+    mine, theirs = finite(candidate, key), finite(reference, key)
+    if mine is None:
+        return False, (f"benchmark {rule.task} {rule.metric}: the candidate has no score (is {rule.task} in "
+                       "evaluation.benchmarks.tasks?)")
+    if theirs is None:
+        return True, f"benchmark {rule.task} {rule.metric} {mine:.4f}: {who} has no score on it, not compared"
+    noise = rule.stderrs * math.hypot(finite(candidate, key + "_stderr") or 0.0, finite(reference, key + "_stderr") or 0.0)
+    drop = (theirs - mine) if rule.higher_is_better else (mine - theirs)
+    allowed = rule.margin + noise
+    line = (f"benchmark {rule.task} {rule.metric} {mine:.4f} vs {who}'s {theirs:.4f}: "
+            f"{'drop' if drop > 0 else 'gain'} {abs(drop):.4f}")
+    if drop > allowed:
+        return False, f"{line} is more than the allowed {allowed:.4f} (margin {rule.margin} + {rule.stderrs} stderr)"
+    return True, f"{line} within {allowed:.4f}"
+
+
+def decide_bpc(candidate: Mapping[str, float], champion: Mapping[str, float] | None, cfg: RegistryConfig, *,
+               base: BaseScore | None = None) -> tuple[bool, str]:
+    """(promote?, reason) on BPC and ROUGE-L alone."""
     bpc = finite(candidate, "bpc")
     if bpc is None:
         return False, "the candidate has no finite BPC"
@@ -180,10 +239,10 @@ def gate(ws: Workspace, cfg: RegistryConfig, version: str, metrics: Mapping[str,
         promote, reason = decide(metrics, champ, cfg, base=base)
     against_base = base is not None and champ is None and holder != name
     decision = Decision(promote=promote, reason=reason, candidate_version=name, champion_version=holder,
-                        candidate={k: float(metrics[k]) for k in SHOWN if k in metrics},
-                        champion={k: float(champ[k]) for k in SHOWN if k in champ} if champ is not None else None,
+                        candidate=shown(metrics), champion=shown(champ) if champ is not None else None,
                         rules={"bpc_margin": cfg.bpc_margin, "rougeL_tolerance": cfg.rougeL_tolerance,
-                               "baseline_margin": cfg.baseline_margin},
+                               "baseline_margin": cfg.baseline_margin,
+                               "gate_benchmarks": [r.model_dump() for r in cfg.gate_benchmarks]},
                         base=base.to_dict() if against_base else None,
                         eval_set=eval_set.to_dict() if eval_set is not None else None)
     if promote:

@@ -1,12 +1,43 @@
-"""The [evaluation] table: held-out metrics, generation and latency."""
+"""The [evaluation] table: held-out metrics, generation and latency; [evaluation.benchmarks]: benchmark suites
+through EleutherAI's lm-evaluation-harness (components/evaluation/benchmarks.py).
+
+    [evaluation.benchmarks]
+    tasks = ["lmforge_heldout", "sst2"]   # harness task or group names; lmforge's shipped tasks; your own YAMLs' names
+    include_path = "my_tasks"             # a folder of your own task YAMLs
+    limit = 200                           # examples per task (a quick run); unset = all
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ._base import Section
+
+
+class BenchmarkConfig(Section):
+    """Benchmark suites run by lm-evaluation-harness on the candidate (and on what is served). Empty `tasks`: none.
+
+    A task whose data is not on this machine (the Hugging Face datasets cache, or a path in its YAML) is an
+    error naming it before any model loads: nothing is downloaded at run time.
+    """
+
+    tasks: list[str] = Field(default_factory=list,
+                             description="harness task or group names (e.g. lmforge_heldout, the shipped offline task; "
+                                         "glue; your own YAMLs' names from include_path); empty = no benchmarks")
+    include_path: str | None = Field(None, description="a folder of your own harness task YAMLs (searched before the "
+                                                       "harness's own tasks)")
+    num_fewshot: int | None = Field(None, ge=0, le=64, description="few-shot examples per prompt; unset = each task's own")
+    limit: int | None = Field(None, ge=1, description="examples scored per task (a quick run); unset = all")
+    batch_size: int = Field(8, ge=1, le=512, description="requests the harness scores together")
+
+    @field_validator("tasks")
+    @classmethod
+    def _named(cls, v: list[str]) -> list[str]:
+        if any(not t.strip() for t in v) or len(set(v)) != len(v):
+            raise ValueError("each task is named once, and no name is empty")
+        return v
 
 
 class EvaluationConfig(Section):
@@ -32,3 +63,4 @@ class EvaluationConfig(Section):
         "candidate", description="the evaluation set the gate compares candidate and champion on: the candidate's "
                                  "(its dataset's split, logged with it by hash), or the champion's, fetched by hash "
                                  "from the registry (the set it was registered with, wherever it was trained)")
+    benchmarks: BenchmarkConfig = BenchmarkConfig()
