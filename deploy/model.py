@@ -145,8 +145,8 @@ class TritonPythonModel:
         del sender, stream   # only `live` and the engine hold them: Triton unloads a model once its senders are gone
 
     def _refuse(self, sender, message, code, *, status, parsed=None):
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
         self.record(parsed, None, status=status, arrived=None)
+        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
 
     def _value(self, request, name):
         """An optional input's value: a scalar, the list of a [-1] input (stop), or None when it is absent."""
@@ -257,12 +257,15 @@ class Stream:
             return
         self.model.ended(self)
         sender, self.sender = self.sender, None   # released once the final response is out: Triton waits for it
+        # Logged before the final response goes: a client that has its answer finds its request in the log.
         if event.finish_reason == "error":
+            self.model.record(self.parsed, None, status="generation_failed", arrived=self.arrived)
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                 f"generation failed: {event.error}", pb_utils.TritonError.INTERNAL)), flags=FINAL)
-            self.model.record(self.parsed, None, status="generation_failed", arrived=self.arrived)
             return
         out = event.output
+        self.model.record(self.parsed, out, status="ok" if event.finish_reason != "cancelled" else "cancelled",
+                          arrived=self.arrived, finish_reason=event.finish_reason)
         if event.finish_reason == "cancelled":
             sender.send(flags=FINAL)   # the client is gone or asked to stop: end the stream, nothing more
         else:
@@ -270,8 +273,6 @@ class Stream:
             new = 0 if self.streaming else out.tokens
             tensors = self._text(text, new, finish_reason=event.finish_reason) + self._details(out)
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
-        self.model.record(self.parsed, out, status="ok" if event.finish_reason != "cancelled" else "cancelled",
-                          arrived=self.arrived, finish_reason=event.finish_reason)
 
     def _text(self, text, new_tokens, *, finish_reason=None):
         tensors = [pb_utils.Tensor("text_output", np.array([text], dtype=np.object_))]

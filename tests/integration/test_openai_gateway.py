@@ -160,22 +160,27 @@ def test_a_busy_model_is_503_with_retry_after(served):
     assert " is busy: " in busy.json()["error"]["message"] and busy.json()["error"]["type"] == "server_error"
 
 
+def rows_after(log: RequestLog, start: int, n: int, timeout_s: float = 20, *, model: str = "tinychat") -> list[dict]:
+    """`model`'s log rows from index `start` on, once there are at least `n` of them (or the timeout passes)."""
+    deadline = time.monotonic() + timeout_s
+    while len(rows := log.read(model=model)[0][start:]) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return rows
+
+
 def test_a_dropped_stream_is_cancelled_in_triton(served):
     """A client that goes away after the first piece: the gateway cancels the gRPC call, the model drops the
     request (its log says `cancelled`) long before the 200 tokens it asked for."""
-    whole = served.client("tinychat").chat.completions.create(model="tinychat", messages=MESSAGES, **LONG)
-    assert whole.choices[0].finish_reason == "length", "this seed's answer should run to max_tokens"
     log = RequestLog(served.root / "requests")
     before = len(log.read(model="tinychat")[0])
+    whole = served.client("tinychat").chat.completions.create(model="tinychat", messages=MESSAGES, **LONG)
+    assert whole.choices[0].finish_reason == "length", "this seed's answer should run to max_tokens"
+    # The model logs a request just after its final response is out: wait for this one's row before the next.
+    assert [row["status"] for row in rows_after(log, before, 1)] == ["ok"]
     body = {"model": "tinychat", "messages": MESSAGES, "stream": True, **LONG}
     with httpx.stream("POST", served.gateways["tinychat"].base_url + "/chat/completions", json=body, timeout=60) as r:
         next(line for line in r.iter_lines() if line.startswith("data: "))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        rows = log.read(model="tinychat")[0][before:]
-        if rows:
-            break
-        time.sleep(0.2)
+    rows = rows_after(log, before + 1, 1)
     assert [row["status"] for row in rows] == ["cancelled"], rows
     assert rows[0]["output_tokens"] < 200
 
@@ -200,6 +205,72 @@ def test_bad_inputs_are_4xx_naming_the_field_while_a_good_stream_completes(serve
     good.join(timeout=60)
     assert not good.is_alive() and events[-1] == "[DONE]"
     assert json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+# Function signatures for the harness test: each context is the tokenizer's eos, a signature and the docstring
+# opening, as the served `tiny` (the docstring preset) renders a prompt, so both sides read the same tokens.
+SIGNATURES = ("def add(a, b):", "def join(a, *p):", "def split(p):", "def read(path):", "def main():",
+              "def sort(xs, key=None):", "def parse(text):", "def close(self):", "def size(self):", "def run(cmd):")
+UNTIL = ["\n", '"""']   # the docstring close: where the served preset stops too
+
+
+def greedy_answers(model_dir: Path, contexts: list[str], max_new: int) -> list[str]:
+    """What the model folder greedily answers to each context (fp32), cut at UNTIL as the harness cuts it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    answers = []
+    for context in contexts:
+        ids = torch.tensor([tok(context, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
+                                 pad_token_id=tok.pad_token_id)
+        text = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        for stop in UNTIL:
+            text = text.split(stop)[0]
+        answers.append(text)
+    return answers
+
+
+def test_a_harness_task_scores_the_same_on_the_folder_and_through_the_gateway(served, tiny_model_dir, tmp_path):
+    """A generate_until task of lm-evaluation-harness run by benchmarks.on_folder (the harness's HF model on the
+    folder) and by benchmarks.on_endpoint (its local-completions model through this gateway): greedy fp32 on both
+    sides, so the same answers and the same exact_match. Half the targets are the model's own greedy answers."""
+    from transformers import AutoTokenizer
+
+    from lmforge.components.evaluation import benchmarks
+    from lmforge.components.sections.evaluation import BenchmarkConfig
+    from lmforge.components.task import Task
+
+    eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token
+    assert Task.load(tiny_model_dir).kind == "docstring"   # what the server renders `tiny`'s prompts with
+    contexts = [eos + Task("docstring").plain(sig) for sig in SIGNATURES]
+    answers = greedy_answers(tiny_model_dir, contexts, max_new=16)
+    assert all(answers), answers   # each a few tokens: an exact match is not the empty string matching itself
+    targets = [a if i % 2 == 0 else f"{a} not this" for i, a in enumerate(answers)]
+    data = tmp_path / "docs.jsonl"
+    data.write_text("".join(json.dumps({"context": c, "target": t}) + "\n" for c, t in zip(contexts, targets)))
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    spec = {"task": "lmforge_gateway_parity", "output_type": "generate_until", "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"test": str(data)}}, "test_split": "test",
+            "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
+            "generation_kwargs": {"until": UNTIL, "max_gen_toks": 16, "do_sample": False},
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}]}
+    (folder / "parity.yaml").write_text(json.dumps(spec))   # JSON is YAML
+    cfg = BenchmarkConfig(tasks=["lmforge_gateway_parity"], include_path=str(folder))
+    local = benchmarks.on_folder(tiny_model_dir, cfg).metrics
+    log = RequestLog(served.root / "requests")
+    before = len(log.read(model="tiny")[0])
+    remote = benchmarks.on_endpoint(served.gateways["tiny"].base_url, "tiny", cfg).metrics
+    served_rows = rows_after(log, before, len(contexts), model="tiny")
+    assert [row["status"] for row in served_rows] == ["ok"] * len(contexts)   # every answer came from the server
+    key = "bench.lmforge_gateway_parity.exact_match"
+    assert local[key] == pytest.approx(0.5), (local, answers)   # the harness answers as greedy_answers does
+    assert remote[key] == pytest.approx(local[key], abs=1e-9), (remote, local)
+    assert remote[key + "_stderr"] == pytest.approx(local[key + "_stderr"], abs=1e-9)
 
 
 def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
