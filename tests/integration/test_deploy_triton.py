@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -343,14 +344,10 @@ def test_bad_inputs_get_clear_errors_and_the_server_stays_ready(dep):
     assert_bad_inputs_refused(dep, dep.cfg.model_name, dep.requests)
 
 
-def assert_bad_inputs_refused(dep, model: str, requests: Path, *, removable: bool = False) -> None:
-    """The bad-input matrix against Triton model `model` (whose request log is `requests`), over gRPC: each one
-    refused naming what is wrong, while good streams in flight at the same time complete.
-
-    `removable`: the test removes the model afterwards, so the matrix leaves out what kept a decoupled model from
-    being removed whole in our runs: the requests Triton itself refuses (a wrong data type or shape; Triton 2.51
-    leaks such a request on a gRPC stream, every time) and good streams in flight beside the refusals (sometimes;
-    the cause is not found). Its versions still swap: the rollout tests below run after the full matrix."""
+def assert_bad_inputs_refused(dep, model: str, requests: Path) -> None:
+    """The bad-input matrix against Triton model `model` on `dep.info`'s server (whose request log is `requests`),
+    over gRPC: each one refused naming what is wrong, while good streams in flight at the same time complete.
+    Triton 2.51 then keeps the model from being removed whole (see the ONNX test); its versions still swap."""
     import concurrent.futures
     import functools
 
@@ -386,8 +383,6 @@ def assert_bad_inputs_refused(dep, model: str, requests: Path, *, removable: boo
         "json": sampling(b"{max_tokens: 4}"),
         "stop_utf8": with_text(b"def foo(x):", tensor("stop", np.array([b"\xff"], dtype=np.object_), "BYTES")),
     }
-    if removable:
-        del bad["dtype"], bad["shape"]
     says = {"missing": "text_input", "dtype": "data-type", "shape": "shape", "empty": "is empty",
             "chars": "characters", "megabyte": "characters", "tokens": "tokens", "utf8": "UTF-8",
             "max_new": "max_tokens[0] is 0", "temperature": "temperature[0] is -1", "nan": "temperature[0] is nan",
@@ -395,7 +390,7 @@ def assert_bad_inputs_refused(dep, model: str, requests: Path, *, removable: boo
             "stop_utf8": "stop[0]"}
     good = [f"def good{i}(x):" for i in range(6)]
     with concurrent.futures.ThreadPoolExecutor(len(bad) + 1) as pool:
-        streams = pool.submit(client.stream_generate, dep.info.grpc_url, [] if removable else good, model=model,
+        streams = pool.submit(client.stream_generate, dep.info.grpc_url, good, model=model,
                               stream=True, params=client.Params(max_tokens=24))   # in flight beside the bad ones
         refused = {name: pool.submit(_refused, functools.partial(send, inputs)) for name, inputs in bad.items()}
         messages = {name: f.result() for name, f in refused.items()}
@@ -404,7 +399,7 @@ def assert_bad_inputs_refused(dep, model: str, requests: Path, *, removable: boo
         assert says[name].lower() in message.lower(), (name, message)
     assert "UTF-8" in messages["stop_utf8"]
     solo = client.generate(dep.info.grpc_url, good, protocol="grpc", model=model, params=client.Params(max_tokens=24))
-    assert removable or [g.token_ids for g in answered] == [g.token_ids for g in solo]
+    assert [g.token_ids for g in answered] == [g.token_ids for g in solo]
     assert all(processing.is_well_formed(g.as_result()) is None for g in answered)
 
     assert server.is_live(dep.info) and server.is_ready(dep.info)
@@ -462,27 +457,30 @@ def test_the_deploy_stage_serves_the_onnx_export_with_the_torch_tokens_and_the_s
     from lmforge.deploy.service import deploy_version
 
     root = tmp_path / "ws"
-    root.mkdir()
-    (root / "triton").symlink_to(dep.root)   # the workspace's model repository is the one this server polls
     monkeypatch.setenv("LMFORGE_HOME", str(root))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     ws = Workspace(root).ensure()
+    (ws.triton / "repo").mkdir(parents=True, exist_ok=True)
     version = register_model(ws, RegistryConfig(model_name="tiny-onnx"), tiny_model_dir, metrics={}, tags={})
     cfg = dep.cfg.model_copy(update={"model_name": "lmforge_onnx", "format": "onnx"})
+    # Its own server: Triton 2.51 keeps a decoupled model whose gRPC stream had a request Triton itself refused
+    # (a wrong data type or shape) from being removed whole, so the full matrix runs where nothing is removed after.
+    info = server.start_server(ws.triton / "repo", cfg, log_path=tmp_path / "onnx-server.log")
     try:
-        result = deploy_version(ws, cfg, dep.info, registry_model="tiny-onnx", version=int(version), model_dir=None)
+        server.wait_ready(info, timeout=120)
+        result = deploy_version(ws, cfg, info, registry_model="tiny-onnx", version=int(version), model_dir=None)
         assert result.ok and result.serving == [int(version)] and current(ws, "tiny-onnx", "production") == version
-        folder = repository.version_dir(dep.repo, cfg.model_name, int(version))
+        folder = repository.version_dir(ws.triton / "repo", cfg.model_name, int(version))
         assert (folder / "model" / "model.onnx").is_file() and not list((folder / "model").glob("*.safetensors"))
 
         prompts, new = SIGNATURES[:8], client.Params(max_tokens=16)
         by_torch = client.generate(dep.info.url, prompts, model=dep.cfg.model_name, params=new)
-        by_onnx = client.generate(dep.info.url, prompts, model=cfg.model_name, params=new)
+        by_onnx = client.generate(info.url, prompts, model=cfg.model_name, params=new)
         assert [g.token_ids for g in by_onnx] == [g.token_ids for g in by_torch]
         assert [g.text for g in by_onnx] == [g.text for g in by_torch]
         assert all(g.output_tokens >= 1 for g in by_onnx)
 
-        assert_bad_inputs_refused(dep, cfg.model_name, ws.requests, removable=True)
+        assert_bad_inputs_refused(SimpleNamespace(info=info), cfg.model_name, ws.requests)
 
         tags = version_tags(ws, "tiny-onnx", version)
         assert float(tags["onnx_max_abs_diff"]) <= cfg.onnx_tolerance and tags["onnx_kv_cache"] == "true"
@@ -492,8 +490,7 @@ def test_the_deploy_stage_serves_the_onnx_export_with_the_torch_tokens_and_the_s
         out = json.loads(capsys.readouterr().out)
         assert out["reused"] and out["artifact_uri"] == tags["onnx_artifact"]   # exported once, registered once
     finally:
-        repository.remove_model(dep.repo, cfg.model_name)
-        client.wait_versions(dep.info.url, cfg.model_name, [], revision=None, timeout=120)
+        server.stop_server(info)
     assert server.is_ready(dep.info) and dep.serving() == [1]
 
 
