@@ -23,6 +23,7 @@ UserError that names it and says how to provide it.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -68,7 +69,9 @@ class Suite:
 
 def go_offline() -> None:
     """No download at run time: the hub and datasets libraries read their cache only (set before and after import,
-    as both read the switch when first imported)."""
+    as both read the switch when first imported). The harness's own warnings (about a model passed as an object, a
+    task's loader taking metadata) are not the user's to act on: its errors still show."""
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     import datasets.config
@@ -105,7 +108,7 @@ def check_tasks(cfg: BenchmarkConfig, metadata: dict[str, Any] | None = None) ->
     tm = task_manager(cfg, metadata)
     for name in cfg.tasks:
         try:
-            tm.load_task_or_group([name])
+            tm.load([name])
         except KeyError as e:
             raise UserError(CONFIG_KEY, name, "is not a task or group the harness knows, nor one in lmforge's "
                             f"shipped tasks or include_path ({cfg.include_path or 'unset'})",
