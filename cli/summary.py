@@ -43,7 +43,15 @@ def _train(r: dict) -> str:
 def _evaluate(r: dict) -> str:
     s = r["summary"]
     return (f"v{r['version']} {s['decision']}: {s['reason']}. BPC {s['bpc']:.3f}, ROUGE-L {s['rougeL']:.3f}, "
-            f"BLEU {s['bleu']:.2f}")
+            f"BLEU {s['bleu']:.2f}{_benchmarks(s)}")
+
+
+def _benchmarks(s: dict) -> str:
+    """'; lmforge_heldout acc 0.200 ± 0.040, ...' from the summary's bench.<task>.<metric> (and _stderr) values."""
+    scores = [(k.removeprefix("bench."), v, s.get(k + "_stderr")) for k, v in s.items()
+              if k.startswith("bench.") and "_stderr" not in k]
+    shown = [f"{name.replace('.', ' ', 1)} {v:.3f}" + (f" ± {se:.3f}" if se is not None else "") for name, v, se in scores]
+    return f"; {', '.join(shown)}" if shown else ""
 
 
 def _compress(r: dict) -> str:

@@ -276,7 +276,7 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
                "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
     if base is not None and base.metrics is not None:
         summary["base_bpc"] = round(base.metrics["bpc"], 4)
-    summary.update({k: round(v, 4) for k, v in m.items() if k.startswith("bench.") and not k.endswith("_stderr")})
+    summary.update({k: round(v, 4) for k, v in m.items() if k.startswith("bench.")})
     return json_safe({"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
                       "rag": result.rag, "summary": summary})
 
