@@ -6,7 +6,7 @@ PY      := .venv/bin/python
 CONFIG  ?= configs/demo.toml
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-unit lint docs bench bootstrap clean-workspace wheel
+.PHONY: demo test test-unit lint docs bench bootstrap clean-workspace wheel vllm
 
 .venv/.bootstrapped: pyproject.toml constraints.txt scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -40,6 +40,11 @@ lint: .venv/.bootstrapped
 # The configuration reference page is generated from components/sections/*.py by the hook scripts/docs_hooks.py.
 docs: .venv/.bootstrapped
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -f scripts/mkdocs.yml
+
+# .venv-vllm, vLLM's own Python for [deploy] engine = "vllm" (~2 GB, a few minutes; not built by demo or test: the
+# vLLM tests skip, naming this target, where it is missing). VLLM_PACKAGE=vllm on a GPU host.
+vllm: .venv/.bootstrapped
+	LMFORGE_VLLM=1 bash scripts/bootstrap.sh
 
 test-unit: .venv/.bootstrapped
 	$(PY) -m pytest $(TEST_DIST) tests/unit $(PYTEST_ARGS)

@@ -92,7 +92,7 @@ Sink = Callable[[Delta | Final], None]
 
 
 @dataclass
-class _Request:
+class Request:
     row: generation.Row
     sink: Sink
     submitted: float = field(default_factory=time.perf_counter)
@@ -104,12 +104,14 @@ class _Request:
     first_token: float | None = None
 
 
-class _Flight:
-    """The requests in flight, the queue bound and each request's one ending: what both schedulers share."""
+class Flight:
+    """The requests in flight, the queue bound, each request's one ending and the stopping rule: what every engine
+    shares (this module's two, and deploy/vllm_engine.py's). `tok` decodes for the stopping rule (_advance)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
-        self._requests: dict[str, _Request] = {}
+        self.tok = tokenizer
+        self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._running = False
@@ -126,23 +128,23 @@ class _Flight:
         with self._lock:
             if len(self._requests) >= self.config.max_queue:
                 raise Busy(f"{len(self._requests)} requests in flight, the limit (max_queue); retry later")
-            self._requests[rid] = _Request(row, sink)
+            self._requests[rid] = Request(row, sink)
         return rid
 
     def _ids_in_flight(self) -> list[str]:
         with self._lock:
             return list(self._requests)
 
-    def _get(self, rid: str) -> _Request | None:
+    def _get(self, rid: str) -> Request | None:
         with self._lock:
             return self._requests.get(rid)
 
-    def _finish(self, rid: str) -> _Request | None:
+    def _finish(self, rid: str) -> Request | None:
         """Take a request out of flight; None when it was out already (each request ends once)."""
         with self._lock:
             return self._requests.pop(rid, None)
 
-    def _deliver(self, rid: str, req: _Request, event: Delta | Final) -> None:
+    def _deliver(self, rid: str, req: Request, event: Delta | Final) -> None:
         """Hand `event` to the request's sink; a sink that raises (its client went away) has its request dropped."""
         try:
             req.sink(event)
@@ -150,14 +152,56 @@ class _Flight:
             if self._finish(rid) is not None:
                 self._drop(rid, req)
 
-    def _drop(self, rid: str, req: _Request) -> None:
+    def cancel(self, rid: str) -> None:
+        """End a request now (a client that went away): its Final says cancelled, with what it had streamed; the
+        engine stops generating it (_drop)."""
+        req = self._finish(rid)
+        if req is None:
+            return
+        self._drop(rid, req)
+        self._deliver(rid, req, Final("cancelled", self._output(req, len(req.tokens), req.sent_text)))
+
+    def _drop(self, rid: str, req: Request) -> None:
         """Stop generating a request that has left flight (nothing is sent to it any more)."""
 
-    def _fail(self, rid: str, req: _Request, error: str) -> None:
+    def _fail(self, rid: str, req: Request, error: str) -> None:
         if self._finish(rid) is not None:
             self._deliver(rid, req, Final("error", None, error))
 
-    def _answer_whole(self, rid: str, req: _Request, out: generation.Output) -> None:
+    def _advance(self, rid: str, req: Request, tokens: list[int], logprobs: list[float], *, finished: bool) -> None:
+        """A request's tokens so far (and their log-probabilities): stream what became final; end it on eos, a stop
+        string or its max tokens (the one generation path's rule, generation.stop_state); `finished`: the engine
+        ended it."""
+        if req.first_token is None and tokens:
+            req.first_token = time.perf_counter()
+        req.tokens, req.logprobs = tokens[:req.row.max_new_tokens], logprobs
+        n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings, checked=req.checked)
+        req.checked = n
+        ended = stopped or finished or len(req.tokens) >= req.row.max_new_tokens
+        if not ended:
+            self._send(rid, req, generation.stable_prefix(text, req.row.stop_strings), n)
+            return
+        if self._finish(rid) is None:
+            return
+        if not finished:
+            self._drop(rid, req)
+        self._send(rid, req, text, n)
+        self._deliver(rid, req, Final("stop" if stopped else "length", self._output(req, n, text)))
+
+    def _send(self, rid: str, req: Request, text: str, n: int) -> None:
+        if len(text) > len(req.sent_text) and text.startswith(req.sent_text):
+            delta = Delta(text[len(req.sent_text):], tuple(req.tokens[req.sent_tokens:n]))
+            req.sent_text, req.sent_tokens = text, n
+            self._deliver(rid, req, delta)
+
+    def _output(self, req: Request, n: int, text: str) -> generation.Output:
+        now = time.perf_counter()
+        lp = req.logprobs[:n]
+        return generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
+                                 mean_logprob=sum(lp) / len(lp) if lp else 0.0,
+                                 first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted)
+
+    def _answer_whole(self, rid: str, req: Request, out: generation.Output) -> None:
         """Answer a request generated in one piece: one delta, then its Final."""
         if self._finish(rid) is None:   # cancelled meanwhile: it has had its Final
             return
@@ -165,12 +209,12 @@ class _Flight:
         self._deliver(rid, req, Final("stop" if out.tokens < req.row.max_new_tokens else "length", out))
 
 
-class Engine(_Flight):
+class Engine(Flight):
     """Continuous batching of greedy rows in transformers' manager; sampled rows alone, each with its seed."""
 
     def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
-        super().__init__(config)
-        self.model, self.tok = model, tokenizer
+        super().__init__(config, tokenizer)
+        self.model = model
         self._sampled: queue.Queue[str | None] = queue.Queue()
         self._manager: Any = None
         self._threads: list[threading.Thread] = []
@@ -217,15 +261,7 @@ class Engine(_Flight):
             self._sampled.put(rid)
         return rid
 
-    def cancel(self, rid: str) -> None:
-        """End a request now (a client that went away): its Final says cancelled; the manager drops it."""
-        req = self._finish(rid)
-        if req is None:
-            return
-        self._drop(rid, req)
-        self._deliver(rid, req, Final("cancelled", self._output(req, len(req.tokens), req.sent_text)))
-
-    def _drop(self, rid: str, req: _Request) -> None:
+    def _drop(self, rid: str, req: Request) -> None:
         if req.row.sampling.greedy and self._manager is not None:
             self._manager.cancel_request(rid)
 
@@ -250,29 +286,6 @@ class Engine(_Flight):
         self._advance(result.request_id, req, list(result.generated_tokens), list(result.logprobs),
                       finished=result.is_finished())
 
-    def _advance(self, rid: str, req: _Request, tokens: list[int], logprobs: list[float], *, finished: bool) -> None:
-        if req.first_token is None and tokens:
-            req.first_token = time.perf_counter()
-        req.tokens, req.logprobs = tokens[:req.row.max_new_tokens], logprobs
-        n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings, checked=req.checked)
-        req.checked = n
-        ended = stopped or finished or len(req.tokens) >= req.row.max_new_tokens
-        if not ended:
-            self._send(rid, req, generation.stable_prefix(text, req.row.stop_strings), n)
-            return
-        if self._finish(rid) is None:
-            return
-        if not finished:
-            self._manager.cancel_request(rid)
-        self._send(rid, req, text, n)
-        self._deliver(rid, req, Final("stop" if stopped else "length", self._output(req, n, text)))
-
-    def _send(self, rid: str, req: _Request, text: str, n: int) -> None:
-        if len(text) > len(req.sent_text) and text.startswith(req.sent_text):
-            delta = Delta(text[len(req.sent_text):], tuple(req.tokens[req.sent_tokens:n]))
-            req.sent_text, req.sent_tokens = text, n
-            self._deliver(rid, req, delta)
-
     def _run_sampled(self) -> None:
         """Sampled rows, one at a time, each alone with its seed (generation.generate_rows' rule)."""
         while (rid := self._sampled.get()) is not None:
@@ -290,15 +303,8 @@ class Engine(_Flight):
             return
         self._answer_whole(rid, req, out)
 
-    def _output(self, req: _Request, n: int, text: str) -> generation.Output:
-        now = time.perf_counter()
-        lp = req.logprobs[:n]
-        return generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
-                                 mean_logprob=sum(lp) / len(lp) if lp else 0.0,
-                                 first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted)
 
-
-class Batcher(_Flight):
+class Batcher(Flight):
     """The engine's interface over `run(rows) -> outputs`, a function that generates whole rows (generation.decode on
     an ONNX graph): the requests waiting when it is free, up to max_requests_per_step, run as one call."""
 

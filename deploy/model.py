@@ -1,7 +1,7 @@
 """The Triton python-backend model: a decoupled LLM model with continuous batching and token streaming.
 
 Copied by deploy/repository.py into `<repo>/<model>/<version>/model.py`, beside `lmforge_runtime/`
-(generation, engine, task, modelload, processing, records, requestlog) and `model/` (the model
+(generation, engine, vllm_engine, task, modelload, processing, records, requestlog) and `model/` (the model
 folder). It runs inside the server's Python (.venv-serve locally, the NGC container's on GPUs).
 
 Its contract is NVIDIA's vllm_backend's, so Triton's generate endpoints, tritonclient's streaming
@@ -22,7 +22,8 @@ object; `.../generate_stream` with `"stream": true` sends server-sent events, on
 text. Over gRPC a stream (`start_stream`/`async_stream_infer`) gets the same responses.
 
 `execute` parses each request, hands it to the instance's engine (lmforge_runtime/engine.py:
-transformers' continuous batching, one manager per instance) and returns at once; the engine's
+transformers' continuous batching, one manager per instance; or, with parameter engine = "vllm",
+lmforge_runtime/vllm_engine.py: vLLM's server started by the instance) and returns at once; the engine's
 thread sends its responses. A request is rendered, stopped and scored by the model's task
 (lmforge_runtime/task.py). Every request ends with a final response: its outputs, or a TritonError
 (INVALID_ARG, HTTP 400, naming the input that is wrong; UNAVAILABLE, HTTP 503, when the instance
@@ -48,7 +49,7 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from lmforge_runtime import engine, generation, modelload, onnxrun, processing, task  # noqa: E402
+from lmforge_runtime import engine, generation, modelload, onnxrun, processing, task, vllm_engine  # noqa: E402
 from lmforge_runtime.requestlog import RequestLog, RequestRecord, now_iso  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -81,8 +82,12 @@ class TritonPythonModel:
         log_dir = params.get("request_log", "")
         self.log = RequestLog(log_dir) if log_dir else None
         self.onnx = os.path.isfile(os.path.join(folder, onnxrun.GRAPH_FILE))
-        self.engine = self._onnx_engine(folder, threads, engine_config) if self.onnx else \
-            self._torch_engine(folder, args, engine_config)
+        if self.onnx:
+            self.engine = self._onnx_engine(folder, threads, engine_config)
+        elif params.get("engine") == "vllm":
+            self.engine = self._vllm_engine(folder, args, engine_config, params)
+        else:
+            self.engine = self._torch_engine(folder, args, engine_config)
         self.engine.start()
         self.live = {}   # engine request id -> its response sender, watched for cancellation
         self.live_lock = threading.Lock()
@@ -102,6 +107,21 @@ class TritonPythonModel:
                                  f"continuous batching, {engine_config.max_requests_per_step} requests a step, "
                                  f"KV cache {engine_config.kv_cache_tokens} tokens, queue {engine_config.max_queue}")
         return engine.Engine(model, self.tok, engine_config)
+
+    def _vllm_engine(self, folder, args, engine_config, params):
+        import torch
+
+        gpu = args["model_instance_kind"] == "GPU" and torch.cuda.is_available()
+        device = f"cuda:{args['model_instance_device_id']}" if gpu else "cpu"
+        here = os.path.dirname(os.path.abspath(__file__))
+        settings = vllm_engine.VllmSettings(
+            python=params["vllm_python"], dtype="auto" if gpu else "float32", device=device,
+            kv_cache_gib=processing.kv_cache_gib(folder, engine_config.kv_cache_tokens),
+            start_timeout_s=float(params.get("vllm_start_timeout_s", "600")), log_path=os.path.join(here, "vllm.log"))
+        pb_utils.Logger.log_info(f"{self.name} v{self.version}: vLLM engine on {device} ({settings.python}); task "
+                                 f"{self.task.kind}; {engine_config.max_requests_per_step} requests a step, KV cache "
+                                 f"{settings.kv_cache_gib} GiB, queue {engine_config.max_queue}; log {settings.log_path}")
+        return vllm_engine.VllmEngine(folder, self.tok, engine_config, settings)
 
     def _onnx_engine(self, folder, threads, engine_config):
         forward = onnxrun.OnnxForward(os.path.join(folder, onnxrun.GRAPH_FILE), threads=threads)

@@ -56,6 +56,7 @@ from lmforge.components.task import Task
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
 from lmforge.deploy import engine as engine_module
 from lmforge.deploy import processing as processing_module
+from lmforge.deploy import vllm_engine as vllm_engine_module
 from lmforge.deploy.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 
 MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
@@ -125,6 +126,10 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         "max_requests_per_step": cfg.max_requests_per_step, "kv_cache_tokens": cfg.kv_cache_tokens,
         "kv_page_tokens": cfg.kv_page_tokens, "max_queue": cfg.max_queue,
     }
+    if cfg.engine == "vllm":   # vLLM's server runs from its own venv, started by each instance
+        from lmforge.deploy.server import vllm_python
+
+        params.update({"vllm_python": str(vllm_python()), "vllm_start_timeout_s": cfg.readiness_timeout_s})
     if revision:
         params[REVISION_PARAMETER] = revision
     lines = [
@@ -203,8 +208,8 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.{version}."))
     try:
         shutil.copy2(MODEL_PY, tmp / "model.py")
-        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, engine_module, requestlog_module,
-                                                            onnxrun_module))
+        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, engine_module, vllm_engine_module,
+                                                            requestlog_module, onnxrun_module))
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
         rare = rare_ids_from(shard_dir, cfg.rare_token_min_count) if shard_dir else None
         atomic_write_json(tmp / RARE_TOKENS_FILE, {

