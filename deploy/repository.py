@@ -40,6 +40,7 @@ import os
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ from lmforge.deploy import processing as processing_module
 from lmforge.deploy import vllm_engine as vllm_engine_module
 from lmforge.deploy.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 
+ENV_VLLM_VENV = "LMFORGE_VLLM_VENV"
+VLLM_VENV_NAME = ".venv-vllm"
 MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
 # Triton's LLM convention: the tensors of NVIDIA's vllm_backend (text_input, stream, sampling_parameters,
 # exclude_input_in_output, return_*), and the individual sampling inputs of its TensorRT-LLM backend; deploy/model.py
@@ -108,6 +111,22 @@ def instance_kind(cfg: DeployConfig) -> str:
     return "gpu" if pick_device().type == "cuda" else "cpu"
 
 
+def vllm_python() -> Path:
+    """The interpreter of the venv with vLLM ([deploy] engine = "vllm"): $LMFORGE_VLLM_VENV, else a .venv-vllm beside
+    the running venv (a checkout: .venv, .venv-serve and .venv-vllm), else ./.venv-vllm. UserError when not built."""
+    if os.environ.get(ENV_VLLM_VENV):
+        venv = Path(os.environ[ENV_VLLM_VENV]).expanduser()
+    else:
+        beside = Path(sys.prefix).parent / VLLM_VENV_NAME
+        venv = beside if beside.is_dir() else Path.cwd() / VLLM_VENV_NAME
+    python = venv / "bin" / "python"
+    if not python.is_file():
+        raise UserError("vLLM environment", venv, "is not built (deploy.engine = \"vllm\" runs vLLM's server from it)",
+                        "Build it with `make vllm` (scripts/bootstrap.sh, LMFORGE_VLLM=1), set LMFORGE_VLLM_VENV, "
+                        "or set deploy.engine = \"transformers\"")
+    return python
+
+
 def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
                  revision: str | None = None) -> str:
     """The model configuration in Triton's protobuf text format: decoupled (a request may get several responses),
@@ -127,8 +146,6 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         "kv_page_tokens": cfg.kv_page_tokens, "max_queue": cfg.max_queue,
     }
     if cfg.engine == "vllm":   # vLLM's server runs from its own venv, started by each instance
-        from lmforge.deploy.server import vllm_python
-
         params.update({"vllm_python": str(vllm_python()), "vllm_start_timeout_s": cfg.readiness_timeout_s})
     if revision:
         params[REVISION_PARAMETER] = revision

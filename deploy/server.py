@@ -45,8 +45,6 @@ from lmforge.components.workspace import Workspace, atomic_write_json
 
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
 SERVE_VENV_NAME = ".venv-serve"
-ENV_VLLM_VENV = "LMFORGE_VLLM_VENV"
-VLLM_VENV_NAME = ".venv-vllm"
 NAME = "tritonserver"
 POLL_SECS = 1  # how often Triton looks at the repository: a rollout step waits up to this long to start
 # The only variables tritonserver gets from the caller's environment. Every python-backend stub inherits them, and
@@ -101,19 +99,6 @@ def serve_venv() -> Path:
         return Path(os.environ[ENV_SERVE_VENV]).expanduser()
     beside = Path(sys.prefix).parent / SERVE_VENV_NAME
     return beside if beside.is_dir() else Path.cwd() / SERVE_VENV_NAME
-
-
-def vllm_python() -> Path:
-    """The interpreter of the venv with vLLM ([deploy] engine = "vllm"): $LMFORGE_VLLM_VENV, else a .venv-vllm beside
-    the serving venv. UserError when it is not built."""
-    venv = Path(os.environ[ENV_VLLM_VENV]).expanduser() if os.environ.get(ENV_VLLM_VENV) else \
-        serve_venv().parent / VLLM_VENV_NAME
-    python = venv / "bin" / "python"
-    if not python.is_file():
-        raise UserError("vLLM environment", venv, "is not built (deploy.engine = \"vllm\" runs vLLM's server from it)",
-                        "Build it with `make vllm` (scripts/bootstrap.sh, LMFORGE_VLLM=1), set LMFORGE_VLLM_VENV, "
-                        "or set deploy.engine = \"transformers\"")
-    return python
 
 
 def triton_paths(venv: Path | None = None) -> tuple[Path, Path]:

@@ -22,7 +22,7 @@ from tests.conftest import build_tiny_model
 
 def vllm_missing() -> str | None:
     try:
-        server.vllm_python()
+        repository.vllm_python()
     except UserError as e:
         return str(e)
     return None

@@ -9,7 +9,7 @@ import pytest
 from lmforge.components import generation
 from lmforge.components.errors import UserError
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import processing, repository, server
+from lmforge.deploy import processing, repository
 from lmforge.deploy.engine import EngineConfig
 from lmforge.deploy.vllm_engine import VllmEngine, VllmSettings
 
@@ -46,6 +46,6 @@ def test_the_kv_cache_budget_in_gib_follows_the_models_shape(tmp_path):
 
 
 def test_engine_vllm_without_its_venv_says_how_to_build_it(tmp_path, monkeypatch):
-    monkeypatch.setenv(server.ENV_VLLM_VENV, str(tmp_path / "nope"))
+    monkeypatch.setenv(repository.ENV_VLLM_VENV, str(tmp_path / "nope"))
     with pytest.raises(UserError, match="make vllm"):
         repository.config_pbtxt(DeployConfig(engine="vllm"), versions=[1], request_log=None)
