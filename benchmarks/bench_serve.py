@@ -16,7 +16,9 @@ static batches of 32, the baseline: a batch runs to its longest row.
 Reported per point: output tokens/s, TTFT and TPOT p50/p99 (from the client's send, so queueing
 counts), errors; and the ratio of the served throughput at the highest concurrency to the static
 baseline's. With `--openai` the same load also goes through the OpenAI-compatible gateway
-(deploy/openai_api.py) with the official `openai` client. Writes benchmarks/results/serve.json and .md.
+(deploy/openai_api.py) with the official `openai` client; `--engine transformers vllm` serves with each
+[deploy] engine in turn (vllm: vLLM's server from .venv-vllm, `make vllm`). Writes
+benchmarks/results/serve.json and .md.
 """
 
 from __future__ import annotations
@@ -181,9 +183,10 @@ def static_baseline(model_dir: Path, n: int) -> dict[str, Any]:
             "tokens_per_s": tokens / (time.perf_counter() - start)}
 
 
-def serve_points(model_dir: Path, tmp: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_new_tokens=64, readiness_timeout_s=300,
-                       max_requests_per_step=args.max_requests_per_step, max_queue=max(256, max(args.concurrency)))
+def serve_points(model_dir: Path, tmp: Path, args: argparse.Namespace, engine: str) -> list[dict[str, Any]]:
+    cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_new_tokens=64, readiness_timeout_s=600,
+                       max_requests_per_step=args.max_requests_per_step, max_queue=max(256, max(args.concurrency)),
+                       engine=engine)
     repo = tmp / "repo"
     repository.build_version(repo, cfg, version=1, model_dir=model_dir)
     repository.write_config(repo, cfg, versions=[1], request_log=tmp / "requests")
@@ -191,12 +194,12 @@ def serve_points(model_dir: Path, tmp: Path, args: argparse.Namespace) -> list[d
     points, gw = [], None
     try:
         server.wait_ready(info, timeout=300)
-        senders = {"triton gRPC stream": triton_sender(info.grpc_url, cfg.model_name)}
+        senders = {f"triton gRPC stream, {engine}": triton_sender(info.grpc_url, cfg.model_name)}
         if args.openai:
             from lmforge.deploy import gateway
 
             gw = gateway.start_gateway(repo, cfg, triton_grpc=info.grpc_url, log_path=tmp / "gateway.log")
-            senders["OpenAI /v1/completions stream"] = openai_sender(gw.base_url, cfg.model_name)
+            senders[f"OpenAI /v1/completions stream, {engine}"] = openai_sender(gw.base_url, cfg.model_name)
         for name, send in senders.items():
             send(PROMPTS[0], 4)  # warm-up
             for c in args.concurrency:
@@ -219,6 +222,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=128, help="requests per point (at least 2 per client)")
     ap.add_argument("--max-requests-per-step", type=int, default=32)
     ap.add_argument("--openai", action="store_true", help="also load the OpenAI-compatible gateway")
+    ap.add_argument("--engine", nargs="+", default=["transformers"], choices=["transformers", "vllm"],
+                    help="[deploy] engine(s) to serve with, one server each (vllm: needs .venv-vllm, `make vllm`)")
     args = ap.parse_args()
     command = "python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])
 
@@ -228,7 +233,7 @@ def main() -> None:
         top = max(args.concurrency)
         baseline = static_baseline(model_dir, max(args.requests, 2 * top))
         print(baseline, flush=True)
-        points = serve_points(model_dir, tmp, args)
+        points = [p for engine in args.engine for p in serve_points(model_dir, tmp / engine, args, engine)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -29,7 +29,8 @@ thread sends its responses. A request is rendered, stopped and scored by the mod
 (INVALID_ARG, HTTP 400, naming the input that is wrong; UNAVAILABLE, HTTP 503, when the instance
 already holds `max_queue` requests; INTERNAL when generation fails). A client that cancels or goes
 away (`is_cancelled()`) has its request dropped from the batch. One bad request never fails another.
-Every request is logged once, when it ends (prompt features, output tokens, TTFT, TPOT, finish reason).
+Every request is logged once, when it ends and before its final response goes (prompt features, output tokens,
+TTFT, TPOT, finish reason).
 
 The model loads with modelload.load_model (an int8 or low-rank variant as what it is) and goes to
 the instance's GPU unless its kernels are CPU-only (processing.serving_device). A version whose
