@@ -32,10 +32,12 @@ _DOC_CHUNK = 2048
 
 
 def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
-    """(bands, rows) minimising the weighted false positive/negative area, as datasketch chooses them."""
-    from datasketch.lsh import _optimal_param
+    """(bands, rows) minimising the weighted false positive/negative area: datasketch's choice, read from the public
+    attributes of the index it would build."""
+    from datasketch import MinHashLSH
 
-    return _optimal_param(threshold, num_perm, *LSH_WEIGHTS)
+    lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
+    return lsh.b, lsh.r
 
 
 def _perms(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
