@@ -47,6 +47,18 @@ except ImportError:
 
 HOST = "127.0.0.1"
 SERVED_NAME = "lmforge"
+# Runs vLLM's server (argv[2:]) as its child and, once a second, checks that the process that started it (argv[1])
+# is still its parent; when it is not (the Triton stub died without unloading), it kills its whole process group.
+WATCHDOG = """
+import os, signal, subprocess, sys, time
+parent, server = int(sys.argv[1]), subprocess.Popen(sys.argv[2:])
+signal.signal(signal.SIGTERM, lambda *_: server.terminate())
+while server.poll() is None:
+    if os.getppid() != parent:
+        os.killpg(0, signal.SIGKILL)
+    time.sleep(1)
+sys.exit(server.returncode)
+"""
 
 
 @dataclass(frozen=True)
@@ -76,9 +88,11 @@ class VllmEngine(Flight):
         self.port = free_port()
         log = open(self.settings.log_path, "ab") if self.settings.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
-            self._process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                             preexec_fn=term_with_parent)
+            # In a session of its own, under a watchdog that leads it: stop() ends the whole group (vLLM's server
+            # and its engine-core and worker processes), and the watchdog ends it should this process die first.
+            self._process = subprocess.Popen([self.settings.python, "-c", WATCHDOG, str(os.getpid()), *self.command()],
+                                             env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
@@ -134,9 +148,10 @@ class VllmEngine(Flight):
         self._kill()
 
     def _kill(self) -> None:
+        """SIGTERM to the group (vLLM shuts down in order), then SIGKILL: within Triton's own 30 s unload bound."""
         if self._process is None or self._process.poll() is not None:
             return
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self._process.pid, sig)
                 self._process.wait(timeout=wait)
@@ -199,18 +214,6 @@ class VllmEngine(Flight):
             self._advance(rid, req, tokens, logprobs, finished=finished)
             if finished:
                 return
-
-
-def term_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that started it dies (Linux prctl PR_SET_PDEATHSIG),
-    so a Triton stub that is killed, and never runs finalize, leaves no vLLM server behind. Elsewhere: nothing."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def free_port() -> int:

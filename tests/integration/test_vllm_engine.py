@@ -7,6 +7,7 @@ transformers. vLLM takes a minute or two to start on 2 cores, so the module shar
 
 from __future__ import annotations
 
+import os
 import queue as queuelib
 import time
 
@@ -43,7 +44,7 @@ def served(tmp_path_factory):
     cfg = DeployConfig(model_name="tinyvllm", engine="vllm", http_port=0, grpc_port=0, metrics_port=0,
                        max_new_tokens=16, max_new_tokens_limit=200, max_prompt_tokens=64, max_requests_per_step=16,
                        kv_cache_tokens=8192, readiness_timeout_s=600)
-    repo = root / "repo"
+    repo, groups = root / "repo", set()
     repository.build_version(repo, cfg, version=1, model_dir=model)
     repository.write_config(repo, cfg, versions=[1], request_log=root / "requests")
     info = server.start_server(repo, cfg, log_path=root / "server.log")
@@ -51,14 +52,16 @@ def served(tmp_path_factory):
         server.wait_ready(info, timeout=600)
         client.wait_versions(info.url, cfg.model_name, [1], revision=repository.config_revision(repo, cfg.model_name),
                              timeout=600)
+        groups.update(os.getpgid(pid) for pid in vllm_servers(repo))   # the server, its engine core and workers
+        assert groups, "the instance should have started vLLM's server"
         yield root, model, cfg, info
     finally:
         server.stop_server(info)
         assert not server.is_running(info)
         deadline = time.monotonic() + 60   # the instance's finalize stops vLLM's whole process group
-        while vllm_servers(repo) and time.monotonic() < deadline:
+        while (left := in_groups(groups)) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not vllm_servers(repo), "vLLM's server outlived the Triton model"
+        assert not left, f"vLLM's processes outlived the Triton model: {left}"
 
 
 def vllm_servers(repo) -> list[int]:
@@ -71,6 +74,20 @@ def vllm_servers(repo) -> list[int]:
         if "vllm.entrypoints.openai.api_server" in cmd and any(str(repo) in a for a in cmd):
             found.append(p.info["pid"])
     return found
+
+
+def in_groups(groups: set[int]) -> list[str]:
+    """The processes still in any of these process groups, as "pid name"."""
+    import psutil
+
+    left = []
+    for p in psutil.process_iter(["pid", "name"]):
+        try:
+            if os.getpgid(p.info["pid"]) in groups:
+                left.append(f"{p.info['pid']} {p.info['name']}")
+        except ProcessLookupError:
+            continue
+    return left
 
 
 def solo(model_dir, prompts: list[str], limits: list[int]):

@@ -49,3 +49,36 @@ def test_engine_vllm_without_its_venv_says_how_to_build_it(tmp_path, monkeypatch
     monkeypatch.setenv(repository.ENV_VLLM_VENV, str(tmp_path / "nope"))
     with pytest.raises(UserError, match="make vllm"):
         repository.config_pbtxt(DeployConfig(engine="vllm"), versions=[1], request_log=None)
+
+
+def test_the_watchdog_kills_the_servers_group_when_its_starter_dies(tmp_path):
+    """What the Triton stub's death leaves: the watchdog sees its parent gone and kills its whole group (the server
+    and what the server started), within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from lmforge.deploy.vllm_engine import WATCHDOG
+
+    pidfile = tmp_path / "pids"
+    server = f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \
+             f"open({str(pidfile)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}'); time.sleep(600)"
+    starter = ("import subprocess, sys, os, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid()), "
+               "sys.executable, '-c', sys.argv[2]], start_new_session=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", starter, WATCHDOG, server])
+    deadline = time.monotonic() + 30
+    while not (pidfile.is_file() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pids = [int(p) for p in pidfile.read_text().split()]
+    assert all(psutil.pid_exists(p) for p in pids)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
