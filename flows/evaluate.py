@@ -40,7 +40,7 @@ from prefect.cache_policies import NO_CACHE
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
-from lmforge.components.evaluation import EvalResult, evaluate_model_dir
+from lmforge.components.evaluation import EvalResult, benchmarks, evaluate_model_dir
 from lmforge.components.evaluation.rag import Rag, build_rag, release
 from lmforge.components.evaluation.report import write_report
 from lmforge.components.registry import current, download_model, gate, register_model, version_metrics, version_tags
@@ -269,7 +269,9 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     if base is not None and base.metrics is not None:
         print(f"  base {base.name}: BPC {base.metrics['bpc']:.4f} on the same sample")
     if result.info.get("benchmarks"):
-        print("  benchmarks (lm-evaluation-harness; report/benchmarks.json):\n" + benchmark_table(result.info["benchmarks"]))
+        table = benchmarks.table(result.info["benchmarks"])
+        print("  benchmarks (lm-evaluation-harness; report/benchmarks.json):\n"
+              + "\n".join("    " + line for line in table.splitlines()))
     summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
                "eval_set": eval_set.sha256[:12],
                "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
@@ -279,13 +281,6 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     summary.update({k: round(v, 4) for k, v in m.items() if k.startswith("bench.")})
     return json_safe({"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
                       "rag": result.rag, "summary": summary})
-
-
-def benchmark_table(results: dict[str, Any]) -> str:
-    """The harness's own markdown table of its results, indented under the stage's lines."""
-    from lm_eval.utils import make_table
-
-    return "\n".join("    " + line for line in make_table(results).splitlines())
 
 
 def json_safe(obj: Any) -> Any:

@@ -8,7 +8,7 @@
     suite = on_endpoint("http://127.0.0.1:8100/v1", "tiny", bench, held)   # the OpenAI-compatible server
     suite.metrics      # {"bench.<task>.<metric>": value, "bench.<task>.<metric>_stderr": its standard error}
     suite.results      # the harness's results JSON (results, n-samples, versions, configs, higher_is_better)
-    suite.table()      # the harness's own markdown table
+    table(suite.results)   # the harness's own markdown table
 
 The scoring is the harness's (`lm_eval.simple_evaluate`), never a copy. The model folder is loaded by
 lmforge (components/model/modelload.py), so an int8 variant is scored as int8, on the device
@@ -61,10 +61,12 @@ class Suite:
     metrics: dict[str, float]
     results: dict[str, Any] = field(repr=False)
 
-    def table(self) -> str:
-        from lm_eval.utils import make_table
 
-        return make_table(self.results)
+def table(results: dict[str, Any]) -> str:
+    """The harness's own markdown table of a results JSON (Suite.results, or the report's copy of it)."""
+    from lm_eval.utils import make_table
+
+    return make_table(results).strip()
 
 
 def go_offline() -> None:

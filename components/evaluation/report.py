@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lmforge.components.evaluation import benchmarks
 from lmforge.components.evaluation.evaluate import EvalResult, Example
 from lmforge.components.workspace import atomic_write_json, atomic_write_text
 
@@ -51,9 +52,7 @@ def render_markdown(result: EvalResult, *, n: int, title: str, decision: dict[st
     else:
         lines.append(f"RAG {rag.get('status', 'off')}: {rag.get('reason', '')}")
     if result.info.get("benchmarks"):
-        from lm_eval.utils import make_table
-
-        lines += ["", "## Benchmarks (lm-evaluation-harness)", "", make_table(result.info["benchmarks"]).strip()]
+        lines += ["", "## Benchmarks (lm-evaluation-harness)", "", benchmarks.table(result.info["benchmarks"])]
     if decision:
         lines += ["", "## Promotion", "", f"**{decision.get('outcome', '')}**: {decision.get('reason', '')}", "",
                   "| metric | candidate | champion |", "|---|---|---|"]
