@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
+from lmforge.components.model.modelload import cache_shape
 from lmforge.components.model.onnxrun import GRAPH_FILE, INPUTS, OnnxForward, cache_names
 from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_tree
 
@@ -79,14 +80,6 @@ def _kv_model(model: Any) -> Any:
             return (out.logits, *present)
 
     return FlatCache().eval()
-
-
-def cache_shape(config: Any) -> tuple[int, int, int]:
-    """(layers, kv heads, head dim) of a transformers config."""
-    heads = int(config.num_attention_heads)
-    kv = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return int(config.num_hidden_layers), kv, head_dim
 
 
 def export_graph(model: Any, path: Path) -> None:

@@ -111,13 +111,15 @@ class TritonPythonModel:
 
     def _vllm_engine(self, folder, args, engine_config, params):
         import torch
+        from transformers import AutoConfig
 
         gpu = args["model_instance_kind"] == "GPU" and torch.cuda.is_available()
         device = f"cuda:{args['model_instance_device_id']}" if gpu else "cpu"
         here = os.path.dirname(os.path.abspath(__file__))
         settings = vllm_engine.VllmSettings(
             python=params["vllm_python"], dtype="auto" if gpu else "float32", device=device,
-            kv_cache_gib=processing.kv_cache_gib(folder, engine_config.kv_cache_tokens),
+            kv_cache_gib=vllm_engine.kv_cache_gib(modelload.cache_shape(AutoConfig.from_pretrained(folder)),
+                                                  engine_config.kv_cache_tokens),
             start_timeout_s=float(params.get("vllm_start_timeout_s", "600")), log_path=os.path.join(here, "vllm.log"))
         pb_utils.Logger.log_info(f"{self.name} v{self.version}: vLLM engine on {device} ({settings.python}); task "
                                  f"{self.task.kind}; {engine_config.max_requests_per_step} requests a step, KV cache "

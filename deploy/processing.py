@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,17 +239,6 @@ def read_validation_prompts(version_dir: str | Path, n: int) -> list[str]:
 
 
 # --- where the served model runs ---------------------------------------------------------
-
-def kv_cache_gib(model_dir: str, tokens: int, dtype_bytes: int = 4) -> int:
-    """Whole GiB (at least 1) for a KV cache of `tokens` of the model in `model_dir` (its config.json): tokens x
-    layers x 2 (K and V) x kv heads x head dim x dtype size; what vLLM's VLLM_CPU_KVCACHE_SPACE takes."""
-    cfg = json.loads(open(os.path.join(model_dir, "config.json"), encoding="utf-8").read())
-    heads = cfg.get("num_attention_heads") or cfg.get("n_head") or 1
-    head_dim = cfg.get("head_dim") or (cfg.get("hidden_size") or cfg.get("n_embd")) // heads
-    layers = cfg.get("num_hidden_layers") or cfg.get("n_layer") or 1
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    return max(1, math.ceil(tokens * layers * 2 * kv_heads * head_dim * dtype_bytes / 2**30))
-
 
 def serving_device(model: Any, instance_kind: str, device_id: int | str, cuda_available: bool) -> tuple[str, str]:
     """("cuda:<id>" or "cpu", why) for a Triton model instance of `instance_kind` ("GPU" | "CPU").

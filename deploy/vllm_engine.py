@@ -17,7 +17,7 @@ is kept and why it ended are what the transformers engine gives for the same tok
 eos and `max_tokens` on its own too. A sampled request uses vLLM's seeded sampler (temperature,
 top_p, top_k, seed): the same seed gives the same text in vLLM, not the transformers engine's text.
 
-The KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB on a CPU (`kv_cache_gib`; vLLM would take 20 GiB) and
+The KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB on a CPU (`kv_cache_gib()`; vLLM would take 20 GiB) and
 vLLM's `--gpu-memory-utilization` share on a GPU; `max_requests_per_step` is its `--max-num-seqs`.
 The server's log is `log_path`. Standard library only (the Triton repository carries a copy).
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import signal
 import socket
@@ -214,6 +215,13 @@ class VllmEngine(Flight):
             self._advance(rid, req, tokens, logprobs, finished=finished)
             if finished:
                 return
+
+
+def kv_cache_gib(shape: tuple[int, int, int], tokens: int, dtype_bytes: int = 4) -> int:
+    """Whole GiB (at least 1) for `tokens` of KV cache of a model whose cache is `shape` (layers, kv heads, head dim:
+    modelload.cache_shape): tokens x layers x 2 (K and V) x kv heads x head dim x dtype size. VLLM_CPU_KVCACHE_SPACE."""
+    layers, kv_heads, head_dim = shape
+    return max(1, math.ceil(tokens * layers * 2 * kv_heads * head_dim * dtype_bytes / 2**30))
 
 
 def free_port() -> int:

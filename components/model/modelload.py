@@ -71,6 +71,14 @@ class LowRankLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, rank={self.rank}"
 
 
+def cache_shape(config: Any) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) of a transformers config: what a token's KV cache holds, per layer, K and V each."""
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return int(config.num_hidden_layers), kv, head_dim
+
+
 def read_meta(model_dir: str | Path) -> dict[str, Any]:
     path = Path(model_dir) / META
     return json.loads(path.read_text()) if path.is_file() else {}

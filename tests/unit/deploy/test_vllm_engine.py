@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from lmforge.components import generation
 from lmforge.components.errors import UserError
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import processing, repository
+from lmforge.deploy import repository
 from lmforge.deploy.engine import EngineConfig
-from lmforge.deploy.vllm_engine import VllmEngine, VllmSettings
+from lmforge.deploy.vllm_engine import VllmEngine, VllmSettings, kv_cache_gib
 
 
 def engine(**settings) -> VllmEngine:
@@ -37,12 +35,15 @@ def test_a_request_is_its_token_ids_streamed_greedy_or_with_its_seeded_sampling(
     assert (sampled["temperature"], sampled["top_p"], sampled["top_k"], sampled["seed"]) == (0.7, 0.9, -1, 3)
 
 
-def test_the_kv_cache_budget_in_gib_follows_the_models_shape(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 8, "hidden_size": 512,
-                                                      "num_hidden_layers": 8, "num_key_value_heads": 2}))
+def test_the_kv_cache_budget_in_gib_follows_the_models_shape():
+    from transformers import LlamaConfig
+
+    from lmforge.components.model.modelload import cache_shape
+
+    shape = cache_shape(LlamaConfig(num_attention_heads=8, hidden_size=512, num_hidden_layers=8, num_key_value_heads=2))
     # 2**20 tokens x 8 layers x 2 x 2 kv heads x 64 x 4 bytes = 8 GiB
-    assert processing.kv_cache_gib(str(tmp_path), 2**20) == 8
-    assert processing.kv_cache_gib(str(tmp_path), 10) == 1
+    assert shape == (8, 2, 64) and kv_cache_gib(shape, 2**20) == 8
+    assert kv_cache_gib(shape, 10) == 1
 
 
 def test_engine_vllm_without_its_venv_says_how_to_build_it(tmp_path, monkeypatch):
