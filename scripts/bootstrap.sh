@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up of the two environments (docs/architecture.md, Environments):
 #   .venv        the project, on Python 3.11 or 3.12: torch first (a local CPU wheel when there is one),
-#                then `-e .[dev]` under constraints.txt
+#                then `-e .[dev,embeddings]` under constraints.txt
 #   .venv-serve  the Triton server's Python, 3.11 (the python-backend stub is built for it): numpy<2 (the stub
 #                breaks on numpy 2), torch, transformers, tokenizers, safetensors, nvidia-pytriton (tritonserver) and
 #                onnxruntime (ONNX graphs in the python backend; added to an existing .venv-serve too)
@@ -85,11 +85,12 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
     fi
 fi
 
-deps_ok() {  # every dependency (and dev extra) pyproject.toml names is in .venv (a pulled change may have added one)
+deps_ok() {  # every dependency (and the dev and embeddings extras) pyproject.toml names is in .venv (a pulled change may have added one)
     .venv/bin/python - <<'PY' 2>/dev/null
 import importlib.metadata, re, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for dep in project["dependencies"] + project["optional-dependencies"]["dev"]:
+extras = project["optional-dependencies"]
+for dep in project["dependencies"] + extras["dev"] + extras["embeddings"]:
     importlib.metadata.version(re.match(r"[A-Za-z0-9_.-]+", dep).group(0))
 PY
 }
@@ -102,7 +103,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import lmforge.cli.cli' 2
     [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
     pip_quiet .venv/bin/python -m pip install --upgrade pip
     pip_quiet .venv/bin/python -m pip install "torch==$TORCH_VERSION"
-    pip_quiet .venv/bin/python -m pip install -c constraints.txt -e ".[dev]"
+    pip_quiet .venv/bin/python -m pip install -c constraints.txt -e ".[dev,embeddings]"
     echo "bootstrap: .venv ready"
 fi
 
