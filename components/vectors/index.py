@@ -1,28 +1,38 @@
 """Qdrant: one collection per dataset version, rebuilt idempotently, plus the semantic near-duplicate report.
 
-    client = qdrant_client(ws, VectorsConfig())              # local mode at <ws>/qdrant, or vectors.url
+    client = qdrant_client(ws, VectorsConfig())              # the embedded engine at <ws>/qdrant, or vectors.url
     report = index_dataset(ws, "3f2a9c1b7d0e", VectorsConfig())
     report["collection"], report["points"], report["near_duplicates"]["pairs_found"]
+
+Without `vectors.url` the collections live in Qdrant's embedded engine (qdrant-edge-py: the
+server's own segment, HNSW and WAL code, in process), one shard per collection at
+<ws>/qdrant/<collection>/ (see `EdgeCollections`); with it, in a Qdrant server through
+qdrant-client. Both answer the same QdrantClient calls, so every caller is the same for both.
 
 Points are the dataset's kept documents (all splits), with payload id, module, qualname,
 summary, split, signature and text; the point id is a UUID derived from the document id, so
 re-indexing overwrites the same points, and points no longer in the dataset are deleted.
+After the upserts the engine builds the HNSW index (`optimize`), and the near-duplicate
+search asks it for every point's nearest neighbours (components/vectors/near_dups.py).
 An existing collection with another vector size is an error, never silently recreated.
 
-Local mode allows one client per folder at a time; clients are therefore cached per
-process (`close_clients()` releases them). A folder held by another process is a UserError.
+The embedded store admits one process at a time (a lock on <ws>/qdrant/.lock, and the engine's
+own lock on each shard's WAL); stores are therefore cached per process (`close_clients()`
+releases them). A folder held by another process is a UserError.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import json
-import sqlite3
+import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -30,37 +40,238 @@ from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.vectors.embed import Embedder, make_embedder
-from lmforge.components.vectors.near_dups import semantic_near_duplicates
+from lmforge.components.vectors.near_dups import Neighbours, semantic_near_duplicates
 from lmforge.components.workspace import Workspace
 
 SPLITS = ("train", "validation", "test")
 _NS = uuid.UUID("5f1d3c2e-7a4b-4c1d-9e8f-6a5b4c3d2e1f")
 _CLIENTS: dict[str, Any] = {}
+SHARD_CONFIG = "edge_config.json"     # the file the engine writes into every shard folder
+FULL_SCAN_KB = 10_000                  # Qdrant's default: a segment under ~10 MB of vectors is searched exactly
+INDEXING_KB = 1                        # build the HNSW graph for every optimised segment, however small
 
 
 def point_id(doc_id: str) -> str:
     return str(uuid.uuid5(_NS, doc_id))
 
 
-def qdrant_client(ws: Workspace, cfg: VectorsConfig) -> Any:
-    """A QdrantClient for vectors.url, or for local mode at <ws>/qdrant (one per folder per process)."""
-    from qdrant_client import QdrantClient
+class EdgeCollections:
+    """Collections in Qdrant's embedded engine, one shard each under `root`, with QdrantClient's calls.
 
+    The methods lmforge calls on a QdrantClient (collection_exists, get_collections,
+    create_collection, delete_collection, create_payload_index, upsert, scroll, delete, count,
+    query_points, query_batch_points, close) take and return qdrant-client's own model types,
+    so a caller cannot tell the two apart; `optimize` and `vector_size` are extra.
+
+    A new collection is created in a temporary folder and renamed into place, so a crash
+    never leaves half a shard under its name; each upsert or delete is one engine operation,
+    written to the shard's WAL before it is applied (a crash replays or drops it whole).
+    """
+
+    def __init__(self, root: Path, *, m: int = 16, ef_construct: int = 100, hnsw_ef: int = 128,
+                 full_scan_kb: int = FULL_SCAN_KB):
+        self.root = Path(root)
+        self.hnsw = (m, ef_construct, full_scan_kb)
+        self.hnsw_ef = hnsw_ef
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock: IO[str] | None = open(self.root / ".lock", "a")  # held for the store's lifetime
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise _held(self.root) from None
+        self._shards: dict[str, Any] = {}
+
+    # ----- collections
+    def collection_exists(self, name: str) -> bool:
+        return (self.root / name / SHARD_CONFIG).is_file()
+
+    def get_collections(self) -> Any:
+        from qdrant_client import models
+
+        names = sorted(p.parent.name for p in self.root.glob(f"*/{SHARD_CONFIG}") if not p.parent.name.startswith("."))
+        return models.CollectionsResponse(collections=[models.CollectionDescription(name=n) for n in names])
+
+    def vector_size(self, name: str) -> int | None:
+        """The size the collection's vectors were created with (from the shard's persisted config)."""
+        config = json.loads((self.root / name / SHARD_CONFIG).read_text())
+        return config.get("vectors", {}).get("", {}).get("size")
+
+    def create_collection(self, name: str, vectors_config: Any) -> bool:
+        import qdrant_edge as qe
+
+        m, ef_construct, full_scan_kb = self.hnsw
+        config = qe.EdgeConfig(
+            vectors=qe.EdgeVectorParams(size=vectors_config.size, distance=_distance(vectors_config.distance)),
+            hnsw_config=qe.HnswIndexConfig(m=m, ef_construct=ef_construct, full_scan_threshold=full_scan_kb),
+            optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_KB, default_segment_number=1))
+        tmp = self.root / f".new-{name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        qe.EdgeShard.create(str(tmp), config).close()
+        os.rename(tmp, self.root / name)   # fails, rather than merges, if the name appeared meanwhile
+        return True
+
+    def delete_collection(self, name: str) -> bool:
+        if not self.collection_exists(name):
+            return False
+        shard = self._shards.pop(name, None)
+        if shard is not None:
+            shard.close()
+        gone = self.root / f".deleted-{name}-{os.getpid()}"
+        os.rename(self.root / name, gone)   # the collection disappears at once; the files go after
+        shutil.rmtree(gone)
+        return True
+
+    def create_payload_index(self, name: str, field_name: str, field_schema: Any) -> None:
+        import qdrant_edge as qe
+
+        schema = getattr(qe.PayloadSchemaType, str(getattr(field_schema, "value", field_schema)).capitalize())
+        self._shard(name).update(qe.UpdateOperation.create_field_index(field_name, schema))
+
+    def optimize(self, name: str) -> bool:
+        """Let the engine merge segments and build the HNSW graph now; True if it changed anything."""
+        shard = self._shard(name)
+        changed = shard.optimize()
+        shard.flush()
+        return changed
+
+    # ----- points
+    def upsert(self, collection_name: str, points: list[Any], wait: bool = True) -> None:
+        import qdrant_edge as qe
+
+        batch = [qe.Point(p.id, p.vector, p.payload) for p in points]
+        self._shard(collection_name).update(qe.UpdateOperation.upsert_points(batch))
+
+    def delete(self, collection_name: str, points_selector: Any, wait: bool = True) -> None:
+        import qdrant_edge as qe
+
+        ids = [str(i) if isinstance(i, uuid.UUID) else i for i in points_selector.points]
+        self._shard(collection_name).update(qe.UpdateOperation.delete_points(ids))
+
+    def scroll(self, collection_name: str, limit: int = 10, offset: Any = None, with_payload: bool = True,
+               with_vectors: bool = False) -> tuple[list[Any], Any]:
+        import qdrant_edge as qe
+        from qdrant_client import models
+
+        page, after = self._shard(collection_name).scroll(
+            qe.ScrollRequest(offset=offset, limit=limit, with_payload=with_payload, with_vector=with_vectors))
+        records = [models.Record(id=_id(r.id), payload=r.payload, vector=r.vector) for r in page]
+        return records, None if after is None else _id(after)
+
+    def count(self, collection_name: str, exact: bool = True) -> Any:
+        import qdrant_edge as qe
+        from qdrant_client import models
+
+        return models.CountResult(count=self._shard(collection_name).count(qe.CountRequest(exact=exact)))
+
+    def query_points(self, collection_name: str, query: Any, limit: int = 10, with_payload: bool = False,
+                     query_filter: Any = None, score_threshold: float | None = None, search_params: Any = None) -> Any:
+        from qdrant_client.http import models as rest
+
+        request = rest.QueryRequest(query=query, limit=limit, with_payload=with_payload, filter=query_filter,
+                                    score_threshold=score_threshold, params=search_params)
+        return self.query_batch_points(collection_name, [request])[0]
+
+    def query_batch_points(self, collection_name: str, requests: list[Any]) -> list[Any]:
+        """qdrant-client QueryRequests (a dense vector query, limit, filter, threshold, hnsw_ef), run as one engine batch."""
+        import qdrant_edge as qe
+        from qdrant_client.http import models as rest
+
+        batch = qe.QueryBatchRequest([_edge_request(r, self.hnsw_ef) for r in requests])
+        answers = self._shard(collection_name).query_batch(batch)
+        return [rest.QueryResponse(points=[rest.ScoredPoint(id=_id(p.id), version=p.version, score=p.score,
+                                                            payload=p.payload) for p in hits]) for hits in answers]
+
+    def close(self) -> None:
+        while self._shards:
+            _, shard = self._shards.popitem()
+            shard.close()
+        if self._lock is not None:
+            self._lock.close()   # releases the flock
+            self._lock = None
+
+    def _shard(self, name: str) -> Any:
+        import qdrant_edge as qe
+
+        if name not in self._shards:
+            if not self.collection_exists(name):
+                raise UserError(f"Qdrant collection {name}", self.root / name, "does not exist",
+                                "Index the dataset with these [vectors] settings: lmforge run features")
+            try:
+                self._shards[name] = qe.EdgeShard.load(str(self.root / name))
+            except Exception as e:   # the engine raises a bare Exception; its WAL lock says WouldBlock
+                if "WouldBlock" not in str(e):
+                    raise
+                raise _held(self.root) from e
+        return self._shards[name]
+
+
+def _held(root: Path) -> UserError:
+    return UserError(str(root), None, "is in use by another process (the embedded Qdrant engine allows one at a time)",
+                     "Stop that process (a running lmforge stage or server), or run a Qdrant server and set vectors.url")
+
+
+def _id(value: Any) -> Any:
+    return str(value) if isinstance(value, uuid.UUID) else value
+
+
+def _distance(distance: Any) -> Any:
+    import qdrant_edge as qe
+
+    return getattr(qe.Distance, str(getattr(distance, "value", distance)).capitalize())
+
+
+def _edge_request(request: Any, default_ef: int) -> Any:
+    """A qdrant-client QueryRequest for a dense vector as the engine's QueryRequest."""
+    import qdrant_edge as qe
+
+    if not isinstance(request.query, list):
+        raise TypeError(f"the embedded Qdrant store answers dense-vector queries only, not {type(request.query).__name__}")
+    params = request.params
+    ef = params.hnsw_ef if params is not None and params.hnsw_ef else default_ef
+    exact = bool(params is not None and params.exact)
+    return qe.QueryRequest(limit=request.limit, query=qe.Query.Nearest(request.query),
+                           with_payload=bool(request.with_payload), score_threshold=request.score_threshold,
+                           filter=_edge_filter(request.filter), params=qe.SearchParams(hnsw_ef=ef, exact=exact))
+
+
+def _edge_filter(flt: Any) -> Any:
+    """A qdrant-client Filter of field matches (MatchValue / MatchAny, must / should / must_not) for the engine."""
+    import qdrant_edge as qe
+    from qdrant_client import models
+
+    if flt is None:
+        return None
+
+    def condition(c: Any) -> Any:
+        if isinstance(c, models.Filter):
+            return _edge_filter(c)
+        if isinstance(c, models.FieldCondition) and isinstance(c.match, models.MatchValue):
+            return qe.FieldCondition(key=c.key, match=qe.MatchValue(c.match.value))
+        if isinstance(c, models.FieldCondition) and isinstance(c.match, models.MatchAny):
+            return qe.FieldCondition(key=c.key, match=qe.MatchAny(list(c.match.any)))
+        raise TypeError(f"the embedded Qdrant store does not translate the filter condition {c!r}")
+
+    def clauses(cs: Any) -> list[Any] | None:
+        if cs is None:
+            return None
+        return [condition(c) for c in (cs if isinstance(cs, list) else [cs])]
+
+    return qe.Filter(must=clauses(flt.must), should=clauses(flt.should), must_not=clauses(flt.must_not))
+
+
+def qdrant_client(ws: Workspace, cfg: VectorsConfig) -> Any:
+    """A QdrantClient for vectors.url, or the embedded engine's collections at <ws>/qdrant (one per folder per process)."""
     key = cfg.url or str(ws.qdrant)
     if key in _CLIENTS:
         return _CLIENTS[key]
     if cfg.url:
-        client = QdrantClient(url=cfg.url, api_key=cfg.api_key, timeout=int(cfg.timeout_s))
+        from qdrant_client import QdrantClient
+
+        client: Any = QdrantClient(url=cfg.url, api_key=cfg.api_key, timeout=int(cfg.timeout_s))
     else:
-        ws.qdrant.mkdir(parents=True, exist_ok=True)
-        try:
-            client = QdrantClient(path=str(ws.qdrant))
-        except RuntimeError as e:
-            if "already accessed" not in str(e):
-                raise
-            raise UserError(str(ws.qdrant), None, "is in use by another process (Qdrant local mode allows one at a time)",
-                            "Stop that process (a running lmforge stage or server), "
-                            "or run a Qdrant server and set vectors.url") from e
+        client = EdgeCollections(ws.qdrant, m=cfg.hnsw_m, ef_construct=cfg.hnsw_ef_construct, hnsw_ef=cfg.hnsw_ef)
     _CLIENTS[key] = client
     return client
 
@@ -71,31 +282,20 @@ def close_clients() -> None:
         client.close()
 
 
-# Closing at interpreter exit, rather than in QdrantClient.__del__ during shutdown, releases the lock cleanly.
+# Closing at interpreter exit flushes the shards and releases the folder's lock cleanly.
 atexit.register(close_clients)
-
-
-def tune_local_storage(client: Any) -> bool:
-    """Let Qdrant local mode commit a point without a full fsync; False when the client is not local.
-
-    Local mode stores every point in its own SQLite transaction: ~30 ms each with the default
-    full sync on this machine's disk, over 10 minutes for the stdlib corpus. WAL with
-    synchronous=NORMAL keeps every commit atomic and survives a crash of the process (a power
-    cut may lose the last commits, and the index is rebuilt idempotently) at ~0.2 ms a commit.
-    """
-    collections = getattr(getattr(client, "_client", None), "collections", None)
-    if not isinstance(collections, dict):
-        return False
-    for collection in collections.values():
-        conn = getattr(getattr(collection, "storage", None), "storage", None)
-        if isinstance(conn, sqlite3.Connection):
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-    return True
 
 
 def collection_name(cfg: VectorsConfig, version: str, embedder: Embedder) -> str:
     return f"{cfg.collection_prefix}_{version}_{embedder.name}"
+
+
+def vector_size(client: Any, name: str) -> int | None:
+    """The vector size collection `name` was created with, on either store."""
+    if isinstance(client, EdgeCollections):
+        return client.vector_size(name)
+    params = client.get_collection(name).config.params.vectors
+    return params.size if hasattr(params, "size") else None
 
 
 def ensure_collection(client: Any, name: str, embedder: Embedder, *, server: bool) -> bool:
@@ -103,18 +303,19 @@ def ensure_collection(client: Any, name: str, embedder: Embedder, *, server: boo
     from qdrant_client import models
 
     if client.collection_exists(name):
-        params = client.get_collection(name).config.params.vectors
-        size = params.size if hasattr(params, "size") else None
+        size = vector_size(client, name)
         if size != embedder.dim:
             raise UserError(f"Qdrant collection {name}", None,
                             f"holds vectors of size {size}, but the {embedder.name} embedder makes {embedder.dim}",
                             f"Delete the collection (client.delete_collection({name!r})) to rebuild it, or restore the "
                             "embedder settings it was built with (vectors.hash_dim, vectors.model_dir)")
         return False
-    client.create_collection(name, vectors_config=models.VectorParams(size=embedder.dim, distance=models.Distance.COSINE),
-                             metadata={"embedder": embedder.name, "dim": embedder.dim})
-    if server:  # local mode scans payloads and warns that an index has no effect there
-        client.create_payload_index(name, "split", field_schema=models.PayloadSchemaType.KEYWORD)
+    params = models.VectorParams(size=embedder.dim, distance=models.Distance.COSINE)
+    if server:
+        client.create_collection(name, vectors_config=params, metadata={"embedder": embedder.name, "dim": embedder.dim})
+    else:
+        client.create_collection(name, vectors_config=params)
+    client.create_payload_index(name, "split", field_schema=models.PayloadSchemaType.KEYWORD)
     return True
 
 
@@ -157,11 +358,25 @@ def delete_stale(client: Any, name: str, keep: set[str]) -> int:
     return len(stale)
 
 
-def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: Embedder | None = None) -> dict[str, Any]:
-    """Embed and upsert the dataset's documents a batch at a time; then drop stale points and report near-duplicates.
+def engine_neighbours(client: Any, name: str, rows: dict[str, int], *, hnsw_ef: int) -> Neighbours:
+    """The near-duplicate search's `neighbours`, answered by the engine's batch query: point ids become row numbers."""
+    from qdrant_client import models
 
-    Only the vectors (n x dim float32), ids and splits are kept for the whole corpus, for the
-    near-duplicate search; texts and payloads live one batch at a time.
+    def neighbours(queries: np.ndarray, limit: int, threshold: float) -> list[list[tuple[int, float]]]:
+        requests = [models.QueryRequest(query=q.tolist(), limit=limit, score_threshold=threshold,
+                                        params=models.SearchParams(hnsw_ef=max(hnsw_ef, limit)))
+                    for q in queries]
+        answers = client.query_batch_points(name, requests=requests)
+        return [[(rows[str(p.id)], float(p.score)) for p in a.points if str(p.id) in rows] for a in answers]
+
+    return neighbours
+
+
+def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: Embedder | None = None) -> dict[str, Any]:
+    """Embed and upsert the dataset's documents a batch at a time; drop stale points, build the index, report near-duplicates.
+
+    Only the vectors (n x dim float32), ids and splits are kept for the whole corpus, as the
+    near-duplicate search's queries; texts and payloads live one batch at a time.
     """
     from qdrant_client.http.exceptions import ResponseHandlingException
 
@@ -173,8 +388,7 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
     except ResponseHandlingException as e:   # qdrant-client's error when the server cannot be reached at all
         raise UserError("vectors.url", cfg.url, f"cannot be reached ({e})",
                         "Start the Qdrant server at that address (check host, port and api_key), "
-                        "or remove vectors.url to index into the workspace in Qdrant's local mode") from e
-    fast_writes = cfg.url is None and tune_local_storage(client)
+                        "or remove vectors.url to index into the workspace with the embedded engine") from e
     ids: list[str] = []
     splits: list[str] = []
     chunks: list[np.ndarray] = []
@@ -187,9 +401,13 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
         chunks.append(vectors)
     vectors = np.concatenate(chunks) if chunks else np.zeros((0, embedder.dim), dtype=np.float32)
     deleted = delete_stale(client, name, {point_id(i) for i in ids})
+    if isinstance(client, EdgeCollections):
+        client.optimize(name)   # a server builds its HNSW in the background; the embedded engine does it here
     points = client.count(name, exact=True).count
     assert points == len(set(ids)), f"{name} holds {points} points for {len(ids)} documents"
-    dups = semantic_near_duplicates(ids, vectors, splits, threshold=cfg.near_dup_threshold, max_pairs=cfg.max_reported_pairs)
+    rows = {point_id(i): n for n, i in enumerate(ids)}
+    dups = semantic_near_duplicates(ids, vectors, splits, engine_neighbours(client, name, rows, hnsw_ef=cfg.hnsw_ef),
+                                    threshold=cfg.near_dup_threshold, max_pairs=cfg.max_reported_pairs)
     listed = {side["id"] for pair in dups["pairs"] for side in (pair["a"], pair["b"])}
     details = {r.id: {"module": r.module, "qualname": r.qualname, "summary": r.summary}
                for _, r in iter_records(ws, version) if r.id in listed} if listed else {}
@@ -197,5 +415,5 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
         for side in (pair["a"], pair["b"]):
             side.update(details.get(side["id"], {}))
     return {"collection": name, "location": cfg.url or str(Path(ws.qdrant)), "embedder": embedder.name,
-            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted, "local_wal": fast_writes,
-            "near_duplicates": dups}
+            "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted,
+            "engine": "qdrant-server" if cfg.url else "qdrant-edge", "near_duplicates": dups}

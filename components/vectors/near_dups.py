@@ -1,62 +1,54 @@
-"""Semantic near-duplicates: pairs of kept documents whose embeddings are nearly the same.
+"""Semantic near-duplicates: pairs of kept documents whose embeddings are nearly the same, found by the vector index.
 
-    report = semantic_near_duplicates(ids, vectors, splits, threshold=0.95, max_pairs=50)
+    report = semantic_near_duplicates(ids, vectors, splits, neighbours, threshold=0.95, max_pairs=50)
     report["pairs"], report["cross_split_pairs"]
 
 The data stage's MinHash dedup already dropped lexical near-duplicates, so every pair found
 here among the kept documents is one MinHash missed (a rewording, a re-ordered docstring).
 A pair across splits is a possible leak between train and validation/test, so it is counted
-separately. Candidates come from random-hyperplane LSH (SimHash): each vector gets
-`bands` x `rows` sign bits, and two vectors that agree on every bit of some band are
-compared; only those pairs get an exact cosine. With rows = 8 and bands = 16, a pair at
-cosine 0.95 (angle 18 degrees, 0.9 agreement per bit) is a candidate with probability
-1 - (1 - 0.9^8)^16 > 0.9999; the work grows with the number of candidates, not n^2.
+separately.
+
+The search is the index's own: every document's vector is a query for its nearest
+neighbours at or above the threshold (`neighbours`, in batches; index.py answers it with the
+engine's HNSW search). A query that comes back full (its neighbourhood may hold more) is
+asked again for twice as many, so a mass of near-identical documents is counted whole. Each
+pair is found from both of its ends, which covers an approximate search missing one of them.
 `similar_pairs_exact` is the all-pairs reference the tests compare with.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-LSH_SEED = 0
+Neighbours = Callable[[np.ndarray, int, float], list[list[tuple[int, float]]]]
+"""neighbours(queries, limit, threshold): for each query row, up to `limit` (row, cosine) of the indexed
+vectors with cosine >= threshold, closest first; rows number the vectors as `semantic_near_duplicates` got them."""
+
+QUERY_BATCH = 256
 
 
-def similar_pairs(vectors: np.ndarray, threshold: float, *, bands: int = 16, rows: int = 8,
-                  max_bucket: int = 2048) -> Iterator[tuple[int, int, float]]:
-    """(i, j, cosine) with i < j and cosine >= threshold, from SimHash LSH candidates; rows L2-normalised.
-
-    A bucket larger than `max_bucket` (a mass of near-identical vectors) is compared in blocks as well.
-    """
-    n, dim = vectors.shape
-    if n < 2:
-        return
-    planes = np.random.default_rng(LSH_SEED).standard_normal((dim, bands * rows)).astype(np.float32)
-    bits = np.empty((n, bands * rows), dtype=bool)
-    for lo in range(0, n, 8192):  # in blocks: never an n x dim float64 temporary
-        bits[lo:lo + 8192] = vectors[lo:lo + 8192] @ planes > 0
-    weights = (1 << np.arange(rows, dtype=np.uint64)).astype(np.uint64)
+def similar_pairs(vectors: np.ndarray, threshold: float, neighbours: Neighbours, *, k: int = 16,
+                  batch: int = QUERY_BATCH) -> Iterator[tuple[int, int, float]]:
+    """(i, j, cosine) with i < j and cosine >= threshold, each pair once, from the index's neighbour search."""
+    n = len(vectors)
     seen: set[tuple[int, int]] = set()
-    for band in range(bands):
-        keys = bits[:, band * rows:(band + 1) * rows].astype(np.uint64) @ weights
-        order = np.argsort(keys, kind="stable")
-        bounds = np.flatnonzero(np.diff(keys[order])) + 1
-        for group in np.split(order, bounds):
-            if len(group) < 2:
-                continue
-            others = np.sort(group)
-            for lo in range(0, len(others), max_bucket):
-                block = others[lo:lo + max_bucket]
-                sims = vectors[block] @ vectors[others].T
-                r, c = np.nonzero(sims >= threshold)
-                for a, b in zip(r.tolist(), c.tolist()):
-                    i, j = int(block[a]), int(others[b])
-                    if i < j and (i, j) not in seen:
-                        seen.add((i, j))
-                        yield i, j, float(sims[a, b])
+    for lo in range(0, n, batch):
+        pending, limit = list(range(lo, min(lo + batch, n))), k + 1   # + 1: a point is its own nearest neighbour
+        while pending:
+            full = []
+            for i, hits in zip(pending, neighbours(vectors[pending], limit, threshold)):
+                for j, cos in hits:
+                    pair = (i, j) if i < j else (j, i)
+                    if i != j and pair not in seen:
+                        seen.add(pair)
+                        yield pair[0], pair[1], cos
+                if len(hits) >= limit:
+                    full.append(i)
+            pending, limit = full, limit * 2
 
 
 def similar_pairs_exact(vectors: np.ndarray, threshold: float, *, block: int = 2048) -> Iterator[tuple[int, int, float]]:
@@ -70,13 +62,13 @@ def similar_pairs_exact(vectors: np.ndarray, threshold: float, *, block: int = 2
                 yield start + r, c, float(sims[r, c])
 
 
-def semantic_near_duplicates(ids: list[str], vectors: np.ndarray, splits: list[str], *, threshold: float,
-                             max_pairs: int) -> dict[str, Any]:
+def semantic_near_duplicates(ids: list[str], vectors: np.ndarray, splits: list[str], neighbours: Neighbours, *,
+                             threshold: float, max_pairs: int) -> dict[str, Any]:
     """Count every pair at or above `threshold` (and those across splits); list the `max_pairs` closest."""
     assert len(ids) == len(vectors) == len(splits)
     found = cross = 0
     top: list[tuple[float, int, int]] = []  # a min-heap of the closest pairs seen so far
-    for i, j, cos in similar_pairs(np.asarray(vectors, dtype=np.float32), threshold):
+    for i, j, cos in similar_pairs(np.asarray(vectors, dtype=np.float32), threshold, neighbours):
         found += 1
         cross += splits[i] != splits[j]
         if len(top) < max_pairs:
@@ -84,6 +76,6 @@ def semantic_near_duplicates(ids: list[str], vectors: np.ndarray, splits: list[s
         elif max_pairs and cos > top[0][0]:
             heapq.heapreplace(top, (cos, i, j))
     listed = [{"a": {"id": ids[i], "split": splits[i]}, "b": {"id": ids[j], "split": splits[j]},
-               "cosine": round(cos, 4)} for cos, i, j in sorted(top, reverse=True)]
+               "cosine": round(min(cos, 1.0), 4)} for cos, i, j in sorted(top, reverse=True)]
     return {"threshold": threshold, "documents": len(ids), "pairs_found": found,
             "cross_split_pairs": cross, "pairs": listed}

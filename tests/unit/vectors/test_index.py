@@ -1,4 +1,5 @@
-"""Qdrant local mode: idempotent rebuild, stale points removed, dimension mismatch and a held folder are user errors."""
+"""The embedded Qdrant engine: idempotent rebuild, stale points removed, an HNSW index on disk that survives a reopen,
+dimension mismatch and a held folder are user errors."""
 
 from __future__ import annotations
 
@@ -13,9 +14,18 @@ from lmforge.components.errors import UserError
 from lmforge.components.retrieval import format_context, retrieve
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
-from lmforge.components.vectors.index import close_clients, index_dataset, qdrant_client
+from lmforge.components.vectors.embed import make_embedder
+from lmforge.components.vectors.index import (
+    EdgeCollections,
+    close_clients,
+    collection_name,
+    index_dataset,
+    qdrant_client,
+    vector_size,
+)
 from lmforge.components.vectors.near_dups import semantic_near_duplicates
 from tests.unit.features.fakedata import make_dataset
+from tests.unit.vectors.engine import engine_neighbours_of
 
 NO_FEAST = FeaturesConfig(enabled=False)
 
@@ -28,7 +38,7 @@ def ws(workspace):
 
 def test_rebuild_is_idempotent_and_drops_stale_points(ws):
     version, records = make_dataset(ws)
-    cfg = VectorsConfig(hash_dim=128, batch_size=7)
+    cfg = VectorsConfig(embedder="hashing", hash_dim=128, batch_size=7)
     first = index_dataset(ws, version, cfg)
     assert first["points"] == sum(len(r) for r in records.values()) and first["created"]
     again = index_dataset(ws, version, cfg)
@@ -38,25 +48,26 @@ def test_rebuild_is_idempotent_and_drops_stale_points(ws):
     path.write_text("".join(path.read_text().splitlines(keepends=True)[1:]))
     third = index_dataset(ws, version, cfg)
     assert (third["points"], third["deleted_stale"]) == (first["points"] - 1, 1)
-    # Writes went through WAL (qdrant-client internals still as expected), and they are on disk.
-    assert first["local_wal"] and third["local_wal"]
+    # The writes are on disk: a fresh store, after this one let go, counts the same.
+    assert first["engine"] == third["engine"] == "qdrant-edge"
     close_clients()
     assert qdrant_client(ws, cfg).count(third["collection"], exact=True).count == third["points"]
 
 
 def test_dimension_mismatch_is_an_error_not_a_recreate(ws):
     version, _ = make_dataset(ws)
-    index_dataset(ws, version, VectorsConfig(hash_dim=128))
+    index_dataset(ws, version, VectorsConfig(embedder="hashing", hash_dim=128))
     with pytest.raises(UserError, match="size 128.*makes 64"):
-        index_dataset(ws, version, VectorsConfig(hash_dim=64))
+        index_dataset(ws, version, VectorsConfig(embedder="hashing", hash_dim=64))
     client = qdrant_client(ws, VectorsConfig())
-    assert client.get_collection(f"lmforge_{version}_hashing").config.params.vectors.size == 128
+    assert vector_size(client, f"lmforge_{version}_hashing") == 128
 
 
 def test_folder_held_by_another_process_is_a_user_error(ws):
     ws.qdrant.mkdir(parents=True)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from qdrant_client import QdrantClient; "
-                               f"c = QdrantClient(path={str(ws.qdrant)!r}); print('ready', flush=True); time.sleep(60)"],
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; "
+                               "from lmforge.components.vectors.index import EdgeCollections; "
+                               f"c = EdgeCollections(Path({str(ws.qdrant)!r})); print('ready', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ready"
@@ -95,7 +106,7 @@ def test_retrieve_without_a_collection_says_to_run_the_stage(ws):
         retrieve("def f()", 3, ws=ws, vectors=VectorsConfig(), features=NO_FEAST, dataset_version=version)
 
 
-def test_semantic_near_duplicates_counts_pairs_and_cross_split():
+def test_semantic_near_duplicates_counts_pairs_and_cross_split(tmp_path):
     rng = np.random.default_rng(0)
     base = rng.normal(size=(6, 32)).astype(np.float32)
     base[5] = base[0] + 0.01 * rng.normal(size=32)   # a near twin of 0, in another split
@@ -103,8 +114,61 @@ def test_semantic_near_duplicates_counts_pairs_and_cross_split():
     base /= np.linalg.norm(base, axis=1, keepdims=True)
     splits = ["train", "train", "train", "validation", "train", "test"]
     ids = [f"d{i}" for i in range(6)]
-    report = semantic_near_duplicates(ids, base, splits, threshold=0.99, max_pairs=1)
+    with engine_neighbours_of(tmp_path, base) as neighbours:
+        report = semantic_near_duplicates(ids, base, splits, neighbours, threshold=0.99, max_pairs=1)
     assert (report["pairs_found"], report["cross_split_pairs"]) == (2, 1)
     assert len(report["pairs"]) == 1 and report["pairs"][0]["cosine"] >= 0.99
     brute = {(i, j) for i in range(6) for j in range(i + 1, 6) if base[i] @ base[j] >= 0.99}
     assert brute == {(0, 5), (1, 4)}
+
+
+def test_the_index_is_an_hnsw_shard_on_disk_that_answers_the_same_after_a_reopen(ws):
+    version, records = make_dataset(ws, n_train=40, n_val=8, n_test=8)
+    cfg = VectorsConfig(embedder="hashing", hash_dim=64)
+    report = index_dataset(ws, version, cfg)
+    name = collection_name(cfg, version, make_embedder(cfg))
+    shard = ws.qdrant / name
+    # The engine's own files: a segment with an HNSW graph (built by the optimiser), and the write-ahead log.
+    graphs = list(shard.glob("segments/*/vector_index/graph.bin"))
+    assert graphs and (shard / "wal").is_dir() and report["engine"] == "qdrant-edge"
+    queries = make_embedder(cfg).embed([r.text for r in records["test"][:5]]).tolist()
+    before = [[(p.id, round(p.score, 5)) for p in qdrant_client(ws, cfg).query_points(name, query=q, limit=5).points]
+              for q in queries]
+    close_clients()
+    after = [[(p.id, round(p.score, 5)) for p in qdrant_client(ws, cfg).query_points(name, query=q, limit=5).points]
+             for q in queries]
+    assert after == before and all(len(hits) == 5 for hits in after)
+    # A query is the nearest neighbour of itself: the test document's own point comes first.
+    assert all(hits[0][1] > 0.999 for hits in after)
+
+
+def test_a_shard_held_by_another_process_is_a_user_error(ws):
+    """The engine's own lock on a shard's WAL, met when something other than lmforge holds the shard."""
+    version, _ = make_dataset(ws)
+    cfg = VectorsConfig(embedder="hashing", hash_dim=32)
+    name = index_dataset(ws, version, cfg)["collection"]
+    close_clients()
+    holder = subprocess.Popen([sys.executable, "-c", "import time, qdrant_edge; "
+                               f"s = qdrant_edge.EdgeShard.load({str(ws.qdrant / name)!r}); print('ready', flush=True); "
+                               "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(UserError, match="in use by another process"):
+            qdrant_client(ws, cfg).count(name)
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+
+
+def test_a_collection_appears_whole_or_not_at_all(tmp_path):
+    store = EdgeCollections(tmp_path / "q")
+    try:
+        from qdrant_client import models
+
+        store.create_collection("c", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE))
+        assert store.collection_exists("c") and [c.name for c in store.get_collections().collections] == ["c"]
+        assert not list((tmp_path / "q").glob(".new-*"))   # built aside, then renamed into place
+        assert store.delete_collection("c") and not store.collection_exists("c")
+        assert not [p for p in (tmp_path / "q").iterdir() if p.name != ".lock"]
+    finally:
+        store.close()

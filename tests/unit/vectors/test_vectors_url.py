@@ -23,14 +23,14 @@ def ws(workspace):
 
 
 def test_url_gives_a_remote_client_for_that_server(ws):
-    from qdrant_client.qdrant_remote import QdrantRemote
+    from qdrant_client import QdrantClient
 
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.warns(UserWarning, match="insecure"):   # qdrant-client warns of a key over plain http
         client = qdrant_client(ws, VectorsConfig(url=url, api_key="k"))
-    remote = client._client   # qdrant-client's transport: QdrantRemote for a server, QdrantLocal for a folder
-    assert isinstance(remote, QdrantRemote)
-    assert remote.rest_uri.rstrip("/") == url and remote._api_key == "k"
+    assert isinstance(client, QdrantClient)   # not the embedded engine
+    options = client.init_options             # what the client was built with: a server, never a folder
+    assert (options["url"], options["api_key"], options["path"], options["location"]) == (url, "k", None, None)
     assert not ws.qdrant.exists()   # local mode would have created the folder
     assert qdrant_client(ws, VectorsConfig(url=url, api_key="k")) is client   # one client per server per process
 
