@@ -28,7 +28,6 @@ from rich.table import Table
 from lmforge.cli.output import emit_json
 from lmforge.components.errors import UserError
 from lmforge.components.sections.training import PRESETS, ModelConfig
-from lmforge.components.training.model import expert_param_count, param_count
 from lmforge.components.training.planner import PlanInput, make_plan, parse_size, shape_for
 
 console = Console()
@@ -61,6 +60,8 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
 ) -> None:
     """Per-device memory (weights, gradients, optimizer, activations) per strategy; recommends the cheapest that fits."""
+    from lmforge.components.training.model import expert_param_count, param_count  # imports torch: only when planning
+
     precision = Precision(precision).value
     trainable: float | None = None
     moe: dict[str, float] = {}
