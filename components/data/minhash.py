@@ -1,4 +1,4 @@
-"""MinHash signatures computed a shard at a time in numpy, and near-duplicate removal over LSH bands.
+"""MinHash signatures (rensa's R-MinHash) computed a shard at a time, and near-duplicate removal over LSH bands.
 
     sig = signatures(texts, num_perm=64, shingle=5)          # (n, num_perm) uint32
     keys = band_keys(sig, bands=7, rows=9)                    # (n, bands) uint64
@@ -6,13 +6,15 @@
 
 Words are cut by Arrow's RE2 kernels (`[\\pL\\pN_]+`, lower-cased), hashed in bulk with
 pandas' SipHash, and a shingle of k words is a fixed linear combination of its words'
-hashes (wrapping uint64), so no Python loop runs per shingle. Each permutation is the
-one-permutation MinHash: one multiply-add hash per shingle chooses a bin and a value, each
-bin keeps its minimum, and empty bins are filled from their right neighbour (densification):
-num_perm times less arithmetic than one hash per permutation. Seeds are fixed, so a
-document's signature does not depend on its shard or on the run.
+hashes (wrapping uint64), so no Python loop runs per shingle. The signatures are rensa's
+(`rensa.RMinHash`, Rust): it takes the shingle hashes of a chunk of documents as one flat
+buffer, with a fixed seed, so a document's signature does not depend on its shard, its
+process or the run.
 
-The near-duplicate pass keeps the earliest document of each cluster, as a MinHash LSH
+The LSH bands are (bands, rows) as datasketch's MinHashLSH chooses them for the threshold
+(7 x 9 for 0.85 and 64 slots); rensa's own LSH needs the bands to divide num_perm, and
+answers "has a candidate", not "which earlier document", so the banding stays here. The
+near-duplicate pass keeps the earliest document of each cluster, as a MinHash LSH
 index of kept documents would: a document is a duplicate of the earliest kept document
 that shares a band key and agrees in at least `threshold * num_perm` signature slots. Only
 documents whose band key occurs twice or more are visited, one dict look-up per band.
@@ -38,13 +40,6 @@ def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
 
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
     return lsh.b, lsh.r
-
-
-def _perms(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(MINHASH_SEED)
-    a = rng.integers(1, 2**63, size=num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    b = rng.integers(0, 2**63, size=num_perm, dtype=np.uint64)
-    return a, b
 
 
 def _shingle_coefficients(k: int) -> np.ndarray:
@@ -102,35 +97,23 @@ def shingle_hashes(texts: Sequence[str] | pa.Array, k: int) -> tuple[np.ndarray,
 
 
 def signatures(texts: Sequence[str] | pa.Array, *, num_perm: int, shingle: int) -> np.ndarray:
-    """(n, num_perm) uint32 one-permutation MinHash signatures of word k-gram sets.
+    """(n, num_perm) uint32 MinHash signatures of word k-gram sets: rensa's R-MinHash of each document's shingle hashes.
 
-    One hash per shingle (not one per shingle and permutation): its top bits pick one of
-    `num_perm` bins, its low 32 bits are the value, and each bin keeps its minimum. A bin that
-    no shingle fell into borrows the value of the next filled bin to its right, circularly
-    (rotation densification), so that two signatures still agree in a slot with probability
-    equal to the Jaccard similarity of the two sets.
+    `rensa.RMinHash.digest_matrix_from_flat_token_hashes` takes one flat buffer of pre-hashed tokens and the
+    row offsets, for a chunk of documents at a time, in Rust; it is seeded with MINHASH_SEED, so a document's
+    signature is the same in every process, shard and run (`rensa.RMinHash(num_perm, MINHASH_SEED)` fed the
+    same shingle hashes gives the same digest). Two signatures agree in a slot with probability close to the
+    Jaccard similarity of the two shingle sets.
     """
-    a, b = _perms(1)
+    from rensa import RMinHash
+
     arr = pa.array(texts, type=pa.large_string()) if not isinstance(texts, pa.Array) else texts
     out = np.empty((len(arr), num_perm), dtype=np.uint32)
-    empty = np.uint32(0xFFFFFFFF)
     for lo in range(0, len(arr), _DOC_CHUNK):
         hashes, starts = shingle_hashes(arr.slice(lo, _DOC_CHUNK), shingle)
-        n = len(starts)
-        doc = np.repeat(np.arange(n), np.diff(np.append(starts, len(hashes))))
-        with np.errstate(over="ignore"):
-            h = hashes * a[0] + b[0]
-        bins = ((h >> np.uint64(32)) % np.uint64(num_perm)).astype(np.int64)
-        values = (h & np.uint64(0xFFFFFFFE)).astype(np.uint32)  # 0xFFFFFFFF is kept free to mean "empty"
-        sig = np.full(n * num_perm, empty, dtype=np.uint32)
-        np.minimum.at(sig, doc * num_perm + bins, values)
-        sig = sig.reshape(n, num_perm)
-        for _ in range(1, num_perm):  # rotation densification; stops as soon as no bin is empty
-            holes = sig == empty
-            if not holes.any():
-                break
-            sig = np.where(holes, np.roll(sig, -1, axis=1), sig)
-        out[lo:lo + n] = sig
+        offsets = np.append(starts, len(hashes)).astype(np.uint64)
+        digests = RMinHash.digest_matrix_from_flat_token_hashes(hashes, offsets, num_perm, MINHASH_SEED)
+        out[lo:lo + len(starts)] = digests.to_rows()
     return out
 
 
