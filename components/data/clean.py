@@ -2,6 +2,7 @@
 
     clean_text("cafe\u0301  \r\n\n\n\nx\u00a0y ")   # "café\n\nx y"
     clean_record(record)                            # text/summary rebuilt from the cleaned parts
+    clean_record(record, derived)                   # ... told which were derived (validate.judge_for_cleaning)
     kept, quarantined = clean_all(validated.clean)  # a record left empty is quarantined as "empty"
 
 Whitespace rules: CRLF/CR become LF; trailing spaces on each line go; exotic spaces
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 from lmforge.components.data.quarantine import Quarantined, encode_raw, fields_bytes
 from lmforge.components.data.records import Record, first_sentence, lm_text
-from lmforge.components.data.validate import Kept
+from lmforge.components.data.validate import Derived, Kept
 
 EMPTIED = "nothing left after whitespace cleaning"
 
@@ -42,12 +43,23 @@ def clean_line(text: str) -> str:
     return " ".join(_ZERO_WIDTH.sub("", unicodedata.normalize("NFC", text)).split())
 
 
-def clean_record(r: Record) -> Record:
-    """The record with cleaned fields; derived fields (text, summary) are rebuilt when they were derived."""
-    derived_text = r.text == lm_text(r.signature, r.docstring)
-    derived_summary = r.summary == first_sentence(r.docstring)
+def clean_record(r: Record, derived: Derived | None = None) -> Record:
+    """The record with cleaned fields; derived fields (text, summary) are rebuilt when they were derived.
+
+    `derived` (from validate.judge_for_cleaning) says which they are, so that nothing is compared or built twice;
+    without it they are found by comparison. A document's text is its docstring: it is cleaned once.
+    """
+    derived_text = r.text == lm_text(r.signature, r.docstring) if derived is None else derived.text
+    derived_summary = derived.summary if derived is not None else None
+    if derived_summary is None:
+        derived_summary = r.summary == first_sentence(r.docstring)
     signature, docstring = clean_line(r.signature), clean_text(r.docstring)
-    text = lm_text(signature, docstring) if derived_text else clean_text(r.text)
+    if derived_text:
+        text = lm_text(signature, docstring)
+    elif r.text == r.docstring:  # the same string (a document): the same cleaned text
+        text = docstring
+    else:
+        text = clean_text(r.text)
     summary = first_sentence(docstring) if derived_summary else clean_line(r.summary)
     return replace(r, signature=signature, docstring=docstring, text=text, summary=summary)
 

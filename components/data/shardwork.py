@@ -34,7 +34,7 @@ from lmforge.components.data.shards import dtype_for
 from lmforge.components.data.split import SPLITS
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
 from lmforge.components.data.tokenizer import encode_flat, eos_id_of, load_tokenizer
-from lmforge.components.data.validate import judge
+from lmforge.components.data.validate import judge_for_cleaning
 from lmforge.components.sections.data import DataConfig
 from lmforge.components.workspace import atomic_dir
 
@@ -64,11 +64,11 @@ def ingest_shard(spec: dict[str, Any], cfg: DataConfig, out: Path) -> IngestRef:
     cols: dict[str, list[Any]] = {name: [] for name in ROW_SCHEMA.names}
     bad: list[Quarantined] = []
     for item in read_shard(spec, cfg, tally):
-        judged = judge(item, cfg.validation)
+        judged = judge_for_cleaning(item, cfg.validation)
         if isinstance(judged, Quarantined):
             bad.append(judged)
             continue
-        r = clean_record(judged)
+        r = clean_record(*judged)
         if not (r.docstring and r.text):
             bad.append(quarantine_entry(item, "empty", EMPTIED))
             continue

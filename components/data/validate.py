@@ -6,6 +6,7 @@
     result.counts()       # {"docs_in", "clean", "quarantined", "quarantined_by_reason"}
     validate_lines([b'{"text": "ok"}', b"\\xff"], ValidationConfig())   # JSONL lines, for tests and tools
     judge(item, cfg.validation)   # one item: a Record, or a Quarantined entry (no duplicate_id check)
+    judge_for_cleaning(item, cfg.validation)  # (Record without its derived summary, Derived), or Quarantined
 
 A user record (JSONL line, CSV row, Parquet row) comes in one of three shapes; the field names
 are ValidationConfig's (text_field, prompt_field, completion_field, messages_field, ...):
@@ -43,15 +44,28 @@ from typing import Any
 
 from lmforge.components.data.ingest import RawItem
 from lmforge.components.data.quarantine import Quarantined, quarantine_entry
-from lmforge.components.data.records import Record, first_sentence, stable_id
+from lmforge.components.data.records import Record, first_sentence, lm_text, stable_id
 from lmforge.components.sections.data import ValidationConfig
 
 REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id",
            "blank_line", "column_count", "invalid_csv", "unparseable_file")
 
 # C0/C1 controls except tab, newline, carriage return and form feed (which source code uses as a page break)
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_BAD_CHAR = re.compile(r"[\ud800-\udfff\x00-\x08\x0b\x0e-\x1f\x7f-\x9f]")  # either: one scan of a good field
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Which fields of a judged Record were built from its other fields, as clean_record would find out by comparing.
+
+    text: text is lm_text(signature, docstring) (a built-in docstring record; never a document or a pair).
+    summary: True when the summary is (or, with summarise=False, is to be) first_sentence(docstring); None when
+    only a comparison can tell (a reference the user gave, a pair's completion).
+    """
+
+    text: bool
+    summary: bool | None
 
 
 @dataclass(frozen=True)
@@ -81,10 +95,18 @@ class ValidationResult:
 
 def judge(item: RawItem, cfg: ValidationConfig) -> Record | Quarantined:
     """The Record for one raw item, or its quarantine entry (the whole raw record and the reason)."""
+    judged = judge_for_cleaning(item, cfg, summarise=True)
+    return judged if isinstance(judged, Quarantined) else judged[0]
+
+
+def judge_for_cleaning(item: RawItem, cfg: ValidationConfig, *,
+                       summarise: bool = False) -> tuple[Record, Derived] | Quarantined:
+    """As judge, for a record that goes straight to clean_record(record, derived): a derived summary is left ""
+    (cleaning derives it from the cleaned docstring; summarise=True fills it), and Derived says what was derived."""
     try:
         if item.error is not None:
             raise Bad(*item.error)
-        return to_record(item, cfg)
+        return _to_record(item, cfg, summarise)
     except Bad as bad:
         return quarantine_entry(item, bad.reason, bad.detail)
 
@@ -113,10 +135,14 @@ def validate_lines(lines: Iterable[bytes], cfg: ValidationConfig, *, name: str =
 
 def to_record(item: RawItem, cfg: ValidationConfig) -> Record:
     """The Record for one raw item, or Bad(reason, detail)."""
+    return _to_record(item, cfg, True)[0]
+
+
+def _to_record(item: RawItem, cfg: ValidationConfig, summarise: bool) -> tuple[Record, Derived]:
     fields = _decode(item.payload)
     if item.kind == "docstring":
-        return _docstring_record(fields, cfg)
-    return _document_record(fields, item.origin, cfg)
+        return _docstring_record(fields, cfg, summarise)
+    return _document_record(fields, item.origin, cfg, summarise)
 
 
 def _decode(payload: bytes | dict[str, Any]) -> dict[str, Any]:
@@ -144,11 +170,11 @@ def _decode(payload: bytes | dict[str, Any]) -> dict[str, Any]:
 
 
 def _check_text(name: str, value: str, cfg: ValidationConfig, *, required: bool) -> None:
-    if m := _SURROGATE.search(value):
-        raise Bad("invalid_utf8", f"field {name!r} holds undecodable data at character {m.start()}")
-    if m := _CONTROL.search(value):
+    if m := _BAD_CHAR.search(value):  # a surrogate anywhere is reported before a control character
+        if s := _SURROGATE.search(value, m.start()):
+            raise Bad("invalid_utf8", f"field {name!r} holds undecodable data at character {s.start()}")
         raise Bad("control_chars", f"field {name!r} holds control character {m.group()!r} at {m.start()}")
-    if required and not value.strip():
+    if required and (not value or value.isspace()):  # what `not value.strip()` says, without the copy
         raise Bad("empty", f"field {name!r} is empty or only whitespace")
     if len(value) > cfg.max_chars:
         raise Bad("too_long", f"field {name!r} has {len(value)} characters, more than validation.max_chars={cfg.max_chars}")
@@ -163,11 +189,12 @@ def _optional_str(fields: dict[str, Any], name: str) -> str | None:
     return str(value)
 
 
-def _document_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig) -> Record:
+def _document_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig,
+                     summarise: bool = True) -> tuple[Record, Derived]:
     text = fields.get(cfg.text_field)
     if text is None or (text == "" and any(fields.get(f) not in (None, "") for f in (cfg.completion_field,
                                                                                       cfg.messages_field))):
-        return _pair_record(fields, origin, cfg)
+        return _pair_record(fields, origin, cfg), Derived(text=False, summary=None)
     if not isinstance(text, str):
         raise Bad("wrong_type", f"field {cfg.text_field!r} must be a string, not {type(text).__name__}")
     rid, prompt, reference, group = (_optional_str(fields, f) for f in
@@ -178,21 +205,25 @@ def _document_record(fields: dict[str, Any], origin: str, cfg: ValidationConfig)
         if value is not None:
             _check_text(name, value, cfg, required=False)
     rid = rid if rid is not None else stable_id(origin)
-    summary = reference if reference is not None else first_sentence(text)
-    return Record(id=rid, source=origin.rsplit(":", 1)[0], module=group if group is not None else rid,
-                  qualname=rid, signature=prompt or "", docstring=text, summary=summary, text=text)
+    summary = reference if reference is not None else first_sentence(text) if summarise else ""
+    record = Record(id=rid, source=origin.rsplit(":", 1)[0], module=group if group is not None else rid,
+                    qualname=rid, signature=prompt or "", docstring=text, summary=summary, text=text)
+    return record, Derived(text=False, summary=True if reference is None else None)
 
 
-def _docstring_record(fields: dict[str, Any], cfg: ValidationConfig) -> Record:
+def _docstring_record(fields: dict[str, Any], cfg: ValidationConfig, summarise: bool = True) -> tuple[Record, Derived]:
     for name in ("source", "module", "qualname", "signature", "docstring"):
         if not isinstance(fields.get(name), str):
             raise Bad("missing_field", f"docstring record without {name!r}")
     _check_text("docstring", fields["docstring"], cfg, required=True)
     _check_text("signature", fields["signature"], cfg, required=False)
-    record = Record.from_parts(**{k: fields[k] for k in ("source", "module", "qualname", "signature", "docstring")})
+    parts = {k: fields[k] for k in ("source", "module", "qualname", "signature", "docstring")}
+    record = Record.from_parts(**parts) if summarise else Record(
+        id=stable_id(parts["source"], parts["module"], parts["qualname"]), **parts, summary="",
+        text=lm_text(parts["signature"], parts["docstring"]))
     if len(record.text) > cfg.max_chars:
         raise Bad("too_long", f"text has {len(record.text)} characters, more than validation.max_chars={cfg.max_chars}")
-    return record
+    return record, Derived(text=True, summary=True)
 
 
 _ROLES = ("system", "user", "assistant")
