@@ -178,3 +178,35 @@ def test_select_decides_ids_then_texts_in_corpus_order_across_shards(tmp_path):
     entries = read_quarantine(tmp_path / "select" / "quarantine.jsonl")
     assert [(q.line, q.reason) for q in entries] == [(3, "duplicate_id"), (5, "duplicate_id")]
     assert entries[0].detail == "id 'a' already used by d.jsonl:1" and entries[1].detail == "id 'b' already used by d.jsonl:2"
+
+
+def test_ingest_cleans_each_text_once_and_derives_each_summary_once(tmp_path, monkeypatch):
+    from lmforge.components.data import clean, records, validate
+    from lmforge.components.data.clean import clean_record
+    from lmforge.components.data.validate import judge
+
+    from .corpus import good_rows
+
+    rows = good_rows(30)
+    for r in rows[::2]:
+        del r["reference"]  # half derive their summary from the text
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = DataConfig(source=str(path))
+    calls = {"clean_text": 0, "first_sentence": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return wrapper
+
+    monkeypatch.setattr(clean, "clean_text", counted("clean_text", clean.clean_text))
+    for module in (clean, validate, records):
+        monkeypatch.setattr(module, "first_sentence", counted("first_sentence", records.first_sentence))
+    (ref,) = ingest_all(cfg, tmp_path)
+    assert ref.rows == 30 and calls == {"clean_text": 30, "first_sentence": 30}  # one each a record
+    got = pq.read_table(ref.path(ROWS), columns=["summary", "text"]).to_pylist()
+    monkeypatch.undo()
+    items = list(read_shard(plan_shards(cfg)[0], cfg, {}))
+    assert got == [{"summary": r.summary, "text": r.text} for r in (clean_record(judge(i, cfg.validation)) for i in items)]
