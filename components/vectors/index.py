@@ -81,6 +81,8 @@ class EdgeCollections:
             self._lock.close()
             self._lock = None
             raise _held(self.root) from None
+        for left in [*self.root.glob(".new-*"), *self.root.glob(".deleted-*")]:   # a killed writer's; the lock is ours
+            shutil.rmtree(left, ignore_errors=True)
         self._shards: dict[str, Any] = {}
 
     # ----- collections

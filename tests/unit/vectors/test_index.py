@@ -161,6 +161,7 @@ def test_a_shard_held_by_another_process_is_a_user_error(ws):
 
 
 def test_a_collection_appears_whole_or_not_at_all(tmp_path):
+    (tmp_path / "q" / ".new-c-999999").mkdir(parents=True)   # what a writer killed mid-create leaves
     store = EdgeCollections(tmp_path / "q")
     try:
         from qdrant_client import models
