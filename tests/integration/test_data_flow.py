@@ -168,3 +168,20 @@ def test_cli_missing_source_is_one_line_and_writes_nothing(workspace):
     assert len(lines) == 1 and lines[0].startswith("error: data.source: /no/such/path does not exist"), proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert not workspace.datasets.exists() and workspace.latest_dataset() is None
+
+
+def test_local_cluster_workers_run_without_malloc_trim_or_profiler(monkeypatch):
+    """The stage's Dask workers: glibc's own trim threshold (not Dask's 64 KiB) and no stack-sampling profiler."""
+    import dask.config
+    from distributed import Client, LocalCluster
+
+    from lmforge.flows.data import dask_environ_restored, dask_worker_settings, local_cluster_kwargs
+
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+
+    def seen() -> tuple:
+        return os.environ.get("MALLOC_TRIM_THRESHOLD_"), dask.config.get("distributed.worker.profile.enabled")
+
+    with dask_environ_restored(), dask_worker_settings(), LocalCluster(**local_cluster_kwargs(1)) as cluster, \
+            Client(cluster) as client:
+        assert list(client.run(seen).values()) == [(None, False)]
