@@ -20,7 +20,11 @@ Records end at "\\n" only (a "\\r" just before it is dropped): a bare "\\r", U+2
 character that str.splitlines() cuts at stays inside its record, so that the count of newlines
 the plan makes and the records the reader yields always agree.
 
-JSONL is cut at newlines into byte ranges of about `shard_mb`; CSV likewise, but only at a
+JSONL is cut at newlines into byte ranges of about `shard_mb`, a line weighing its bytes up to
+JSONL_LINE_CAP x validation.max_chars (80 kB by default): a line longer than that is all but
+surely quarantined as too_long, which costs reading it, not cleaning, hashing and tokenizing
+it, so ten 3 MB lines no longer leave a shard with a fifth of the documents of the others (with
+no line over the cap, the cuts are where pure byte ranges put them). CSV likewise, by bytes, but only at a
 newline outside quotes (an even number of `"` before it: a quoted cell may hold a newline,
 and RFC 4180 doubles a quote inside one); Parquet by row groups; .txt folders and the
 built-in corpus by files. The shard size is evened out so that the number of shards is
@@ -59,6 +63,8 @@ from lmforge.components.data.quarantine import (
 from lmforge.components.errors import UserError
 from lmforge.components.sections.data import DataConfig
 
+JSONL_LINE_CAP = 4  # a JSONL line weighs at most this many bytes per validation.max_chars character
+
 
 def plan_shards(cfg: DataConfig, *, shard_mb: float | None = None, replay: list[str] | None = None) -> list[dict[str, Any]]:
     """The input shards of the configured source (and of quarantine files to replay), in corpus order."""
@@ -71,7 +77,7 @@ def plan_shards(cfg: DataConfig, *, shard_mb: float | None = None, replay: list[
         files = [("txt", "", str(path), p.relative_to(path).as_posix()) for p in sorted(path.rglob("*.txt"))]
         specs = _plan_files(files, target)
     elif path.suffix.lower() in JSONL_SUFFIXES:
-        specs = _plan_jsonl(path, even_target(path.stat().st_size, target))
+        specs = _plan_jsonl(path, target, cap=JSONL_LINE_CAP * cfg.validation.max_chars)
     elif path.suffix.lower() == ".parquet":
         specs = _plan_parquet(path, target)
     else:
@@ -105,20 +111,47 @@ def _plan_files(files: list[tuple[str, str, str, str]], target: int) -> list[dic
     return specs
 
 
-def _plan_jsonl(path: Path, target: int) -> list[dict[str, Any]]:
-    """Byte ranges ending at a newline; each knows the number of its first line."""
-    specs, start, line = [], 0, 1
-    size = path.stat().st_size
+def _line_ends(path: Path, cap: int, chunk: int = 8 << 20) -> Iterator[tuple[Any, Any]]:
+    """Per block of the file: (end offset of each line, the lines' cumulative weight at that end), a line weighing
+    its bytes up to `cap`. A last line without a newline ends at the file's end."""
+    import numpy as np
+
+    pos = line_start = weight = 0
     with open(path, "rb") as f:
-        while start < size:
-            f.seek(min(start + target, size))
-            f.readline()  # to the end of the line the cut fell in
-            end = min(f.tell(), size)
-            f.seek(start)
-            lines = f.read(end - start).count(b"\n")
-            specs.append({"kind": "jsonl", "path": str(path), "start": start, "end": end, "first_line": line})
-            line += lines
-            start = end
+        while block := f.read(chunk):
+            ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n")) + (pos + 1)
+            lengths = np.diff(ends, prepend=line_start)
+            cum = np.cumsum(np.minimum(lengths, cap), dtype=np.int64) + weight
+            if len(ends):
+                line_start, weight = int(ends[-1]), int(cum[-1])
+            pos += len(block)
+            yield ends, cum
+    if line_start < pos:
+        yield np.array([pos]), np.array([weight + min(pos - line_start, cap)])
+
+
+def _plan_jsonl(path: Path, target: int, cap: int) -> list[dict[str, Any]]:
+    """Byte ranges ending at a newline, each knowing the number of its first line, cut into an even number of shards
+    of about the same weight: a line weighs its bytes, up to `cap` (see plan_shards)."""
+    import numpy as np
+
+    total = 0
+    for _, cum in _line_ends(path, cap):
+        total = int(cum[-1]) if len(cum) else total
+    target = even_target(total, target)
+    specs: list[dict[str, Any]] = []
+    start = start_weight = lines_before = 0
+    first_line = 1
+    for ends, cum in _line_ends(path, cap):
+        # a shard ends with the first line whose end weighs more than `target` past the shard's start; with every
+        # line under the cap, weight is bytes, and that is the line holding byte start + target
+        while (k := int(np.searchsorted(cum, start_weight + target, side="right"))) < len(ends):
+            specs.append({"kind": "jsonl", "path": str(path), "start": start, "end": int(ends[k]), "first_line": first_line})
+            start, start_weight, first_line = int(ends[k]), int(cum[k]), lines_before + k + 2
+        lines_before += len(ends)
+    size = path.stat().st_size
+    if start < size:
+        specs.append({"kind": "jsonl", "path": str(path), "start": start, "end": size, "first_line": first_line})
     return specs or [{"kind": "jsonl", "path": str(path), "start": 0, "end": 0, "first_line": 1}]
 
 

@@ -15,7 +15,7 @@ import pytest
 from lmforge.components.data.clean import clean_text
 from lmforge.components.data.corpuswork import select
 from lmforge.components.data.quarantine import raw_bytes, read_quarantine
-from lmforge.components.data.readers import ingest, plan_shards, read_shard
+from lmforge.components.data.readers import even_target, ingest, plan_shards, read_shard
 from lmforge.components.data.shardwork import ROWS, ingest_shard
 from lmforge.components.data.validate import judge
 from lmforge.components.sections.data import DataConfig
@@ -184,3 +184,29 @@ def test_dataset_records_escape_line_separators(tmp_path):
     assert len(lines) == len(ODD)
     assert {json.loads(line)["id"]: json.loads(line)["text"] for line in lines} == {
         d["id"]: clean_text(d["text"]) for d in (_good(i, t) for i, t in enumerate(ODD))}
+
+
+def test_jsonl_shards_weigh_a_huge_line_as_little_as_its_work(tmp_path):
+    """A line past JSONL_LINE_CAP x max_chars bytes (quarantined as too_long, never cleaned, hashed or tokenized)
+    counts as that many bytes: shards hold about as many documents each, and every line is read once."""
+    good = [json.dumps({"id": f"d{i}", "text": f"document {i} " + "word " * 40}).encode() for i in range(400)]
+    huge = json.dumps({"id": "huge", "text": "word " * 60_000}).encode()  # 300 kB, validation.max_chars=1000
+    lines = good[:100] + [huge] * 2 + good[100:]
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = DataConfig(source=str(path), validation={"max_chars": 1000})
+    specs = plan_shards(cfg, shard_mb=0.02)
+    data = path.read_bytes()
+    per_shard = [data[s["start"]:s["end"]].count(b"\n") for s in specs]
+    assert sum(per_shard) == len(lines) and len(specs) % 2 == 0
+    assert min(per_shard) >= max(per_shard) / 2, per_shard  # by bytes alone: [87, 14, 1, 86, ...]
+    assert [s["first_line"] for s in specs] == [1 + sum(per_shard[:k]) for k in range(len(specs))]
+    # with no line over the cap, weight is bytes: a shard ends with the line that holds byte start + target, as before
+    plain = tmp_path / "p.jsonl"
+    plain.write_bytes(b"\n".join(good) + b"\n")
+    data, size = plain.read_bytes(), plain.stat().st_size
+    target, ends, start = even_target(size, int(0.005 * 2**20)), [], 0
+    while start < size:
+        start = min(data.index(b"\n", min(start + target, size - 1)) + 1, size)
+        ends.append(start)
+    assert [s["end"] for s in plan_shards(DataConfig(source=str(plain)), shard_mb=0.005)] == ends
