@@ -89,13 +89,13 @@ def stdlib_records() -> list[Record]:
 
 
 def build_parent(out: Path, args: argparse.Namespace, train: list[Record], shards: Path) -> tuple[Path, float]:
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import ByteLevelBPETokenizer, Tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator([r.text for r in train], vocab_size=args.vocab, min_frequency=2,
                             special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<bos>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(bpe.to_str()), pad_token="<pad>", bos_token="<bos>",
                                   eos_token="<eos>", unk_token="<unk>")
     docs = [tok(r.text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in train]
     write_shards(shards, {"train": docs}, vocab_size=len(tok))

@@ -55,12 +55,12 @@ def stdlib_functions() -> list[tuple[str, str]]:
 
 
 def build_model(out: Path, docs: list[str]) -> Path:
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import ByteLevelBPETokenizer, Tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(docs, vocab_size=4096, min_frequency=2, special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<bos>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(bpe.to_str()), pad_token="<pad>", bos_token="<bos>",
                                   eos_token="<eos>", unk_token="<unk>")
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4,

@@ -89,7 +89,7 @@ def stdlib_signatures() -> dict[str, list[str]]:
 
 def serving_features(train_texts: list[str], vocab: int, min_count: int):
     """A BPE tokenizer trained on the train signatures, and the featuriser serving uses with it."""
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import ByteLevelBPETokenizer, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     from lmforge.monitoring.served import serving_featurizer
@@ -97,7 +97,7 @@ def serving_features(train_texts: list[str], vocab: int, min_count: int):
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(train_texts, vocab_size=vocab, min_frequency=2,
                             special_tokens=["<pad>", "<bos>", "<eos>", "<unk>"])
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, pad_token="<pad>", bos_token="<bos>",
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(bpe.to_str()), pad_token="<pad>", bos_token="<bos>",
                                   eos_token="<eos>", unk_token="<unk>")
     folder = Path(__import__("tempfile").mkdtemp(prefix="lmforge-bench-monitor-tok-"))
     tok.save_pretrained(folder)

@@ -98,7 +98,7 @@ def configure(*, verbose: bool = False) -> None:
         os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [inherited, pythonwarnings()]))
     for msg, cat in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=re.escape(msg), category=cat)
-    if not getattr(warnings.showwarning, "_lmforge_quiet", False):
+    if not getattr(warnings.showwarning, "lmforge_quiet", False):
         warnings.showwarning = _quiet_showwarning(warnings.showwarning)
     for name, level in NOISY_LOGGERS.items():
         logging.getLogger(name).setLevel(level)
@@ -117,7 +117,7 @@ def _quiet_showwarning(show):  # type: ignore[no-untyped-def]
         if not is_known_noise(message, category):
             show(message, category, filename, lineno, file, line)
 
-    showwarning._lmforge_quiet = True  # type: ignore[attr-defined]
+    showwarning.lmforge_quiet = True  # type: ignore[attr-defined]
     return showwarning
 
 

@@ -68,7 +68,7 @@ def weight_bytes(model: nn.Module) -> int:
             total += t.numel() * t.element_size()
     for m in model.modules():
         if is_int8_linear(m):
-            w, b = m._weight_bias()
+            w, b = m.weight(), m.bias()
             total += w.numel() * w.element_size() + (b.numel() * b.element_size() if b is not None else 0)
     return total
 
@@ -95,6 +95,6 @@ def count_params(model: nn.Module) -> int:
             n += p.numel()
     for m in model.modules():
         if is_int8_linear(m):
-            w, b = m._weight_bias()
+            w, b = m.weight(), m.bias()
             n += w.numel() + (b.numel() if b is not None else 0)
     return n

@@ -75,9 +75,9 @@ class BaseCheckpoint:
 
 def causal_lm_class(config: Any) -> type:
     """The transformers class AutoModelForCausalLM builds for `config` (KeyError when there is none)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    return AutoModelForCausalLM._model_mapping[type(config)]
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
 
 
 def read_base_config(folder: Path, *, key: str = KEY) -> Any:

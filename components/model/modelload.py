@@ -127,7 +127,7 @@ def int8_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     layers = int8_layers(model)
     out: dict[str, torch.Tensor] = {}
     for name, layer in layers.items():
-        w, b = layer._weight_bias()
+        w, b = layer.weight(), layer.bias()
         if w.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or w.q_zero_point() != 0:
             raise ValueError(f"{name}: only symmetric per-tensor int8 weights are stored (got {w.qscheme()})")
         out[f"{name}.weight"] = w.int_repr().contiguous()
@@ -199,7 +199,9 @@ def _load_int8(folder: Path, load: dict[str, Any]) -> nn.Module:
             # before quantizing), so the shapes come from it, not from the placeholder the config builds.
             out_features, in_features = weight.shape
             layer = DynamicLinear(in_features, out_features, bias_=bias is not None, dtype=torch.qint8)
-            q = torch._make_per_tensor_quantized_tensor(weight, float(quantized[f"{name}{SCALE}"][0]), 0)
+            scale = float(quantized[f"{name}{SCALE}"][0])
+            # Requantizing the dequantized weights gives back the stored int8 values exactly (|w| <= 127, one scale).
+            q = torch.quantize_per_tensor(weight.float() * scale, scale, 0, torch.qint8)
             layer.set_weight_bias(q, bias)
             set_module(model, name, layer)
     return model

@@ -174,10 +174,8 @@ def assemble(s: RankState) -> RankState:
         s = apply(s)
     if s.layout.pp > 1:
         dp_rank, dp_size = s.engine.grid.get_data_parallel_rank(), s.engine.grid.get_data_parallel_world_size()
-    else:
-        from deepspeed.utils import groups
-
-        dp_rank, dp_size = groups._get_data_parallel_rank(), groups._get_data_parallel_world_size()
+    else:  # the data-parallel group the engine reduces gradients over, from its public attributes
+        dp_rank, dp_size = deepspeed.comm.get_rank(group=s.engine.data_parallel_group), s.engine.dp_world_size
     assert dp_size == s.layout.dp, (dp_size, s.layout)
     return replace(s, dp_rank=dp_rank, dp_size=dp_size)
 

@@ -198,11 +198,12 @@ def _check_schedule(cfg: TrainingConfig, *, pp: int, micro_batches: int, bf16: b
 def _autotp_plan_refusal(model: Any) -> str | None:
     """What DeepSpeed's AutoTP would refuse about the model's own tensor-parallel plan (transformers'
     `base_model_tp_plan`), asked of DeepSpeed's converter the way its engine asks it at initialize
-    (Phi-3's fused projections use a partition style it does not support)."""
+    (Phi-3's fused projections use a partition style it does not support). The plan is the config's public
+    `base_model_tp_plan`: the per-layer styles, where every refusal seen comes from; the head's entry, which
+    DeepSpeed merges in from the model class, is a style it supports."""
     from deepspeed.module_inject.tp_plan_converter import TPPlanConverter
-    from deepspeed.runtime.tensor_parallel.config import _get_hf_tp_plan  # the engine's own reading of the plan
 
-    plan = _get_hf_tp_plan(model)
+    plan = getattr(getattr(model, "config", None), "base_model_tp_plan", None)
     try:
         if plan:
             TPPlanConverter.convert(plan)

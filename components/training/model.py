@@ -135,10 +135,10 @@ def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, ze
     """
     if cfg.init is not None:
         return load_base(cfg.init, seed=seed, zero3_config=zero3_config)
-    from transformers import AutoModelForCausalLM
+    from lmforge.components.model.basemodel import causal_lm_class
 
     config = preset_config(cfg, tokenizer, seq_len=seq_len)
-    model_class = AutoModelForCausalLM._model_mapping[type(config)]  # LlamaForCausalLM, or Qwen3MoeForCausalLM
+    model_class = causal_lm_class(config)  # LlamaForCausalLM, or Qwen3MoeForCausalLM
     torch.manual_seed(seed)
     if zero3_config is None:
         # Built without weight init, then initialised from the seed: the same draws, in the same
@@ -151,12 +151,13 @@ def build_model(cfg: ModelConfig, tokenizer: Any, *, seq_len: int, seed: int, ze
         model.initialize_weights()
         model.tie_weights()
         return model.float()
+    from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
     # transformers reads ZeRO-3 from this object while it lives; dropped after, so that the export's
     # save_pretrained and from_pretrained later in this process run as usual.
     hf_ds = HfDeepSpeedConfig(zero3_config)
-    model = model_class._from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)  # under deepspeed.zero.Init, as hf_ds says
     del hf_ds
     return model
 

@@ -192,9 +192,9 @@ def _ep_rank(block: DeepSpeedMoeBlock) -> int:
     ep_size = block.moe.ep_size
     if ep_size == 1:
         return 0
-    from deepspeed.utils import groups
+    import torch.distributed as dist
 
-    return groups._get_expert_parallel_rank(block.moe.expert_group_name)
+    return dist.get_rank(group=block.moe.deepspeed_moe.ep_group)  # the group DeepSpeed set on the layer at initialize
 
 
 def hf_moe_state(state: dict[str, torch.Tensor], experts: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]],

@@ -67,13 +67,26 @@ def extensions_env() -> dict[str, str]:
 
 
 def build_dir(name: str) -> Path:
-    """Where torch builds extension `name`: $TORCH_EXTENSIONS_DIR/<name>, or ~/.cache/torch_extensions/py311_cpu/<name>.
+    """Where torch builds extension `name`: $TORCH_EXTENSIONS_DIR/<name>, or under torch's default build root
+    (~/.cache/torch_extensions) in a folder named for the Python and the accelerator build, e.g. py311_cpu/<name>.
 
-    torch's own (private) helper, so that this is the folder the ranks' load() will use.
+    The rule torch.utils.cpp_extension.load() follows (torch 2.13), from its public pieces, so that this is the
+    folder the ranks' load() will use.
     """
-    from torch.utils.cpp_extension import _get_build_directory
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is not None:
+        return Path(root) / name
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
 
-    return Path(_get_build_directory(name, verbose=False))
+    if torch.version.hip is not None:
+        accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+    elif torch.version.cuda is not None:
+        accelerator = f"cu{torch.version.cuda.replace('.', '')}"
+    else:
+        accelerator = "cpu"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(get_default_build_root()) / f"{python}_{accelerator}" / name
 
 
 def check_lock(folder: Path, *, now: float | None = None) -> None:

@@ -272,14 +272,12 @@ class TorchPipelineEngine:
         dist.barrier(group=self.pp_group)
         self.clock.finish(self.clock.now() - t0)
         params = [p for p in self.module.parameters() if p.grad is not None]
-        if self.grid.dp_size > 1:
-            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-            flat = _flatten_dense_tensors([p.grad for p in params])
+        if self.grid.dp_size > 1:  # one all-reduce of every gradient, flattened, then averaged back in place
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
             dist.all_reduce(flat, group=self.dp_group)
             flat.div_(self.grid.dp_size)
-            for p, g in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params]), strict=True):
-                p.grad.copy_(g)
+            for p, g in zip(params, flat.split([p.grad.numel() for p in params]), strict=True):
+                p.grad.copy_(g.view_as(p.grad))
         if self.grad_clip > 0:
             sq = torch.stack([p.grad.detach().float().pow(2).sum() for p in params]).sum().reshape(1)
             dist.all_reduce(sq, group=self.pp_group)  # the global norm: every stage's squares
