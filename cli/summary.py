@@ -28,7 +28,8 @@ def _data(r: dict) -> str:
 def _features(r: dict) -> str:
     s = r["summary"]
     return (f"Feast selected {s['selected']} training docs, rejected {s['rejected']} "
-            f"({s['missing_features']} without features); Qdrant indexed {s['indexed']}; "
+            f"({s['missing_features']} without features); Qdrant indexed {s['indexed']}"
+            f"{' with ' + s['embedder'] + ' embeddings' if s.get('embedder') else ''}; "
             f"{s['semantic_near_dups']} semantic near-duplicate pairs reported")
 
 

