@@ -33,9 +33,16 @@ LSH_WEIGHTS = (0.1, 0.9)  # (false positive, false negative): every candidate is
 _DOC_CHUNK = 2048
 
 
+# datasketch's (bands, rows) for the default dedup settings, so that the stage does not import datasketch (and scipy:
+# a second on the corpus-wide step, while the other core waits) for them; tests/unit/data/test_minhash.py checks them
+KNOWN_LSH_PARAMS = {(0.85, 64): (7, 9)}
+
+
 def lsh_params(threshold: float, num_perm: int) -> tuple[int, int]:
     """(bands, rows) minimising the weighted false positive/negative area: datasketch's choice, read from the public
     attributes of the index it would build."""
+    if (threshold, num_perm) in KNOWN_LSH_PARAMS:
+        return KNOWN_LSH_PARAMS[threshold, num_perm]
     from datasketch import MinHashLSH
 
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)

@@ -8,7 +8,8 @@
 
 One base, `StepRef` (dir + files), and one subclass per step with that step's typed
 counts: IngestRef and FinishRef per shard (components/data/shardwork.py); SelectRef,
-NearRef, SplitRef and TokenizerRef for the corpus-wide steps (components/data/corpuswork.py).
+NearRef, SplitRef and TokenizerRef for the corpus-wide steps (components/data/corpuswork.py);
+DecideRef holds the first three, which one task makes.
 
 They are frozen pydantic models, not dataclasses: Prefect persists task results with its
 JSON serializer, which writes a pydantic model with its class name and validates it back
@@ -84,6 +85,19 @@ class SplitRef(StepRef):
 
     counts: dict[str, int]
     groups: dict[str, int]
+
+
+class DecideRef(BaseModel):
+    """The three corpus-wide decisions one task makes in a row (flows/data.py): select, near-dedup, split."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    select: SelectRef
+    near: NearRef
+    split: SplitRef
+
+    def verified(self) -> bool:
+        return all(r.verified() for r in (self.select, self.near, self.split))
 
 
 class TokenizerRef(StepRef):

@@ -73,3 +73,13 @@ def test_threshold_decides_near_duplicates():
 ], ids=["templated", "short-sparse"])
 def test_no_false_merges_on_a_nasty_corpus(texts):
     assert near_dups(texts) == {}
+
+
+def test_known_lsh_params_are_datasketchs():
+    from datasketch import MinHashLSH
+
+    from lmforge.components.data.minhash import KNOWN_LSH_PARAMS, LSH_WEIGHTS
+
+    for (threshold, num_perm), (bands, rows) in KNOWN_LSH_PARAMS.items():
+        lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=LSH_WEIGHTS)
+        assert (lsh.b, lsh.r) == (bands, rows) == lsh_params(threshold, num_perm)
