@@ -15,7 +15,10 @@ MFU is against the peak lmforge logs (a large GEMM measured once per machine).
 
 CUDA mode. For the 125m (ddp, micro 16) and 1b (zero2, micro 8) presets at seq 1024, one GPU:
 lmforge (launcher, one rank, its defaults: compile, fused AdamW) against a plain eager loop and
-a plain torch.compile loop (bf16 autocast, fused AdamW) on the same model, data and batch.
+a plain torch.compile loop (bf16 autocast, fused AdamW) on the same model, data and batch; lmforge runs
+twice, once per `training.mixed_precision` (DeepSpeed's bf16 weights with an fp32 master copy, and its
+torch_autocast over fp32 weights, as the plain loop trains), so the faster can be chosen by measurement.
+Target: lmforge >= 0.95x the plain torch.compile loop.
 Tokens/s, MFU against the GPU's dense datasheet peak, and peak GPU memory.
 
 Tokens/s is the median over the steps after the first `--warmup` of each run.
@@ -58,10 +61,11 @@ STRATEGIES = {
 
 
 def training_cfg(steps: int, parallel: dict, micro: int, *, precision: str = "auto", preset: str = "demo", seq: int = SEQ,
-                 num_ranks: int | None = 2, log_every: int = 1) -> TrainingConfig:
+                 num_ranks: int | None = 2, log_every: int = 1, mixed_precision: str = "bf16_weights") -> TrainingConfig:
     return TrainingConfig.model_validate({
         "model": {"preset": preset}, "seq_len": seq, "micro_batch_size": micro, "max_steps": steps, "warmup_steps": 2,
-        "save_every": 10 ** 6, "precision": precision, "parallel": parallel, "num_ranks": num_ranks, "log_every": log_every})
+        "save_every": 10 ** 6, "precision": precision, "parallel": parallel, "num_ranks": num_ranks, "log_every": log_every,
+        "mixed_precision": mixed_precision})
 
 
 def plain_loop(ws: Workspace, version: str, steps: int, warmup: int, *, precision: Precision, device: str = "cpu",
@@ -255,22 +259,24 @@ def cuda_main(args: argparse.Namespace) -> dict:
                 rows.append({"preset": preset, "run": run, "tokens_per_s": tps, "mfu": tps * fpt / peak.flops,
                              "peak_mem_bytes": mem})
                 print(rows[-1], flush=True)
-            cfg = training_cfg(args.steps, {"strategy": spec["strategy"]}, spec["micro"], preset=preset, seq=args.seq,
-                               num_ranks=1, log_every=sync_every)
-            events, _ = run_training(ws, f"bench-{preset}", cfg, timeout_s=1800)
-            timed = [e for e in events if e["step"] > args.warmup]
-            tps = statistics.median(e["tokens_per_s"] for e in timed)
-            rows.append({"preset": preset, "run": f"lmforge ({spec['strategy']}, 1 rank)", "tokens_per_s": tps,
-                         "mfu": tps * fpt / peak.flops, "logged_mfu": statistics.median(e["mfu"] for e in timed),
-                         "peak_mem_bytes": max(e["memory"][0]["device_peak"] for e in events)})
-            print(rows[-1], flush=True)
+            for mode in ("bf16_weights", "autocast"):  # DeepSpeed's bf16 section, then its torch_autocast one
+                cfg = training_cfg(args.steps, {"strategy": spec["strategy"]}, spec["micro"], preset=preset, seq=args.seq,
+                                   num_ranks=1, log_every=sync_every, mixed_precision=mode)
+                events, _ = run_training(ws, f"bench-{preset}-{mode}", cfg, timeout_s=1800)
+                timed = [e for e in events if e["step"] > args.warmup]
+                tps = statistics.median(e["tokens_per_s"] for e in timed)
+                rows.append({"preset": preset, "run": f"lmforge ({spec['strategy']}, 1 rank, {mode})", "tokens_per_s": tps,
+                             "mfu": tps * fpt / peak.flops, "logged_mfu": statistics.median(e["mfu"] for e in timed),
+                             "peak_mem_bytes": max(e["memory"][0]["device_peak"] for e in events),
+                             "final_loss": events[-1]["loss"]})
+                print(rows[-1], flush=True)
             compiled_tps = next(r["tokens_per_s"] for r in rows if r["preset"] == preset and r["run"] == "plain torch.compile")
             for r in rows:
                 if r["preset"] == preset:
                     r["vs_compiled"] = r["tokens_per_s"] / compiled_tps
     return {"machine": info, "command": " ".join([Path(sys.executable).name, *sys.argv]), "seq_len": args.seq,
             "steps": args.steps, "warmup": args.warmup, "precision": precision.to_dict(), "peak": peak.to_dict(),
-            "throughput": rows, "targets": {"1b": 1.0, "125m": 0.9}}
+            "throughput": rows, "targets": {"1b": 0.95, "125m": 0.95}}
 
 
 def render_cuda(r: dict) -> str:

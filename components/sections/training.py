@@ -376,6 +376,11 @@ class TrainingConfig(Section):
     precision: Literal["auto", "bf16", "fp32"] = Field("auto",
                                                        description="auto = bf16 where it is really faster: CUDA with bf16 "
                                                                    "support, or a CPU whose measured bf16 matmul beats fp32")
+    mixed_precision: Literal["bf16_weights", "autocast"] = Field(
+        "bf16_weights", description="how bf16 trains: bf16_weights = DeepSpeed's bf16 (the model in bf16, an fp32 master "
+                                    "copy in the optimizer); autocast = DeepSpeed's torch_autocast (fp32 weights, bf16 "
+                                    "matmuls under torch.autocast, as a plain PyTorch loop runs). Not with pipeline stages; "
+                                    "benchmarks/bench_train.py --device cuda measures both")
     compile: bool | None = Field(
         None, description="torch.compile the model through DeepSpeed's engine.compile(); unset = on for CUDA, off on CPU")
     activation_checkpointing: bool = Field(False, description="recompute decoder activations in backward to save memory")
@@ -396,6 +401,9 @@ class TrainingConfig(Section):
             what = "LoRA" if self.lora.r else "objective = \"sft\""
             raise ValueError(f"{what} runs data-parallel only (ddp, zero1, zero2, zero3): set parallel.pipeline.stages = 1 "
                              "and parallel.tensor.autotp_size = 1")
+        if self.mixed_precision == "autocast" and self.parallel.pipeline.stages > 1:
+            raise ValueError("mixed_precision = \"autocast\" runs where DeepSpeed's engine runs the forward, which a "
+                             "pipeline does not: set parallel.pipeline.stages = 1, or mixed_precision = \"bf16_weights\"")
         self._moe_combinations()
         if self.parallel.parameter_server:
             self._parameter_server_combinations()

@@ -33,6 +33,7 @@ class Layout(BaseModel):
     global_batch: int
     lr: float
     bf16: bool
+    autocast: bool  # bf16 as torch.autocast over fp32 weights (mixed_precision = "autocast"), not bf16 weights
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
@@ -105,7 +106,8 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
         _check_schedule(cfg, pp=pp, micro_batches=accum, bf16=bf16, broken=broken)
     assert vocab_size > 0
     return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
-                  accum=accum, global_batch=global_batch, lr=lr, bf16=bf16)
+                  accum=accum, global_batch=global_batch, lr=lr, bf16=bf16,
+                  autocast=bf16 and cfg.mixed_precision == "autocast")
 
 
 def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:

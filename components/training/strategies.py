@@ -3,7 +3,7 @@
     layout = check_layout(cfg.training, vocab_size=4096, world_size=2)
     ds = deepspeed_config(cfg.training, layout, device="cuda")   # a JSON-able dict for deepspeed.initialize
 
-Order: base recipe -> apply_zero -> apply_offload -> apply_pipeline -> apply_tensor_parallel
+Order: base recipe -> apply_autocast -> apply_zero -> apply_offload -> apply_pipeline -> apply_tensor_parallel
 -> apply_activation_checkpointing -> apply_fused_optimizer (CUDA only). Each function returns a new dict and leaves it unchanged
 when its feature is off, so a layout reads as the list of what was applied (`applied(ds)`).
 """
@@ -44,6 +44,17 @@ def base_config(cfg: TrainingConfig, layout: Layout) -> dict[str, Any]:
 def _with(ds: dict[str, Any], name: str) -> dict[str, Any]:
     out = copy.deepcopy(ds)
     out[APPLIED] = [*ds[APPLIED], name]
+    return out
+
+
+def apply_autocast(ds: dict[str, Any], layout: Layout) -> dict[str, Any]:
+    """bf16 as torch.autocast over fp32 weights (DeepSpeed's torch_autocast) instead of bf16 weights with an fp32
+    master copy: no flatten/copy between the two each step, and the numerics of a plain autocast loop."""
+    if not layout.autocast:
+        return ds
+    out = _with(ds, "autocast")
+    out["bf16"] = {"enabled": False}
+    out["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     return out
 
 
@@ -160,6 +171,7 @@ def apply_universal_load(ds: dict[str, Any], universal: bool) -> dict[str, Any]:
 
 def deepspeed_config(cfg: TrainingConfig, layout: Layout, *, device: str = "cpu") -> dict[str, Any]:
     ds = base_config(cfg, layout)
+    ds = apply_autocast(ds, layout)
     ds = apply_zero(ds, cfg.parallel)
     ds = apply_offload(ds, cfg.parallel)
     ds = apply_pipeline(ds, cfg.parallel, layout)

@@ -163,3 +163,17 @@ def test_sigkill_one_rank_then_resume_matches_the_uninterrupted_run(ws, zero_run
     reference = {e["step"]: e["loss"] for e in zero_runs["zero2"][0]}
     assert [e["step"] for e in resumed] == list(range(start + 1, FP32["max_steps"] + 1))
     assert [e["loss"] for e in resumed] == [reference[e["step"]] for e in resumed]  # bit for bit
+
+
+BF16 = {"precision": "bf16", "max_steps": 6, "save_every": 6, "warmup_steps": 2, "parallel": {"strategy": "ddp"}}
+
+
+def test_autocast_trains_fp32_weights_under_bf16_matmuls_with_the_losses_of_bf16_weights(ws):
+    """mixed_precision = "autocast" hands DeepSpeed its torch_autocast section: each rank holds fp32 weights (4 bytes
+    a parameter, against 2 for bf16 weights) and the losses stay within bf16 noise of the bf16-weights run's."""
+    runs = {mode: run_training(ws, f"bf16-{mode}", tiny_training(**BF16, mixed_precision=mode))[0]
+            for mode in ("bf16_weights", "autocast")}
+    weights = {mode: events[-1]["memory"][0]["params"] for mode, events in runs.items()}
+    assert weights["autocast"] == 2 * weights["bf16_weights"], weights
+    diffs = [abs(a - b) for a, b in zip(_losses(runs["autocast"]), _losses(runs["bf16_weights"]), strict=True)]
+    assert max(diffs) < 0.05, f"autocast vs bf16 weights: {diffs}"

@@ -116,3 +116,26 @@ def test_three_d_layout_keeps_the_batch_at_micro_x_accum_x_dp_and_shards_inside_
     assert "tensor_parallel" not in ds and ds["pipeline"]["tensor_parallel"] == 2 and ds["pipeline"]["stages"] == 2
     assert ds["train_batch_size"] == layout.micro * layout.accum * layout.dp == 16
     assert ds["gradient_accumulation_steps"] == 2 and ds["train_micro_batch_size_per_gpu"] == 4
+
+
+def test_autocast_swaps_deepspeeds_bf16_section_for_its_torch_autocast_one():
+    from lmforge.components.sections.training import TrainingConfig
+    from lmforge.components.training.layout import check_layout
+    from lmforge.components.training.strategies import applied, deepspeed_config
+
+    cfg = TrainingConfig.model_validate({"precision": "bf16", "mixed_precision": "autocast"})
+    ds = deepspeed_config(cfg, check_layout(cfg, vocab_size=64, world_size=2))
+    assert ds["bf16"] == {"enabled": False} and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert "autocast" in applied(ds)
+    plain = TrainingConfig.model_validate({"precision": "bf16"})
+    assert "torch_autocast" not in deepspeed_config(plain, check_layout(plain, vocab_size=64, world_size=2))
+    fp32 = TrainingConfig.model_validate({"precision": "fp32", "mixed_precision": "autocast"})
+    assert "torch_autocast" not in deepspeed_config(fp32, check_layout(fp32, vocab_size=64, world_size=2))
+
+
+def test_autocast_under_a_pipeline_is_refused_naming_both_ways_out():
+    from lmforge.components.sections.training import TrainingConfig
+
+    with pytest.raises(ValueError, match="pipeline.stages = 1, or mixed_precision"):
+        TrainingConfig.model_validate({"mixed_precision": "autocast",
+                                     "parallel": {"strategy": "ddp", "pipeline": {"stages": 2}}})
