@@ -17,14 +17,17 @@ Prefect's.
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.runtime import service
+from lmforge.components.runtime import service, supervisor
+from lmforge.components.runtime.ports import free_port
 from lmforge.components.runtime.resources import prefect_yaml
 from lmforge.components.workspace import Workspace
 from lmforge.flows import prefect_env
@@ -32,6 +35,7 @@ from lmforge.flows import prefect_env
 WORK_POOL = "lmforge-process"
 STATE_FILE = prefect_env.SERVER_STATE
 WORKER_FILE = "worker.json"
+TEMPORARY_LOG = "temporary-server.log"   # <ws>/prefect/<this>: the output of each command's temporary server
 
 
 @dataclass(frozen=True)
@@ -149,3 +153,71 @@ def require_server(ws: Workspace) -> ServerInfo:
         raise UserError("prefect server", None, "is not running for this workspace", "Start it with: lmforge prefect up")
     return info
 
+
+
+# --- the temporary server of one command -----------------------------------------------------------------------
+
+def temporary_app() -> Any:
+    """uvicorn's factory for the temporary server: Prefect's API app as Prefect builds it for its own temporary
+    server (`ephemeral`: no UI, and only the services an ephemeral server runs)."""
+    from prefect.server.api.server import create_app
+
+    return create_app(ephemeral=True, final=True)
+
+
+@dataclass
+class TemporaryServer:
+    """The temporary Prefect server of one command: started early, waited for before the first flow, stopped at exit."""
+    svc: service.Service
+    rec: supervisor.ProcessRecord
+    timeout: float
+    ready: bool = field(default=False)
+
+    @property
+    def api_url(self) -> str:
+        return self.svc.address
+
+    def wait(self) -> None:
+        """Block until it answers (once); ServiceNotReady, with its log's tail, if it exits or `timeout` s pass."""
+        if not self.ready:
+            try:
+                service.wait_ready(self.svc, self.rec, timeout=self.timeout)
+            except BaseException:   # Ctrl-C included: nothing half-started is left behind
+                self.stop()
+                raise
+            self.ready = True
+
+    def stop(self) -> None:
+        service.stop(self.rec, group=True)
+
+
+def start_temporary(ws: Workspace, mode: prefect_env.PrefectMode) -> TemporaryServer | None:
+    """Start the embedded mode's temporary API server now, without waiting for it; None when Prefect would not start one.
+
+    Prefect starts its temporary server at the first API call and waits for it there (seconds of imports, and a
+    migration on a new database) while the command does nothing else. Started here, before the command imports
+    its flows, it gets ready meanwhile on the other core. It is Prefect's own app (`temporary_app`), over the
+    workspace's database, on a free loopback port that PREFECT_API_URL names from now on for this process and its
+    children; so this must run before `prefect` is imported, which reads its settings once. It lives in this
+    command's session, in a process group of its own (Ctrl-C in the terminal reaches the command, which stops it):
+    stopped at exit (`atexit`, after Prefect's own exit handlers, which still talk to it), and by the CLI's reaper
+    after a signal. Nothing here outlives the command, as Prefect's own temporary server did not.
+    """
+    if mode.kind != "embedded" or os.environ.get("PREFECT_API_URL") or "prefect" in sys.modules:
+        return None
+    prefect_env.prepare(mode)
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = dict(server_env(ws), PREFECT_SERVER_UI_ENABLED="false")
+    svc = service.Service("prefect temporary server",
+                          [sys.executable, "-m", "uvicorn", "--factory", f"{__name__}:temporary_app", "--host",
+                           "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"],
+                          log=ws.prefect / TEMPORARY_LOG, env=env, ready=service.http_ok(f"{api_url}/health"),
+                          address=api_url, own_session=False,
+                          timeout_fix="set PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS higher")
+    timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS")
+                    or prefect_env.DEFAULTS["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
+    server = TemporaryServer(svc, service.launch(svc), timeout)
+    atexit.register(server.stop)   # registered before `import prefect`: runs after Prefect's own exit handlers
+    os.environ["PREFECT_API_URL"] = api_url
+    return server

@@ -49,6 +49,7 @@ class Service:
     address: str = ""                           # where it answers, for messages
     group: bool = True                          # False: stop SIGTERMs the leader only (it stops its children)
     timeout_fix: str = ""                       # what to do when it is slow to become ready
+    own_session: bool = True                    # False: it lives and dies with its caller (supervisor.start)
 
 
 def http_ok(url: str, *, timeout: float = 2.0) -> Callable[[], bool]:
@@ -63,8 +64,9 @@ def http_ok(url: str, *, timeout: float = 2.0) -> Callable[[], bool]:
 
 
 def launch(svc: Service) -> supervisor.ProcessRecord:
-    """Start the service in a session of its own (Ctrl-C in the caller's terminal does not reach it); do not wait."""
-    return supervisor.start(svc.cmd, log=svc.log, env=svc.env, cwd=svc.cwd)
+    """Start the service in a session of its own (or, with `own_session=False`, a process group of its own in the
+    caller's session; Ctrl-C in the caller's terminal reaches neither); do not wait."""
+    return supervisor.start(svc.cmd, log=svc.log, env=svc.env, cwd=svc.cwd, own_session=svc.own_session)
 
 
 def wait_ready(svc: Service, rec: supervisor.ProcessRecord, *, timeout: float) -> None:

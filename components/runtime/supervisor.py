@@ -64,13 +64,19 @@ def record(pid: int) -> ProcessRecord:
 
 
 def start(cmd: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-          append: bool = True) -> ProcessRecord:
-    """Launch `cmd` in a session of its own (Ctrl-C in the caller's terminal does not reach it), output to `log`."""
+          append: bool = True, own_session: bool = True) -> ProcessRecord:
+    """Launch `cmd` in a session of its own (Ctrl-C in the caller's terminal does not reach it), output to `log`.
+
+    `own_session=False`: a process group of its own in the caller's session instead, for a process that must not
+    outlive its caller: Ctrl-C in the terminal still does not reach it, and the CLI's reaper (cli/signals.py),
+    which stops what is left in its session after an interruption, does.
+    """
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
+    where = {"start_new_session": True} if own_session else {"process_group": 0}
     with open(log, "ab" if append else "wb") as out:
         proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True)
+                                env=dict(env) if env is not None else None, cwd=cwd, **where)
     _popen[proc.pid] = proc
     try:
         return record(proc.pid)
