@@ -7,13 +7,14 @@
     lmforge run data --set training.model.init=models:/lmforge-lm@champion   # ... or a registered version's
     data_flow(load_config("configs/demo.toml"))        # -> {"dataset_version", "summary", "tasks", ...}
 
-The source is cut into input shards (components/data/readers.py). Two per-shard tasks
-(ingest: read, validate, clean, MinHash; finish: features, records, token ids;
-components/data/shardwork.py) run under a prefect-dask task runner; between them the
-corpus-wide tasks (select, near-dedup, split, tokenizer; then assemble:
-components/data/corpuswork.py) read only small per-shard columns, and the tokenizer a
-bounded amount of train text. Tasks hand each other references (components/data/stepref.py):
-a folder, the SHA-256 of each file in it and the step's counts, as frozen pydantic models
+The source is cut into input shards (components/data/readers.py). Per-shard tasks
+(ingest: read, validate, clean, MinHash; records: features and records; finish: token ids;
+components/data/shardwork.py) run under a prefect-dask task runner; between ingest and the
+others, one corpus-wide task (decide: select, near-dedup and split, in a row) reads only small
+per-shard columns, and the tokenizer a bounded amount of train text; the records tasks run
+while the tokenizer trains (components/data/corpuswork.py; then assemble). Tasks hand each
+other references (components/data/stepref.py): a folder, the SHA-256 of each file in it and
+the step's counts, as frozen pydantic models
 that Prefect's JSON result serializer writes and reads back as the same class.
 
 Dask starts its worker processes with `spawn`: a script that calls data_flow must guard
@@ -45,7 +46,17 @@ from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
 from lmforge.components.data.ingest import check_source
 from lmforge.components.data.readers import plan_shards
-from lmforge.components.data.stepref import DecideRef, FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
+from lmforge.components.data.stepref import (
+    DecideRef,
+    FinishRef,
+    IngestRef,
+    NearRef,
+    RecordsRef,
+    SelectRef,
+    SplitRef,
+    StepRef,
+    TokenizerRef,
+)
 from lmforge.components.errors import UserError
 from lmforge.components.runtime.cpus import usable_cpus
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
@@ -63,7 +74,8 @@ CODE = {
     "decide": [_D + m for m in ("corpuswork", "shardwork", "quarantine", "minhash", "split", "stepref")],
     "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork", "stepref")],
     "base-tokenizer": ["lmforge.components.model.basemodel", *(_D + m for m in ("tokenizer", "corpuswork", "stepref"))],
-    "finish": [_D + m for m in ("featurize", "shardwork", "records", "tokenizer", "shards", "stepref")],
+    "records": [_D + m for m in ("featurize", "shardwork", "records", "stepref")],
+    "finish": [_D + m for m in ("shardwork", "tokenizer", "shards", "stepref")],
 }
 
 
@@ -116,6 +128,12 @@ def base_tokenizer_task(base: str, tokenizer_sha256: str, build: str, code: str)
     return corpuswork.copy_base_tokenizer(Path(base), _out(build, "base-tokenizer", tokenizer_sha256, code))
 
 
+@task(name="data-records-shard", **_cached)
+def records_task(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, build: str, code: str) -> RecordsRef:
+    out = _out(build, "records", ing.files, sel.files, near.files, spl.files, code)
+    return shardwork.finish_records(ing, sel, near, spl, out)
+
+
 @task(name="data-finish-shard", **_cached)
 def finish_task(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, tok: TokenizerRef, build: str,
                 code: str) -> FinishRef:
@@ -124,12 +142,14 @@ def finish_task(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, to
 
 
 @task(name="data-assemble", **_io)
-def assemble_task(root: str, sel: SelectRef, fins: list[FinishRef], tok: TokenizerRef, counts: dict[str, Any],
+def assemble_task(root: str, sel: SelectRef, recs: list[RecordsRef], fins: list[FinishRef], tok: TokenizerRef,
+                  counts: dict[str, Any],
                   cfg_hash: str, source: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     """Not cached: it (re)creates the dataset folder, and does nothing when that version exists."""
-    parts = {"select": _json(sel), "finish": _json(fins), "tokenizer": _json(tok)}
+    parts = {"select": _json(sel), "records": _json(recs), "finish": _json(fins), "tokenizer": _json(tok)}
     scratch = _out(str(Path(root) / ".build"), "assemble", parts, counts, cfg_hash, os.getpid())
-    return corpuswork.assemble(Path(root), sel=sel, finish_refs=fins, tokenizer=tok, counts=counts, config_hash=cfg_hash,
+    return corpuswork.assemble(Path(root), sel=sel, records_refs=recs, finish_refs=fins, tokenizer=tok, counts=counts,
+                               config_hash=cfg_hash,
                                source=source, report=report, scratch=scratch)
 
 
@@ -267,14 +287,17 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
                                       "workers": None, "runner": "dask", "cluster_address": None})
     decided = _one(decide_task, ings, sel_cfg, data.dedup, data.split, data.seed, build, code["decide"], states=states)
     sel, near, spl = decided.select, decided.near, decided.split
-    tokenizer_from: dict[str, str] = {}  # the base's tokenizer (training.model.init), or one trained here
-    if base is None:
-        tok = _one(tokenizer_task, ings, sel, near, spl, data.tokenizer, build, code["tokenizer"], states=states)
-    else:
-        tok = _one(base_tokenizer_task, base["path"], base["tokenizer_sha256"], build, code["base-tokenizer"],
-                   states=states)
-        tokenizer_from = {"tokenizer_from": base["named"]}
+    # the base's tokenizer (training.model.init), or one trained here; submitted first, then each shard's records and
+    # features, which need no tokenizer: they keep the other cores busy while it trains
+    tok_task, tok_args = ((tokenizer_task, (ings, sel, near, spl, data.tokenizer, build, code["tokenizer"])) if base is None
+                          else (base_tokenizer_task, (base["path"], base["tokenizer_sha256"], build, code["base-tokenizer"])))
+    tokenizer_from = {} if base is None else {"tokenizer_from": base["named"]}
+    tok_future = tok_task.submit(*tok_args)
+    rec_args = [(i, sel, near, spl, build, code["records"]) for i in ings]
+    rec_futures = [records_task.submit(*a) for a in rec_args]
+    tok = _resolve([tok_future], tok_task, [tok_args], states)[0]
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
+    recs = _resolve(rec_futures, records_task, rec_args, states)
 
     counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
               "clean": sel.clean, "quarantined": sel.quarantined,
@@ -282,7 +305,8 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
               "near_duplicates": near.near_duplicates, "kept": near.kept, **spl.counts}
     assert counts["docs_in"] == counts["clean"] + counts["quarantined"]
     assert counts["clean"] == counts["kept"] + counts["exact_duplicates"] + counts["near_duplicates"]
-    assert counts["kept"] == sum(spl.counts.values()) == sum(sum(f.counts.values()) for f in fins)
+    assert counts["kept"] == sum(spl.counts.values()) == sum(sum(f.counts.values()) for f in fins) \
+        == sum(sum(r.counts.values()) for r in recs)
     tokens = {s: sum(f.tokens[s] for f in fins) for s in ("train", "validation", "test")}
     source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
               "replay": [str(Path(p).resolve()) for p in replay or []]}
@@ -293,10 +317,10 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
     report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
               "dedup": {"lsh": near.lsh, "examples": near.examples}, "split_groups": spl.groups, "tokens": tokens,
               "tokenizer_trained_on": tok.trained_on, **tokenizer_from,
-              "build_dirs": sorted(Path(r.dir).name for r in [*ings, sel, near, spl, tok, *fins]),
+              "build_dirs": sorted(Path(r.dir).name for r in [*ings, sel, near, spl, tok, *recs, *fins]),
               "features": {"rows": counts["kept"],
-                           "quality_mean": round(sum(f.quality_sum for f in fins) / max(counts["kept"], 1), 4)}}
-    manifest = assemble_task(str(ws.datasets), sel, fins, tok, counts, config_hash(data), source, report)
+                           "quality_mean": round(sum(r.quality_sum for r in recs) / max(counts["kept"], 1), 4)}}
+    manifest = assemble_task(str(ws.datasets), sel, recs, fins, tok, counts, config_hash(data), source, report)
     version = manifest["version"]
     summary = {"dataset_version": version, "source": report["source"], **counts, "vocab_size": manifest["vocab_size"],
                "tokens": tokens, "dataset_dir": str(ws.dataset_dir(version)), "shards": len(specs)}

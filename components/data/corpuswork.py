@@ -5,7 +5,7 @@
     spl = assign_split(ingest_refs, sel, near, cfg.split, out / "split", seed=cfg.seed)
     tok = train_tokenizer_from(ingest_refs, sel, near, spl, cfg.tokenizer, out / "tokenizer")
     tok = copy_base_tokenizer(Path(base), out / "tokenizer")    # training.model.init set: the base's own tokenizer
-    manifest = assemble(dataset_root, ...)                       # datasets/<version>, streamed together
+    manifest = assemble(dataset_root, sel=sel, records_refs=..., finish_refs=..., ...)   # datasets/<version>
 
 Each step takes the typed references of the steps before it and returns its own
 (components/data/stepref.py: SelectRef, NearRef, SplitRef, TokenizerRef).
@@ -32,7 +32,7 @@ from lmforge.components.data.minhash import band_keys, greedy_near_dups, lsh_par
 from lmforge.components.data.quarantine import iter_quarantine, write_quarantine
 from lmforge.components.data.shardwork import QUARANTINE, ROWS, SIG, kept_rows, load_mask, quarantined_row, sample_key
 from lmforge.components.data.split import SPLITS, place_groups
-from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, TokenizerRef
+from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, RecordsRef, SelectRef, SplitRef, TokenizerRef
 from lmforge.components.data.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer
 from lmforge.components.errors import UserError
 from lmforge.components.model.basemodel import copy_tokenizer, tokenizer_hash
@@ -287,8 +287,8 @@ def _concat(dst: Path, parts: list[Path]) -> None:
                 shutil.copyfileobj(g, f, 1 << 20)
 
 
-def assemble(dataset_root: Path, *, sel: SelectRef, finish_refs: list[FinishRef], tokenizer: TokenizerRef,
-             counts: dict[str, Any], config_hash: str, source: dict[str, Any],
+def assemble(dataset_root: Path, *, sel: SelectRef, records_refs: list[RecordsRef], finish_refs: list[FinishRef],
+             tokenizer: TokenizerRef, counts: dict[str, Any], config_hash: str, source: dict[str, Any],
              report: dict[str, Any], scratch: Path) -> dict[str, Any]:
     """Build the dataset's parts in `scratch`, hash them, then rename datasets/<version> into place.
 
@@ -299,10 +299,10 @@ def assemble(dataset_root: Path, *, sel: SelectRef, finish_refs: list[FinishRef]
     with atomic_dir(Path(scratch)) as tmp:
         (tmp / "records").mkdir()
         for s in SPLITS:
-            _concat(tmp / "records" / f"{s}.jsonl", [r.path(f"records-{s}.jsonl") for r in finish_refs])
+            _concat(tmp / "records" / f"{s}.jsonl", [r.path(f"records-{s}.jsonl") for r in records_refs])
         shutil.copyfile(sel.path(QUARANTINE), tmp / "quarantine.jsonl")
         writer = None
-        for r in finish_refs:
+        for r in records_refs:
             t = pq.read_table(r.path("features.parquet"))
             writer = writer or pq.ParquetWriter(tmp / "features.parquet", t.schema)
             writer.write_table(t)

@@ -1,13 +1,15 @@
 """The per-shard steps of the data stage: each reads one shard's files and writes its own folder.
 
     ing = ingest_shard(spec, cfg, out / "ingest-0003")                 # spec: from readers.plan_shards
-    fin = finish_shard(ing, sel, near, spl, tok, out / "finish-0003")  # refs from corpuswork.py
+    rec = finish_records(ing, sel, near, spl, out / "records-0003")    # refs from corpuswork.py
+    fin = finish_shard(ing, sel, near, spl, tok, out / "finish-0003")  # token ids: after the tokenizer
 
 Every function returns a small reference (components/data/stepref.py): the folder, the
-SHA-256 of each file in it, and the step's counts (IngestRef, FinishRef). A shard
+SHA-256 of each file in it, and the step's counts (IngestRef, RecordsRef, FinishRef). A shard
 holds its documents as Parquet (Arrow record batches); memory grows with the shard, not the
 corpus. Two passes over the text, one per side of the corpus-wide decisions: ingest (read,
-validate, clean, MinHash signatures) and finish (features, records, token ids). The global
+validate, clean, MinHash signatures) and finish (features and records, which need no tokenizer
+and run while it trains; then token ids). The global
 decisions between them (sampling, duplicate ids, exact and near duplicates, the split, the
 tokenizer) are made by components/data/corpuswork.py from small per-shard columns and
 handed back as per-shard masks.
@@ -32,7 +34,7 @@ from lmforge.components.data.readers import read_shard
 from lmforge.components.data.records import FIELDS, stored
 from lmforge.components.data.shards import dtype_for
 from lmforge.components.data.split import SPLITS
-from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, SelectRef, SplitRef, StepRef, TokenizerRef
+from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, RecordsRef, SelectRef, SplitRef, StepRef, TokenizerRef
 from lmforge.components.data.tokenizer import encode_flat, eos_id_of, load_tokenizer
 from lmforge.components.data.validate import judge_for_cleaning
 from lmforge.components.sections.data import DataConfig
@@ -119,36 +121,47 @@ def kept_rows(ing: IngestRef, sel: SelectRef, near: NearRef, columns: list[str])
     return t.filter(pa.array(load_mask(near, "keep", ing.index)))
 
 
-def finish_shard(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, tok: TokenizerRef, out: Path) -> FinishRef:
-    """The shard's kept documents with their split: records-<split>.jsonl, features.parquet, and token ids per
-    split with <eos> after each document: tokens-<split>.npy (flat) and lengths-<split>.npy."""
-    index, vocab_size = ing.index, tok.vocab_size
-    records = kept_rows(ing, sel, near, list(FIELDS)).to_pylist()
-    keep = load_mask(near, "keep", index)
-    sizes = load_mask(near, "cluster", index)
-    sizes = sizes[keep] if len(keep) else sizes
+def _kept_with_split(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef,
+                     columns: list[str]) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
+    """The shard's kept rows (those columns), each one's split, and split.json."""
+    rows = kept_rows(ing, sel, near, columns).to_pylist()
     split_info = json.loads(spl.path("split.json").read_text())
     places = split_info["places"]  # only the groups that are not in train
-    modules = [r["module"] for r in records]
-    split = [places.get(m, "train") for m in modules]
-    text_list = [r["text"] for r in records]
-    feats = document_features([r["id"] for r in records], text_list, splits=split, modules=modules,
-                              mtimes=[split_info["created"]] * len(records), cluster_sizes=sizes,
-                              created=split_info["created"])
-    tokenizer, dtype = load_tokenizer(Path(tok.dir)), dtype_for(vocab_size)
-    eos = eos_id_of(Path(tok.dir), tokenizer)
-    tokens: dict[str, int] = {}
+    return rows, [places.get(r["module"], "train") for r in rows], split_info
+
+
+def finish_records(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, out: Path) -> RecordsRef:
+    """The shard's kept documents with their split: records-<split>.jsonl and features.parquet. It needs no
+    tokenizer, so the flow runs it while the tokenizer trains."""
+    records, split, split_info = _kept_with_split(ing, sel, near, spl, list(FIELDS))
+    keep = load_mask(near, "keep", ing.index)
+    sizes = load_mask(near, "cluster", ing.index)
+    sizes = sizes[keep] if len(keep) else sizes
+    feats = document_features([r["id"] for r in records], [r["text"] for r in records], splits=split,
+                              modules=[r["module"] for r in records], mtimes=[split_info["created"]] * len(records),
+                              cluster_sizes=sizes, created=split_info["created"])
     with atomic_dir(out) as tmp:
         pq.write_table(feats, tmp / "features.parquet")
         for s in SPLITS:
             with open(tmp / f"records-{s}.jsonl", "wb") as f:
                 f.writelines((record_line(r) + "\n").encode("utf-8") for r, a in zip(records, split) if a == s)
-            flat, lengths = encode_flat(tokenizer, [t for t, a in zip(text_list, split) if a == s], dtype, eos_id=eos)
+    files = ["features.parquet", *(f"records-{s}.jsonl" for s in SPLITS)]
+    return RecordsRef.of(out, files, index=ing.index, counts={s: split.count(s) for s in SPLITS},
+                         quality_sum=float(np.sum(feats.column("quality_score").to_numpy())))
+
+
+def finish_shard(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, tok: TokenizerRef, out: Path) -> FinishRef:
+    """The shard's kept documents' token ids per split, with <eos> after each document: tokens-<split>.npy (flat)
+    and lengths-<split>.npy."""
+    rows, split, _ = _kept_with_split(ing, sel, near, spl, ["text", "module"])
+    tokenizer, dtype = load_tokenizer(Path(tok.dir)), dtype_for(tok.vocab_size)
+    eos = eos_id_of(Path(tok.dir), tokenizer)
+    tokens: dict[str, int] = {}
+    with atomic_dir(out) as tmp:
+        for s in SPLITS:
+            flat, lengths = encode_flat(tokenizer, [r["text"] for r, a in zip(rows, split) if a == s], dtype, eos_id=eos)
             np.save(tmp / f"tokens-{s}.npy", flat)
             np.save(tmp / f"lengths-{s}.npy", lengths)
             tokens[s] = int(len(flat))
-    counts = {s: split.count(s) for s in SPLITS}
-    files = ["features.parquet", *(f"{k}-{s}.{ext}" for s in SPLITS for k, ext in (("records", "jsonl"), ("tokens", "npy"),
-                                                                                    ("lengths", "npy")))]
-    return FinishRef.of(out, files, index=index, counts=counts, tokens=tokens,
-                        quality_sum=float(np.sum(feats.column("quality_score").to_numpy())))
+    files = [f"{k}-{s}.npy" for s in SPLITS for k in ("tokens", "lengths")]
+    return FinishRef.of(out, files, index=ing.index, counts={s: split.count(s) for s in SPLITS}, tokens=tokens)

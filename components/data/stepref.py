@@ -7,7 +7,7 @@
     ing.model_dump(mode="json")   # a plain dict, the same keys as the fields
 
 One base, `StepRef` (dir + files), and one subclass per step with that step's typed
-counts: IngestRef and FinishRef per shard (components/data/shardwork.py); SelectRef,
+counts: IngestRef, RecordsRef and FinishRef per shard (components/data/shardwork.py); SelectRef,
 NearRef, SplitRef and TokenizerRef for the corpus-wide steps (components/data/corpuswork.py);
 DecideRef holds the first three, which one task makes.
 
@@ -108,10 +108,17 @@ class TokenizerRef(StepRef):
     trained_on: dict[str, int]
 
 
+class RecordsRef(StepRef):
+    """One shard's kept documents with their split: records-<split>.jsonl, features.parquet."""
+
+    index: int
+    counts: dict[str, int]
+    quality_sum: float
+
+
 class FinishRef(StepRef):
-    """One shard's kept documents with their split: records, features, token ids per split."""
+    """One shard's kept documents' token ids per split: tokens-/lengths-<split>.npy."""
 
     index: int
     counts: dict[str, int]
     tokens: dict[str, int]
-    quality_sum: float

@@ -38,7 +38,7 @@ def test_second_run_is_served_from_the_cache_with_the_same_manifest(workspace, t
     assert second["dataset_version"] == first["dataset_version"] == workspace.latest_dataset()
     assert manifest_path.read_bytes() == manifest_bytes and verify_manifest(json.loads(manifest_bytes))
     assert set(first["tasks"].values()) == {"Completed"}
-    assert set(second["tasks"].values()) == {"Cached"} and len(second["tasks"]) == 4  # ingest, decide, tokenizer, finish
+    assert set(second["tasks"].values()) == {"Cached"} and len(second["tasks"]) == 5  # ingest, decide, tokenizer, records, finish
 
     s = first["summary"]
     assert s["docs_in"] == 400 == s["clean"] + s["quarantined"]

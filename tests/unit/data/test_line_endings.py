@@ -166,8 +166,8 @@ def test_quarantined_csv_rows_replay_with_their_carriage_returns(tmp_path):
 
 def test_dataset_records_escape_line_separators(tmp_path):
     """records/*.jsonl never holds a raw U+2028/U+2029: a reader that splits with str.splitlines() sees one record a line."""
-    from lmforge.components.data.corpuswork import assign_split, near_dedup, train_tokenizer_from
-    from lmforge.components.data.shardwork import finish_shard
+    from lmforge.components.data.corpuswork import assign_split, near_dedup
+    from lmforge.components.data.shardwork import finish_records
 
     path = tmp_path / "s.jsonl"
     path.write_text("".join(json.dumps(_good(i, t), ensure_ascii=False) + "\n" for i, t in enumerate(ODD)), encoding="utf-8")
@@ -176,9 +176,8 @@ def test_dataset_records_escape_line_separators(tmp_path):
     sel = select(refs, cfg, tmp_path / "sel")
     near = near_dedup(refs, sel, cfg.dedup, tmp_path / "near")
     spl = assign_split(refs, sel, near, cfg.split, tmp_path / "split", seed=0)
-    tok = train_tokenizer_from(refs, sel, near, spl, cfg.tokenizer.model_copy(update={"vocab_size": 300}), tmp_path / "tok")
     (r,) = refs
-    finish_shard(r, sel, near, spl, tok, tmp_path / "fin")
+    finish_records(r, sel, near, spl, tmp_path / "fin")
     text = (tmp_path / "fin" / "records-train.jsonl").read_text(encoding="utf-8")
     lines = text.splitlines()
     assert len(lines) == len(ODD)

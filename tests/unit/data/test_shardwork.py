@@ -108,8 +108,8 @@ def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
     """Two .txt files two years apart: both documents get the corpus version's time, so neither falls out of a ttl."""
     import os
 
-    from lmforge.components.data.corpuswork import assign_split, near_dedup, train_tokenizer_from
-    from lmforge.components.data.shardwork import finish_shard
+    from lmforge.components.data.corpuswork import assign_split, near_dedup
+    from lmforge.components.data.shardwork import finish_records
 
     src = tmp_path / "txt"
     src.mkdir()
@@ -121,8 +121,7 @@ def test_feature_event_time_is_the_version_time_not_the_file_time(tmp_path):
     sel = select(refs, cfg, tmp_path / "b" / "select")
     near = near_dedup(refs, sel, cfg.dedup, tmp_path / "b" / "near")
     spl = assign_split(refs, sel, near, cfg.split, tmp_path / "b" / "split", seed=0)
-    tok = train_tokenizer_from(refs, sel, near, spl, cfg.tokenizer.model_copy(update={"vocab_size": 300}), tmp_path / "b" / "tok")
-    (ref,) = [finish_shard(r, sel, near, spl, tok, tmp_path / "b" / "fin") for r in refs]
+    (ref,) = [finish_records(r, sel, near, spl, tmp_path / "b" / "fin") for r in refs]
     feats = pq.read_table(tmp_path / "b" / "fin" / "features.parquet").to_pylist()
     assert len(feats) == 2
     assert {f["event_timestamp"].timestamp() for f in feats} == {1_663_000_000.0}
