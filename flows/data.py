@@ -14,8 +14,8 @@ others, one corpus-wide task (decide: select, near-dedup and split, in a row) re
 per-shard columns, and the tokenizer a bounded amount of train text; the records tasks run
 while the tokenizer trains (components/data/corpuswork.py; then assemble). Tasks hand each
 other references (components/data/stepref.py): a folder, the SHA-256 of each file in it and
-the step's counts, as frozen pydantic models
-that Prefect's JSON result serializer writes and reads back as the same class.
+the step's counts, as frozen pydantic models that Prefect's JSON result serializer writes and
+reads back as the same class.
 
 Dask starts its worker processes with `spawn`: a script that calls data_flow must guard
 its entry point with `if __name__ == "__main__":` (the `lmforge` command and pytest do).
@@ -143,14 +143,12 @@ def finish_task(ing: IngestRef, sel: SelectRef, near: NearRef, spl: SplitRef, to
 
 @task(name="data-assemble", **_io)
 def assemble_task(root: str, sel: SelectRef, recs: list[RecordsRef], fins: list[FinishRef], tok: TokenizerRef,
-                  counts: dict[str, Any],
-                  cfg_hash: str, source: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+                  counts: dict[str, Any], cfg_hash: str, source: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
     """Not cached: it (re)creates the dataset folder, and does nothing when that version exists."""
     parts = {"select": _json(sel), "records": _json(recs), "finish": _json(fins), "tokenizer": _json(tok)}
     scratch = _out(str(Path(root) / ".build"), "assemble", parts, counts, cfg_hash, os.getpid())
     return corpuswork.assemble(Path(root), sel=sel, records_refs=recs, finish_refs=fins, tokenizer=tok, counts=counts,
-                               config_hash=cfg_hash,
-                               source=source, report=report, scratch=scratch)
+                               config_hash=cfg_hash, source=source, report=report, scratch=scratch)
 
 
 @task(name="data-track", **_io)
