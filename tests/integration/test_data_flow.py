@@ -185,3 +185,29 @@ def test_local_cluster_workers_run_without_malloc_trim_or_profiler(monkeypatch):
     with dask_environ_restored(), dask_worker_settings(), LocalCluster(**local_cluster_kwargs(1)) as cluster, \
             Client(cluster) as client:
         assert list(client.run(seen).values()) == [(None, False)]
+
+
+def test_records_are_written_while_the_tokenizer_trains(workspace, tmp_path, monkeypatch):
+    """The records tasks need no tokenizer: one runs while it trains, so no core waits through the training."""
+    import threading
+
+    from lmforge.components.data import corpuswork, shardwork
+    from lmforge.flows.data import data_flow
+
+    written = threading.Event()
+    finish_records, train_tokenizer = shardwork.finish_records, corpuswork.train_tokenizer
+
+    def records(*args, **kwargs):
+        ref = finish_records(*args, **kwargs)
+        written.set()
+        return ref
+
+    def train(*args, **kwargs):
+        assert written.wait(30), "no shard's records were written while the tokenizer trained"
+        return train_tokenizer(*args, **kwargs)
+
+    monkeypatch.setattr(shardwork, "finish_records", records)
+    monkeypatch.setattr(corpuswork, "train_tokenizer", train)
+    source = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
+    result = data_flow(_cfg(source, "data.runner=\"threads\"", "data.workers=2"))
+    assert result["tasks"]["data-tokenizer"] == result["tasks"]["data-records-shard"] == "Completed"
