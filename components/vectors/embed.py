@@ -88,7 +88,12 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 through sentence-transformers, from a local folder, never the network."""
 
     def __init__(self, model_dir: Path, *, batch_size: int = 64, device: str | None = None) -> None:
+        from lmforge.components.runtime.accelerator import choose_precision
+
         self.device = device or _device()
+        # bf16 matmuls where this device runs them faster (the training stage's measured rule): 2x the docs/s on an
+        # AVX512-BF16 CPU, cosine >= 0.9999 to fp32's vectors; fp32 elsewhere.
+        self.precision = choose_precision("auto", self.device)
         with _offline():
             from sentence_transformers import SentenceTransformer
 
@@ -100,13 +105,16 @@ class MiniLMEmbedder:
         self.name = "minilm"
         self.batch_size = batch_size
         self.source = (f"all-MiniLM-L6-v2 ({self.dim}-d, first {MINILM_MAX_TOKENS} tokens, "
-                       f"{MINILM_PACKAGE} {_version(MINILM_PACKAGE)}, {self.device})")
+                       f"{MINILM_PACKAGE} {_version(MINILM_PACKAGE)}, {self.device}, {self.precision.name})")
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                 convert_to_numpy=True, show_progress_bar=False)
+        from lmforge.components.runtime.accelerator import autocast
+
+        with autocast(self.device, self.precision):
+            vecs = self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False)
         return np.asarray(vecs, dtype=np.float32)
 
 

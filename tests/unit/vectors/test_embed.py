@@ -101,7 +101,8 @@ def test_minilm_is_deterministic_batched_and_normalised(minilm):
     assert a.shape == (len(texts), 384) and a.dtype == np.float32
     assert np.array_equal(a, b)                           # the same texts give the same vectors
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
-    assert np.allclose(minilm.embed([texts[4]])[0], a[4], atol=1e-5)   # alone or padded in a batch
+    alone = minilm.embed([texts[4]])[0]                   # alone or padded in a batch: the same vector, up to bf16
+    assert np.allclose(alone, a[4], atol=1e-5) if minilm.precision.name == "fp32" else float(alone @ a[4]) > 0.9999
     assert minilm.embed([]).shape == (0, 384)
 
 
