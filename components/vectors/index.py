@@ -307,9 +307,10 @@ def ensure_collection(client: Any, name: str, embedder: Embedder, *, server: boo
     if client.collection_exists(name):
         size = vector_size(client, name)
         if size != embedder.dim:
+            where = "on the server (its DELETE /collections/" + name + ")" if server else "(its folder under <workspace>/qdrant/)"
             raise UserError(f"Qdrant collection {name}", None,
                             f"holds vectors of size {size}, but the {embedder.name} embedder makes {embedder.dim}",
-                            f"Delete the collection (client.delete_collection({name!r})) to rebuild it, or restore the "
+                            f"Delete the collection {where} and run `lmforge run features` to rebuild it, or restore the "
                             "embedder settings it was built with (vectors.hash_dim, vectors.model_dir)")
         return False
     params = models.VectorParams(size=embedder.dim, distance=models.Distance.COSINE)
