@@ -211,3 +211,18 @@ def test_records_are_written_while_the_tokenizer_trains(workspace, tmp_path, mon
     source = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
     result = data_flow(_cfg(source, "data.runner=\"threads\"", "data.workers=2"))
     assert result["tasks"]["data-tokenizer"] == result["tasks"]["data-records-shard"] == "Completed"
+
+
+def test_a_base_models_tokenizer_is_copied_and_the_records_still_run_beside_it(workspace, tmp_path, checkpoint):
+    from lmforge.components.model.basemodel import tokenizer_hash
+    from lmforge.flows.data import data_flow
+
+    base = checkpoint("gpt2")
+    source = write_mixed_jsonl(tmp_path / "m.jsonl", 40)
+    result = data_flow(_cfg(source, f"training.model.init={json.dumps(str(base))}", "data.runner=\"threads\""))
+    assert "data-tokenizer" not in result["tasks"]
+    assert {result["tasks"][t] for t in ("data-base-tokenizer", "data-records-shard", "data-finish-shard")} == {"Completed"}
+    manifest = json.loads((workspace.dataset_dir(result["dataset_version"]) / "manifest.json").read_text())
+    assert manifest["tokenizer_hash"] == tokenizer_hash(base)
+    s = result["summary"]
+    assert s["train"] + s["validation"] + s["test"] == s["kept"] and sum(s["tokens"].values()) > 0
