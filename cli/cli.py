@@ -20,7 +20,9 @@ module there whose name does not start with "_" is mounted.
 
 from __future__ import annotations
 
+import atexit
 import enum
+import gc
 import importlib
 import pkgutil
 import signal
@@ -237,6 +239,11 @@ def _run(argv: list[str], *, debug: bool) -> int:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     signals.install()
+    # Python's exit ends with a garbage collection over every object the command made or imported (Prefect, MLflow,
+    # pyarrow, pydantic: 1-3 s on 2 cores) only to free memory the process hands back anyway. Frozen objects are
+    # skipped. It runs after the exit handlers registered from here on and before those registered earlier (logging
+    # flushes after it); what closes files, stops servers and flushes logs runs as before.
+    atexit.register(gc.freeze)
     sys.exit(run_cli(list(sys.argv[1:] if argv is None else argv)))
 
 

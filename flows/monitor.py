@@ -35,6 +35,7 @@ from lmforge.components.sections.monitoring import MonitoringConfig
 from lmforge.components.task import Task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, atomic_write_text, sha256_tree
+from lmforge.flows import prefect_env
 from lmforge.flows.lateness import too_late
 from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.assess import Assessment, assess
@@ -120,7 +121,7 @@ def start_retraining(cfg: PipelineConfig, reason: str) -> dict[str, Any]:
         return {"started": False, "busy": busy}
     name = cfg.monitoring.training_deployment
     api_url = PREFECT_API_URL.value()   # the environment's, or a `temporary_settings` override
-    if api_url:
+    if api_url and not prefect_env.is_temporary(api_url):   # a command's temporary server holds no deployments
         from prefect.deployments import run_deployment
         from prefect.exceptions import ObjectNotFound
 

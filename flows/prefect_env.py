@@ -101,6 +101,16 @@ def active_profile(environ: Mapping[str, str]) -> tuple[str, dict[str, str], Pat
 SERVER_STATE = "server.json"   # <ws>/prefect/<this>: the server `lmforge prefect up` started (flows/prefect_local.py)
 
 
+# The URL of this command's temporary server (flows/prefect_local.py `start_temporary`), which PREFECT_API_URL
+# also names: for the embedded mode it stands in for no server at all (a retrain runs here, not as a deployment).
+TEMPORARY_URL_VAR = "LMFORGE_PREFECT_TEMPORARY_API_URL"
+
+
+def is_temporary(api_url: str | None) -> bool:
+    """True when `api_url` is the temporary server of this command (or of the command that started this process)."""
+    return bool(api_url) and api_url == os.environ.get(TEMPORARY_URL_VAR)
+
+
 def workspace_server_url(ws: Workspace) -> str | None:
     """The API URL of the server `lmforge prefect up` started for this workspace, if that very process still runs."""
     from lmforge.components.runtime import service

@@ -1,4 +1,4 @@
-"""A local Prefect server and process worker on loopback, for `lmforge prefect up/down`.
+"""A local Prefect server and process worker on loopback, for `lmforge prefect up/down`; each command's temporary server.
 
     server = start_server(ws, port=4200)       # `prefect server start`, detached, waits for /api/health
     start_worker(ws, server.api_url)           # `prefect worker start --pool lmforge-process`
@@ -13,6 +13,12 @@ recognised and stopped by the shared lifecycle in components/runtime/service.py 
 tritonserver uses): a recorded pid that now belongs to another process is treated as
 gone, never signalled. Only the command lines, the environment and the health URL are
 Prefect's.
+
+Without `up` (the embedded mode), each `lmforge run` has a temporary server of its own, as Prefect
+would start one, but started by the CLI before it imports its flows so that it gets ready meanwhile:
+
+    server = start_temporary(ws, mode)         # Prefect's API app on a free port; PREFECT_API_URL names it
+    server.wait()                              # before the first flow (cli/work.py `the_work`); stopped at exit
 """
 
 from __future__ import annotations
@@ -219,5 +225,5 @@ def start_temporary(ws: Workspace, mode: prefect_env.PrefectMode) -> TemporarySe
                     or prefect_env.DEFAULTS["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"])
     server = TemporaryServer(svc, service.launch(svc), timeout)
     atexit.register(server.stop)   # registered before `import prefect`: runs after Prefect's own exit handlers
-    os.environ["PREFECT_API_URL"] = api_url
+    os.environ["PREFECT_API_URL"] = os.environ[prefect_env.TEMPORARY_URL_VAR] = api_url
     return server

@@ -40,6 +40,7 @@ ready = time.perf_counter() - t0
 with get_client(sync_client=True) as client:
     assert str(client.api_url).rstrip("/") == server.api_url == os.environ["PREFECT_API_URL"]
     client.hello()
+assert prefect_env.is_temporary(server.api_url)   # the monitor's retrain runs here, not as a deployment on it
 print(json.dumps({"pid": server.rec.pid, "create_time": server.rec.create_time, "ready_s": round(ready, 2)}))
 """
 
@@ -133,3 +134,14 @@ def test_a_process_that_lives_with_its_caller_is_in_its_session_and_a_group_of_i
     finally:
         assert supervisor.stop(rec, grace=5)
     assert not supervisor.alive(rec)
+
+
+def test_only_the_commands_own_temporary_server_is_temporary(monkeypatch):
+    """The drift loop starts a retrain deployment on a configured server and the retrain flow here otherwise: a
+    command's temporary server, though PREFECT_API_URL names it, is the latter (flows/monitor.py)."""
+    monkeypatch.setenv(prefect_env.TEMPORARY_URL_VAR, "http://127.0.0.1:5555/api")
+    assert prefect_env.is_temporary("http://127.0.0.1:5555/api")
+    assert not prefect_env.is_temporary("http://127.0.0.1:4200/api")   # `lmforge prefect up`'s, or a user's
+    assert not prefect_env.is_temporary(None)
+    monkeypatch.delenv(prefect_env.TEMPORARY_URL_VAR)
+    assert not prefect_env.is_temporary("http://127.0.0.1:5555/api")
