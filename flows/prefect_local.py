@@ -160,7 +160,6 @@ def require_server(ws: Workspace) -> ServerInfo:
     return info
 
 
-
 # --- the temporary server of one command -----------------------------------------------------------------------
 
 def temporary_app() -> Any:
@@ -204,10 +203,12 @@ def start_temporary(ws: Workspace, mode: prefect_env.PrefectMode) -> TemporarySe
     migration on a new database) while the command does nothing else. Started here, before the command imports
     its flows, it gets ready meanwhile on the other core. It is Prefect's own app (`temporary_app`), over the
     workspace's database, on a free loopback port that PREFECT_API_URL names from now on for this process and its
-    children; so this must run before `prefect` is imported, which reads its settings once. It lives in this
-    command's session, in a process group of its own (Ctrl-C in the terminal reaches the command, which stops it):
-    stopped at exit (`atexit`, after Prefect's own exit handlers, which still talk to it), and by the CLI's reaper
-    after a signal. Nothing here outlives the command, as Prefect's own temporary server did not.
+    children; so this must run before `prefect` is imported, which reads its settings once. (The port is free when
+    chosen and bound by the server seconds later, as with Prefect's own; taken meanwhile, the server exits and the
+    wait says so, with its log.) It lives in this command's session, in a process group of its own (Ctrl-C in
+    the terminal reaches the command, which stops it): stopped at exit (`atexit`, after Prefect's own exit
+    handlers, which still talk to it), and by the CLI's reaper after a signal. Nothing here outlives the command,
+    as Prefect's own temporary server did not.
     """
     if mode.kind != "embedded" or os.environ.get("PREFECT_API_URL") or "prefect" in sys.modules:
         return None
