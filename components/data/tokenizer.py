@@ -76,7 +76,7 @@ def encode_flat(tok: Tokenizer, texts: Sequence[str], dtype: np.dtype, *, eos_id
     """(flat, lengths): every text's token ids followed by <eos> (or `eos_id`), concatenated; lengths include it."""
     eos = tok.token_to_id(EOS) if eos_id is None else eos_id
     encs = tok.encode_batch_fast(list(texts), add_special_tokens=False) if len(texts) else []
-    lengths = np.fromiter((len(e.ids) + 1 for e in encs), dtype=np.int64, count=len(encs))
+    lengths = np.fromiter((len(e) + 1 for e in encs), dtype=np.int64, count=len(encs))  # len(e): no list of its ids
     flat = np.empty(int(lengths.sum()), dtype=dtype)
     pos = 0
     for e, n in zip(encs, lengths.tolist()):
