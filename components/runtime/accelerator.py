@@ -43,8 +43,10 @@ import torch
 
 from lmforge.components.errors import UserError
 from lmforge.components.model.modelload import cpu_only_kernels
+from lmforge.components.runtime import machine
+from lmforge.components.runtime.machine import machine_cache_dir
 
-CACHE_ENV = "LMFORGE_CACHE_DIR"
+CACHE_ENV = machine.CACHE_ENV  # ~/.cache/lmforge unless set (components/runtime/machine.py)
 BF16_MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this much to be worth its rounding
 _ISA_ENVS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
@@ -178,7 +180,7 @@ def _capability(device: torch.device) -> str:
 # --- the per-machine cache ------------------------------------------------------------------
 
 def machine_cache() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "lmforge") / "hardware.json"
+    return machine_cache_dir() / "hardware.json"
 
 
 def cpu_flags() -> set[str]:

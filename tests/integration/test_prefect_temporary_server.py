@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,8 @@ with get_client(sync_client=True) as client:
     assert str(client.api_url).rstrip("/") == server.api_url == os.environ["PREFECT_API_URL"]
     client.hello()
 assert prefect_env.is_temporary(server.api_url)   # the monitor's retrain runs here, not as a deployment on it
-print(json.dumps({"pid": server.rec.pid, "create_time": server.rec.create_time, "ready_s": round(ready, 2)}))
+print(json.dumps({"pid": server.rec.pid, "create_time": server.rec.create_time, "ready_s": round(ready, 2),
+                  "migrated": server.new_database is not None}))
 """
 
 
@@ -145,3 +147,44 @@ def test_only_the_commands_own_temporary_server_is_temporary(monkeypatch):
     assert not prefect_env.is_temporary(None)
     monkeypatch.delenv(prefect_env.TEMPORARY_URL_VAR)
     assert not prefect_env.is_temporary("http://127.0.0.1:5555/api")
+
+
+def test_a_new_workspace_starts_from_the_machines_migrated_database(tmp_path):
+    """The first new workspace on a machine migrates Prefect's database and leaves an empty copy in the machine's
+    cache; the next new workspace starts from that copy (no migrations) and its server answers as the first's did."""
+    cache = tmp_path / "cache"
+    runs = {}
+    for name in ("first", "second"):
+        env = {**clean_env(tmp_path / name), "LMFORGE_CACHE_DIR": str(cache)}
+        r = subprocess.run([sys.executable, "-c", START_AND_EXIT], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[name] = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"{name} new workspace: temporary server ready in {runs[name]['ready_s']} s")
+    assert runs["first"]["migrated"] and not runs["second"]["migrated"]
+    template = cache / f"prefect-{metadata.version('prefect')}.db"
+    with sqlite3.connect(template) as db:
+        assert db.execute("SELECT count(*) FROM flow_run").fetchone() == (0,)      # empty: no run of the first's
+        assert db.execute("SELECT count(*) FROM block_type").fetchone()[0] > 0     # migrated and registered
+    assert str(tmp_path / "first").encode() not in template.read_bytes()           # nothing of the first workspace
+
+
+def test_seeding_never_replaces_a_database_and_the_first_template_stays(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMFORGE_CACHE_DIR", str(tmp_path / "cache"))
+    made = tmp_path / "made.db"
+    with sqlite3.connect(made) as db:
+        db.execute("CREATE TABLE t (x)")
+    prefect_local.save_database_template(made)
+    template = prefect_local.database_template()
+    first = template.read_bytes()
+    with sqlite3.connect(made) as db:
+        db.execute("CREATE TABLE u (y)")
+    prefect_local.save_database_template(made)
+    assert template.read_bytes() == first                                         # kept, not overwritten
+    existing = tmp_path / "ws" / "prefect.db"
+    existing.parent.mkdir()
+    existing.write_bytes(b"a workspace's own")
+    assert not prefect_local.seed_database(existing) and existing.read_bytes() == b"a workspace's own"
+    fresh = tmp_path / "ws2" / "prefect.db"
+    fresh.parent.mkdir()
+    assert prefect_local.seed_database(fresh) and fresh.read_bytes() == first
+    assert [p.name for p in fresh.parent.iterdir()] == ["prefect.db"]             # no partial copy left
