@@ -98,8 +98,10 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
         where = f"running (pid {s.get('pid')})"
     else:
         where = f"not running (pid {s.get('pid')} has exited)"
+    gw = gateway.running(s)
     return [{"model": s.get("model"), "version": s.get("version"), "http": s.get("url"),
-             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}", "openai": gateway.running_url(s), "state": where}]
+             "grpc": f"{s.get('host', '127.0.0.1')}:{s.get('grpc')}", "openai": gw.base_url if gw else None,
+             "openai_metrics": gw.metrics_url if gw else None, "state": where}]
 
 
 def status_dict(ws: Workspace) -> dict[str, Any]:

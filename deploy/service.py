@@ -56,12 +56,15 @@ def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
 
 
 def ensure_gateway(ws: Workspace, cfg: DeployConfig, info: ServerInfo) -> gateway.GatewayInfo:
-    """The recorded gateway if it still runs in front of this server, else a new one, ready; recorded in state.json."""
+    """The recorded gateway if it still runs in front of this server where `cfg` puts it (host, and openai_port
+    unless 0), else a new one, ready; recorded in state.json. So the base URL stays what it was across restarts
+    and rollouts, and moves only when deploy.openai_port does."""
     state = read_state(ws) or {}
     gw = gateway.from_state(state)
-    if gw is not None and gw.triton_grpc == info.grpc_url and gateway.is_running(gw):
+    where = gw is not None and gw.host == cfg.host and cfg.openai_port in (0, gw.port)
+    if gw is not None and where and gw.triton_grpc == info.grpc_url and gateway.is_running(gw):
         return gw
-    if gw is not None:   # one for a server that is gone: nothing should be left listening
+    if gw is not None:   # one for a server that is gone, or on another port: nothing should be left listening
         gateway.stop_gateway(gw)
     gw = gateway.start_gateway(repo_dir(ws), cfg, triton_grpc=info.grpc_url, log_path=ws.triton / "openai.log",
                                wait=cfg.readiness_timeout_s)

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 from ._base import Name, Section
 
 STATIC_BATCHING = ("max_batch_size", "dynamic_batching", "preferred_batch_sizes", "max_queue_delay_us")
+OPENAI_PORT = 9000   # clear of Triton's 8000-8002, MLflow's 5000 and Prefect's 4200
 DEFAULT_DEPLOYMENT = "default"   # its alias stays plain `production`: existing registries keep their meaning
 
 
@@ -38,7 +39,9 @@ class DeployConfig(Section):
     openai: bool = Field(True, description="start an OpenAI-compatible HTTP gateway (/v1/models, /v1/completions, "
                                            "/v1/chat/completions) in front of the served model, on `host`, with the "
                                            "server; `lmforge status --json` names its base URL")
-    openai_port: int = Field(0, ge=0, le=65535, description="the OpenAI gateway's port; 0 = pick a free port")
+    openai_port: int = Field(OPENAI_PORT, ge=0, le=65535,
+                             description="the OpenAI gateway's port, kept across restarts and rollouts so that the base "
+                                         "URL stays http://<host>:<port>/v1; 0 = a free port at every start")
 
     # The model configuration (config.pbtxt) and its engine (deploy/engine.py).
     engine: Literal["transformers", "vllm"] = Field(
@@ -66,10 +69,16 @@ class DeployConfig(Section):
                                   description="largest absolute logit difference the ONNX export may have from torch")
 
     # Generation and input limits (enforced by the model, per request).
-    max_new_tokens: int = Field(32, ge=1, le=1024, description="tokens generated when the request does not say")
-    max_new_tokens_limit: int = Field(128, ge=1, le=4096, description="largest MAX_NEW_TOKENS a request may ask for")
-    max_prompt_chars: int = Field(2000, ge=8, description="a longer prompt is refused")
-    max_prompt_tokens: int = Field(192, ge=4, description="a prompt longer than this in tokens is refused")
+    # By default the model's context is the only limit: a prompt may use it less the request's max_tokens, and
+    # max_tokens what the prompt leaves; a request over it is a 400 naming the counts. The caps below are tighter.
+    max_new_tokens: int = Field(32, ge=1, description="max_tokens of a request that does not say (less when the "
+                                                      "prompt leaves less of the model's context)")
+    max_new_tokens_limit: int = Field(0, ge=0, description="an operator's cap on a request's max_tokens; 0 = what "
+                                                           "the prompt leaves of the model's context")
+    max_prompt_chars: int = Field(0, ge=0, description="an operator's cap on a prompt's characters; 0 = what the "
+                                                       "tokens it may use can hold (checked before tokenizing)")
+    max_prompt_tokens: int = Field(0, ge=0, description="an operator's cap on a prompt's tokens (as the task renders "
+                                                        "it); 0 = the model's context less the request's max_tokens")
     rare_token_min_count: int = Field(2, ge=1, description="a token seen fewer times in training data counts as rare")
 
     # The rollout gate.
@@ -88,10 +97,10 @@ class DeployConfig(Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "DeployConfig":
-        if self.max_new_tokens > self.max_new_tokens_limit:
+        if self.max_new_tokens_limit and self.max_new_tokens > self.max_new_tokens_limit:
             raise ValueError(f"max_new_tokens {self.max_new_tokens} exceeds max_new_tokens_limit "
                              f"{self.max_new_tokens_limit}")
-        ports = [p for p in (self.http_port, self.grpc_port, self.metrics_port) if p]
+        ports = [p for p in (self.http_port, self.grpc_port, self.metrics_port, self.openai_port) if p]
         if len(ports) != len(set(ports)):
-            raise ValueError(f"http_port, grpc_port and metrics_port must differ (got {ports})")
+            raise ValueError(f"http_port, grpc_port, metrics_port and openai_port must differ (got {ports})")
         return self
