@@ -15,11 +15,15 @@ fine-tuning, components/training/sft.py, trains on the same prompt ids), so what
 served.
 
 - Decoding: `model.generate` on left-padded rows, up to the largest `max_new_tokens` of the batch;
-  greedy, or sampled with a `Sampling` (temperature, top_p, top_k) after `torch.manual_seed(seed)`.
-- Stopping: a row ends at eos (not part of its tokens), at the token whose decoded text first contains
-  a stop string (that token is kept, the text is cut before the string), or at its own
-  `max_new_tokens`. The rule is applied to the generated tokens afterwards, so rows of different
-  lengths in one batch never affect each other's tokens.
+  greedy, or sampled with a `Sampling` (temperature, top_p, top_k): after `torch.manual_seed(seed)`
+  when it names a seed (repeatable), from torch's running random stream when it does not.
+- Stopping: a row ends at an end id (`end_ids`: the tokenizer's eos and every eos id of the model's
+  generation_config, e.g. Llama 3's <|eot_id|>; not part of its tokens), at the token whose decoded
+  text first contains a stop string (that token is kept, the text is cut before the string), or at
+  its own `max_new_tokens`. `RowText` applies the rule as tokens arrive, decoding each token once
+  (an incremental detokenizer, as vLLM's and TGI's) and searching only the new text's tail for a stop
+  string; it is applied to the generated tokens afterwards, so rows of different lengths in one batch
+  never affect each other's tokens, and the serving engine (deploy/engine.py) applies the same object.
 - Requests with their own settings (`generate_rows`): greedy rows with the same stop strings share a
   batch; a sampled row runs alone, so the same seed gives the same text whatever else was in the batch.
 
@@ -42,10 +46,11 @@ class Sampling:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int = 0
+    seed: int | None = None   # None: torch's running random stream (a different text each time)
 
     def __post_init__(self) -> None:
         assert self.temperature >= 0 and 0 < self.top_p <= 1 and self.top_k >= 0, self
+        assert self.seed is None or self.seed >= 0, self
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +94,14 @@ def _eos_pad(tokenizer: Any) -> tuple[int, int]:
     return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
 
 
+def end_ids(tokenizer: Any, generation_config: Any = None) -> tuple[int, ...]:
+    """Every id that ends a row: the tokenizer's eos, then each eos id of the model's generation_config (an int or a
+    list: Llama 3 lists <|end_of_text|> and <|eot_id|>, Gemma <eos> and <end_of_turn>)."""
+    extra = getattr(generation_config, "eos_token_id", None)
+    ids = [tokenizer.eos_token_id, *(extra if isinstance(extra, (list, tuple)) else [extra])]
+    return tuple(dict.fromkeys(int(i) for i in ids if i is not None))
+
+
 def _left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
     """The prompts as one left-padded LongTensor [B, width] and its attention mask (1 on real tokens)."""
     import torch
@@ -102,16 +115,19 @@ def _left_padded(prompts: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
     return input_ids, mask
 
 
-def _outputs(tokenizer: Any, generated: list[list[int]], logps: list[list[float]], limits: list[int],
-             stops: list[str], steps: list[float], start: float, end: float) -> list[Output]:
-    """One Output per row: its tokens cut by the stopping rule, their mean log-probability, and its timings
-    (first token, and the step that produced its last kept token)."""
+def _outputs(rows: list["RowText"], generated: list[list[int]], logps: list[list[float]], steps: list[float],
+             start: float, end: float, *, pushed: bool = False) -> list[Output]:
+    """One Output per row: its tokens cut by the stopping rule (each row's RowText, given its tokens here unless
+    `pushed` already), their mean log-probability, and its timings (first token, and the step that produced its last
+    kept token)."""
     results = []
-    for row, limit in enumerate(limits):
-        n, text = stopping_rule(tokenizer, generated[row][:limit], stops)
+    for row, text in enumerate(rows):
+        if not pushed:
+            text.extend(generated[row])
+        n = len(text.ids)
         lp = logps[row][:n]
         last = steps[n - 1] if 0 < n <= len(steps) else end
-        results.append(Output(token_ids=tuple(generated[row][:n]), text=text,
+        results.append(Output(token_ids=tuple(text.ids), text=text.finish(),
                               mean_logprob=sum(lp) / len(lp) if lp else 0.0,
                               first_token_s=(steps[0] if steps else end) - start, total_s=last - start))
     return results
@@ -130,14 +146,15 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     limits = _limits(prompts, max_new_tokens)
     if not prompts:
         return []
-    eos, pad = _eos_pad(tokenizer)
+    _, pad = _eos_pad(tokenizer)
+    ends = end_ids(tokenizer, getattr(model, "generation_config", None))
     device = next(model.parameters()).device
     input_ids, mask = _left_padded(prompts, pad)
     width = input_ids.shape[1]
     clock = _StepClock()
     stops = [s for s in stop_strings if s]
     sample = not sampling.greedy
-    if sample:
+    if sample and sampling.seed is not None:
         torch.manual_seed(sampling.seed)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -145,16 +162,17 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
             input_ids=input_ids.to(device), attention_mask=mask.to(device), max_new_tokens=max(limits),
             do_sample=sample, temperature=sampling.temperature if sample else None,
             top_k=sampling.top_k if sample else None, top_p=sampling.top_p if sample else None, num_beams=1,
-            pad_token_id=pad, eos_token_id=eos,
+            pad_token_id=pad, eos_token_id=list(ends),
             logits_processor=LogitsProcessorList([clock]),
             stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, stops)]) if stops else None,
             return_dict_in_generate=True, output_scores=scores)
         logprobs = (model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True).float().cpu()
                     if scores else None)
     end = time.perf_counter()
-    generated = out.sequences[:, width:].cpu().tolist()
+    generated = [row[:limit] for row, limit in zip(out.sequences[:, width:].cpu().tolist(), limits)]
     logps = logprobs.tolist() if logprobs is not None else [[] for _ in prompts]
-    return _outputs(tokenizer, generated, logps, limits, stops, clock.steps, start, end)
+    rows = [RowText(tokenizer, stops, ends) for _ in prompts]
+    return _outputs(rows, generated, logps, clock.steps, start, end)
 
 
 def batches(rows: Sequence[Row]) -> list[list[int]]:
@@ -180,32 +198,98 @@ def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], *, scores: bo
     return out
 
 
-def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str]) -> tuple[int, str]:
-    """(how many of `tokens` the row keeps, its text): through the token completing a stop string, before eos."""
-    n, text, _ = stop_state(tokenizer, tokens, stop_strings)
-    return n, text
+class RowText:
+    """One row's text as its tokens arrive, and its stopping rule.
 
+        text = RowText(tokenizer, ("\\n\\n",), end_ids(tokenizer, model.generation_config))
+        for token in new_tokens:
+            if text.push(token):          # an end id (not kept) or a stop string (the text is cut before it)
+                break
+        text.ids, text.finish()           # the tokens kept, the whole text
 
-def stop_state(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str], *,
-               checked: int = 0) -> tuple[int, str, bool]:
-    """`stopping_rule` and whether it ended the row (eos, or a stop string in its text) rather than its end.
-
-    `checked`: how many leading tokens an earlier call saw without the row ending, so a row that grows by a token
-    a step (deploy/engine.py) costs one decode a step, not one per token so far.
+    Each token is decoded once, with a few tokens of context: the prefix and read offsets of vLLM's and TGI's
+    incremental detokenizers, so the text grows by whole characters (a token ending in half a UTF-8 character waits
+    for the next) and a row of n tokens costs O(n) decoding, not O(n^2). A stop string is searched for only in the
+    tail that could hold one ending in the new text.
     """
-    eos = tokenizer.eos_token_id
-    text = None
-    for k in range(checked, len(tokens)):
-        if tokens[k] == eos:
-            return k, tokenizer.decode(tokens[:k], skip_special_tokens=True), True
-        if stop_strings:
-            text = tokenizer.decode(tokens[:k + 1], skip_special_tokens=True)
-            cuts = [text.find(s) for s in stop_strings if s in text]
+
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = (), ends: Sequence[int] = ()) -> None:
+        self.tok = tokenizer
+        self.stops = tuple(s for s in stop_strings if s)
+        self.ends = frozenset(ends or end_ids(tokenizer))
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.ids: list[int] = []
+        self.text = ""            # whole characters decoded so far (cut before a stop string once one is found)
+        self.stopped = False      # an end id or a stop string ended the row
+        self.prefix = self.read = 0
+
+    def push(self, token: int) -> bool:
+        """Add one generated token; True when the row has ended (push nothing more)."""
+        if self.stopped:
+            return True
+        if token in self.ends:
+            self.stopped = True
+            return True
+        self.ids.append(token)
+        before = len(self.text)
+        self.text += self._new_text()
+        if self.stops and len(self.text) > before:
+            start = max(0, before - self.longest + 1)
+            cuts = [i for s in self.stops if (i := self.text.find(s, start)) >= 0]
             if cuts:
-                return k + 1, text[: min(cuts)], True
-    if text is None:
-        text = tokenizer.decode(tokens, skip_special_tokens=True)
-    return len(tokens), text, False
+                self.text, self.stopped = self.text[:min(cuts)], True
+        return self.stopped
+
+    def extend(self, tokens: Sequence[int]) -> bool:
+        """push each of `tokens` until the row ends; whether it has."""
+        return any(self.push(t) for t in tokens)
+
+    def _new_text(self) -> str:
+        prev = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        cur = self.tok.decode(self.ids[self.prefix:], skip_special_tokens=True)
+        if len(cur) <= len(prev) or cur.endswith("\ufffd"):
+            return ""   # half a character so far: wait for the token that completes it
+        self.prefix, self.read = self.read, len(self.ids)
+        return cur[len(prev):]
+
+    def finish(self) -> str:
+        """The whole text: a row that ended in half a character keeps it (as U+FFFD), as a full decode would."""
+        if not self.stopped and self.read < len(self.ids):
+            prev = self.tok.decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+            self.text += self.tok.decode(self.ids[self.prefix:], skip_special_tokens=True)[len(prev):]
+            self.prefix = self.read = len(self.ids)
+        return self.text
+
+
+def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[str],
+                  ends: Sequence[int] = ()) -> tuple[int, str]:
+    """(how many of `tokens` the row keeps, its text): through the token completing a stop string, before an end id."""
+    text = RowText(tokenizer, stop_strings, ends)
+    text.extend(tokens)
+    return len(text.ids), text.finish()
+
+
+def score_tokens(model: Any, tokenizer: Any, ids: Sequence[int], *, top: int) -> list[dict[str, Any] | None]:
+    """Each token's log-probability given the tokens before it, and its `top` likeliest alternatives (best first),
+    from one forward pass over `ids` (a prompt and what was generated after it): one entry per token, None for the
+    first, which nothing precedes. An entry: {"id", "token" (its text), "logprob", "top": [[text, logprob], ...]}.
+    The distribution is the model's own (before any temperature, top_k or top_p), as vLLM reports it by default."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device)).logits[0, :-1].float()
+        logp = torch.log_softmax(logits, -1)   # row t: the distribution of token t + 1
+        chosen = logp.gather(-1, torch.tensor(list(ids[1:]), device=device)[:, None])[:, 0].tolist()
+        best = logp.topk(top, -1) if top else None
+    alternatives = (list(zip(best.indices.tolist(), best.values.tolist())) if best is not None
+                    else [([], [])] * len(chosen))
+
+    def piece(token: int) -> str:
+        return tokenizer.decode([token])
+    return [None] + [{"id": int(t), "token": piece(t), "logprob": lp,
+                      "top": [[piece(a), v] for a, v in zip(*alternatives[i])]}
+                     for i, (t, lp) in enumerate(zip(ids[1:], chosen))]
 
 
 def stable_prefix(text: str, stop_strings: Sequence[str]) -> str:
@@ -230,7 +314,7 @@ class _StepClock:
 # --- the KV-cache decoding loop, for a model given as a forward function ----------------------
 
 def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
-           stop_strings: Sequence[str] = (), scores: bool = False) -> list[Output]:
+           stop_strings: Sequence[str] = (), scores: bool = False, ends: Sequence[int] = ()) -> list[Output]:
     """Greedy decoding of left-padded rows through `forward` with a KV cache: `generate`'s rows, prompt, stopping
     rule and Output, for a model that is not a transformers module (an ONNX graph, deploy/model.py).
 
@@ -239,18 +323,21 @@ def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
 
     `forward(input_ids, attention_mask, position_ids, past)` takes LongTensors [B, S], [B, past + S], [B, S]
     and the cache it returned last (None at the first call) and returns (float logits [B, S, V], cache).
-    Positions follow transformers' rule for left padding (cumsum of the mask - 1). A row is done at eos,
-    at its own limit or once a stop string is in its text; the loop ends when every row is.
+    Positions follow transformers' rule for left padding (cumsum of the mask - 1). A row is done at an end id
+    (`ends`, default the tokenizer's eos), at its own limit or once a stop string is in its text; the loop ends when
+    every row is.
     """
     import torch
 
     limits = _limits(prompts, max_new_tokens)
     if not prompts:
         return []
-    eos, pad = _eos_pad(tokenizer)
+    _, pad = _eos_pad(tokenizer)
     input_ids, mask = _left_padded(prompts, pad)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     stops = [s for s in stop_strings if s]
+    ends = ends or end_ids(tokenizer)
+    rows = [RowText(tokenizer, stops, ends) for _ in prompts]
     generated: list[list[int]] = [[] for _ in prompts]
     logps: list[list[float]] = [[] for _ in prompts]
     done = [False] * len(prompts)
@@ -271,13 +358,12 @@ def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
                 generated[row].append(tok)
                 if scores:
                     logps[row].append(chosen[row])
-                text = tokenizer.decode(generated[row], skip_special_tokens=True) if stops else ""
-                done[row] = (tok == eos or len(generated[row]) >= limits[row] or any(s in text for s in stops))
+                done[row] = rows[row].push(tok) or len(generated[row]) >= limits[row]
             input_ids = nxt[:, None]
             mask = torch.cat([mask, torch.ones_like(input_ids)], dim=1)
             positions = positions[:, -1:] + 1
     end = time.perf_counter()
-    return _outputs(tokenizer, generated, logps, limits, stops, steps, start, end)
+    return _outputs(rows, generated, logps, steps, start, end, pushed=True)
 
 
 def torch_forward(model: Any) -> Any:

@@ -7,16 +7,21 @@
     engine.cancel(ticket)                                              # its Final says "cancelled"
     engine.stop()
 
-Greedy rows run in transformers' own continuous batching (`ContinuousBatchingManager`, one per
-engine, kept for the instance's life): a request joins the running batch at the next step and
-leaves it when it is done, so a short request never waits for a long one, and each new token is
-streamed as it is decoded. Each step holds at most `max_requests_per_step` requests, and their KV
-caches share a paged budget of `kv_cache_tokens` tokens (`kv_blocks` pages of `page_tokens`); a
-request that does not fit waits in the manager's queue. The stopping rule is the one generation
-path's (`generation.stop_state`: eos, a stop string, the request's max tokens), applied to each
-request's tokens as they arrive, so the streamed text, the final text and the tokens kept are what
-`generation.generate` gives for the same prompt; a request stopped by a stop string is cancelled in
-the manager at once.
+Rows run in transformers' own continuous batching (`ContinuousBatchingManager`, one per engine, kept for
+the instance's life): a request joins the running batch at the next step and leaves it when it is
+done, so a short request never waits for a long one, and each new token is streamed as it is
+decoded. Each row brings its own sampling to the batch (transformers' per-request logits processors:
+temperature, top_k, top_p); a greedy row is top_k = 1, so its token is the argmax whatever its
+neighbours sample, and an unseeded sampled row draws from the batch's one random stream (seeded at
+random when the engine starts: a different text each time). Each step holds at most
+`max_requests_per_step` requests, and their KV caches share a paged budget of `kv_cache_tokens`
+tokens (`kv_blocks` pages of `page_tokens`); a request that does not fit waits in the manager's
+queue. The stopping rule is the one generation path's (`generation.RowText`: an end id of the
+tokenizer or of the model's generation_config, a stop string, the request's max tokens), fed each
+request's new tokens as they arrive, so the streamed text, the final text and the tokens kept are
+what `generation.generate` gives for the same prompt; a request stopped by a stop string is
+cancelled in the manager at once. A row's log-probabilities are those of the distribution it was
+drawn from (after its temperature, top_k and top_p): 0 for a greedy row's tokens.
 
 Text is streamed as it becomes final: a delta never ends in half a UTF-8 character or in what could
 be the start of a stop string, so the deltas concatenate to the final text.
@@ -25,9 +30,15 @@ be the start of a stop string, so the deltas concatenate to the final text.
 through `generation.decode`, which has no continuous batching): the requests waiting when it is free
 run together, and each is answered in one delta.
 
-A sampled row (temperature > 0) does not join the batch: its seed alone must decide its text, as
-in `generation.generate_rows`, so it runs alone on the engine's sampling thread, with the batch's
-loop paused (`manager.pause()`: torch's random generator is global), and is answered in one delta.
+A row with a `seed` must get the same text whatever else is in the batch, which one shared random
+stream cannot give: it runs alone on the engine's seeded thread, with the batch's loop paused
+(`manager.pause()`: torch's random generator is global, and is reseeded at random afterwards), and
+is answered in one delta.
+
+Health: when the manager's loop dies (an exception in a step) or the result thread fails, the engine
+fails (`failure` says why, `ready` is False): every request in flight ends with an error within
+`HEALTH_POLL_S`, and `submit` refuses the next with `EngineFailed`. A sink that raises (its client
+went away) is logged and its request dropped.
 
 At most `max_queue` requests are in flight (queued or running); `submit` refuses more with `Busy` at
 once, so a flood of clients costs neither unbounded memory nor unbounded waits.
@@ -39,6 +50,7 @@ Imports only torch, transformers and the standard library: the Triton repository
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import queue
 import threading
@@ -52,11 +64,17 @@ try:
 except ImportError:  # inside a Triton model version folder, beside a copy of generation.py
     from . import generation  # type: ignore[no-redef]
 
-__all__ = ["Batcher", "Busy", "Delta", "Engine", "EngineConfig", "Final"]
+__all__ = ["Batcher", "Busy", "Delta", "Engine", "EngineConfig", "EngineFailed", "Final"]
+
+log = logging.getLogger("lmforge.engine")
 
 
 class Busy(RuntimeError):
     """The engine has max_queue requests in flight: retry later."""
+
+
+class EngineFailed(RuntimeError):
+    """The engine has failed (its loop died): it takes no more requests; `Flight.failure` says why."""
 
 
 @dataclass(frozen=True)
@@ -100,7 +118,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     sent_text: str = ""
     sent_tokens: int = 0
-    checked: int = 0          # tokens the stopping rule has seen without the request ending
+    text: generation.RowText | None = None   # the stopping rule's incremental text (made by Flight._advance)
     first_token: float | None = None
 
 
@@ -111,10 +129,17 @@ class Flight:
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
         self.tok = tokenizer
+        self.ends: tuple[int, ...] = generation.end_ids(tokenizer) if tokenizer is not None else ()
+        self.failure = ""     # why the engine failed; "" while it is healthy
         self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._running = False
+
+    @property
+    def ready(self) -> bool:
+        """Started, not stopped and not failed: what the model's readiness reports."""
+        return self._running and not self.failure
 
     @property
     def in_flight(self) -> int:
@@ -122,6 +147,8 @@ class Flight:
             return len(self._requests)
 
     def _admit(self, row: generation.Row, sink: Sink) -> str:
+        if self.failure:
+            raise EngineFailed(f"the engine failed ({self.failure}) and takes no more requests")
         if not self._running:
             raise RuntimeError("the engine is not running: call start() first")
         rid = f"r{next(self._ids)}"
@@ -148,9 +175,19 @@ class Flight:
         """Hand `event` to the request's sink; a sink that raises (its client went away) has its request dropped."""
         try:
             req.sink(event)
-        except Exception:
+        except Exception as e:
+            log.warning("request %s: its sink raised %s: %s; the request is dropped", rid, type(e).__name__, e)
             if self._finish(rid) is not None:
                 self._drop(rid, req)
+
+    def _die(self, why: str) -> None:
+        """The engine failed: record why, and end every request in flight with an error (at once, each once)."""
+        if not self.failure:
+            self.failure = why
+            log.error("engine failed: %s", why)
+        for rid in self._ids_in_flight():
+            if (req := self._get(rid)) is not None:
+                self._fail(rid, req, f"the engine failed: {why}")
 
     def cancel(self, rid: str) -> None:
         """End a request now (a client that went away): its Final says cancelled, with what it had streamed; the
@@ -169,22 +206,26 @@ class Flight:
             self._deliver(rid, req, Final("error", None, error))
 
     def _advance(self, rid: str, req: Request, tokens: list[int], logprobs: list[float], *, finished: bool) -> None:
-        """A request's tokens so far (and their log-probabilities): stream what became final; end it on eos, a stop
-        string or its max tokens (the one generation path's rule, generation.stop_state); `finished`: the engine
-        ended it."""
+        """A request's tokens so far (and their log-probabilities): stream what became final; end it on an end id, a
+        stop string or its max tokens (the one generation path's rule, generation.RowText, fed each new token once);
+        `finished`: the engine ended it."""
         if req.first_token is None and tokens:
             req.first_token = time.perf_counter()
-        req.tokens, req.logprobs = tokens[:req.row.max_new_tokens], logprobs
-        n, text, stopped = generation.stop_state(self.tok, req.tokens, req.row.stop_strings, checked=req.checked)
-        req.checked = n
+        if req.text is None:
+            req.text = generation.RowText(self.tok, req.row.stop_strings, self.ends)
+        fresh = tokens[len(req.tokens):req.row.max_new_tokens]
+        req.tokens, req.logprobs = req.tokens + fresh, logprobs
+        stopped = req.text.extend(fresh)
+        n = len(req.text.ids)
         ended = stopped or finished or len(req.tokens) >= req.row.max_new_tokens
         if not ended:
-            self._send(rid, req, generation.stable_prefix(text, req.row.stop_strings), n)
+            self._send(rid, req, generation.stable_prefix(req.text.text, req.row.stop_strings), n)
             return
         if self._finish(rid) is None:
             return
         if not finished:
             self._drop(rid, req)
+        text = req.text.finish()
         self._send(rid, req, text, n)
         self._deliver(rid, req, Final("stop" if stopped else "length", self._output(req, n, text)))
 
@@ -210,12 +251,17 @@ class Flight:
 
 
 class Engine(Flight):
-    """Continuous batching of greedy rows in transformers' manager; sampled rows alone, each with its seed."""
+    """Continuous batching in transformers' manager of greedy and unseeded sampled rows together, each row with its
+    own temperature, top_p and top_k; a seeded row alone, with its seed. A loop that dies fails the engine (_die)."""
+
+    HEALTH_POLL_S = 0.1   # how often the result thread looks for a dead loop: requests in flight learn within it
 
     def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
         super().__init__(config, tokenizer)
         self.model = model
-        self._sampled: queue.Queue[str | None] = queue.Queue()
+        self.ends = generation.end_ids(tokenizer, getattr(model, "generation_config", None))
+        self.vocab = int(model.config.get_text_config().vocab_size)
+        self._seeded: queue.Queue[str | None] = queue.Queue()
         self._manager: Any = None
         self._threads: list[threading.Thread] = []
 
@@ -223,19 +269,22 @@ class Engine(Flight):
     def start(self) -> None:
         from transformers import ContinuousBatchingConfig, GenerationConfig
 
-        eos, pad = self.tok.eos_token_id, self.tok.pad_token_id
-        gen = GenerationConfig(do_sample=False, eos_token_id=eos, pad_token_id=eos if pad is None else pad,
-                               max_new_tokens=1)
+        pad = self.tok.pad_token_id
+        # do_sample with per-request processors: each request brings its own temperature, top_k and top_p (the
+        # values here only make transformers build the three processors; every request overrides them). A greedy
+        # row is top_k = 1: its one token left is the argmax. One random stream for the batch, seeded at random.
+        gen = GenerationConfig(do_sample=True, temperature=0.5, top_k=50, top_p=0.9, eos_token_id=list(self.ends),
+                               pad_token_id=self.ends[0] if pad is None else pad, max_new_tokens=1)
         cb = ContinuousBatchingConfig(max_requests_per_batch=self.config.max_requests_per_step,
                                       num_blocks=self.config.kv_blocks, page_size=self.config.page_tokens,
-                                      return_logprobs=True, allow_block_sharing=False)
+                                      return_logprobs=True, allow_block_sharing=False, per_request_processors=True)
         self._manager = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         self._manager.start()
         with self._manager.pause():  # returns once the loop has set itself up (it seeds torch's generator then)
             pass
         self._running = True
         self._threads = [threading.Thread(target=target, name=f"lmforge-engine-{name}", daemon=True)
-                         for name, target in (("results", self._route_results), ("sampled", self._run_sampled))]
+                         for name, target in (("results", self._route_results), ("seeded", self._run_seeded))]
         for t in self._threads:
             t.start()
 
@@ -244,37 +293,52 @@ class Engine(Flight):
         self._running = False
         for rid in self._ids_in_flight():
             self.cancel(rid)
-        self._sampled.put(None)
-        if self._manager is not None:
+        self._seeded.put(None)
+        if self._manager is not None and self._manager.is_running():
             self._manager.stop(block=True)
         for t in self._threads:
             t.join(timeout=30)
 
     # --- requests ---------------------------------------------------------------------
     def submit(self, row: generation.Row, sink: Sink) -> str:
-        """Queue `row`; its deltas and its Final go to `sink`. Busy when `max_queue` requests are in flight."""
+        """Queue `row`; its deltas and its Final go to `sink`. Busy when `max_queue` requests are in flight,
+        EngineFailed when the engine has failed (the request is refused, nothing is queued)."""
         rid = self._admit(row, sink)
-        if row.sampling.greedy:
-            self._manager.add_request(list(row.ids), request_id=rid, max_new_tokens=row.max_new_tokens,
-                                      streaming=True, eos_token_id=self.tok.eos_token_id)
-        else:
-            self._sampled.put(rid)
+        if row.sampling.seed is not None and not row.sampling.greedy:
+            self._seeded.put(rid)
+            return rid
+        s = row.sampling
+        knobs = ({"temperature": 1.0, "top_k": 1, "top_p": 1.0} if s.greedy else
+                 {"temperature": float(s.temperature), "top_k": int(s.top_k or self.vocab), "top_p": float(s.top_p)})
+        added = self._manager.add_request(list(row.ids), request_id=rid, max_new_tokens=row.max_new_tokens,
+                                          streaming=True, eos_token_id=list(self.ends), **knobs)
+        if added is None:   # the manager refused it: its loop is not running
+            self._finish(rid)
+            self._die("the batching loop stopped taking requests")
+            raise EngineFailed(f"the engine failed ({self.failure}) and takes no more requests")
         return rid
 
     def _drop(self, rid: str, req: Request) -> None:
-        if req.row.sampling.greedy and self._manager is not None:
+        if self._manager is not None and not (req.row.sampling.seed is not None and not req.row.sampling.greedy):
             self._manager.cancel_request(rid)
 
     # --- the engine's threads -----------------------------------------------------------
     def _route_results(self) -> None:
         """Hand each step's output of the manager to its request (one call each: a finished request, and its
-        client's sender, is held by no local variable while the loop waits)."""
-        while self._running or self._manager.is_running():
-            result = self._manager.get_result(timeout=0.1)
-            if result is not None:
-                self._route(result)
-            elif not self._manager.is_running():
-                break
+        client's sender, is held by no local variable while the loop waits). When the manager's loop dies while the
+        engine runs, or this thread fails, the engine fails (_die): every request in flight gets its error."""
+        try:
+            while self._running or self._manager.is_running():
+                result = self._manager.get_result(timeout=self.HEALTH_POLL_S)
+                if result is not None:
+                    self._route(result)
+                elif not self._manager.is_running():
+                    break
+        except Exception as e:
+            self._die(f"its result thread raised {type(e).__name__}: {e}")
+            return
+        if self._running:
+            self._die("the continuous-batching loop stopped")
 
     def _route(self, result: Any) -> None:
         req = self._get(result.request_id)
@@ -286,18 +350,23 @@ class Engine(Flight):
         self._advance(result.request_id, req, list(result.generated_tokens), list(result.logprobs),
                       finished=result.is_finished())
 
-    def _run_sampled(self) -> None:
-        """Sampled rows, one at a time, each alone with its seed (generation.generate_rows' rule)."""
-        while (rid := self._sampled.get()) is not None:
-            self._sample(rid)
+    def _run_seeded(self) -> None:
+        """Seeded rows, one at a time, each alone with its seed (generation.generate_rows' rule)."""
+        while (rid := self._seeded.get()) is not None:
+            self._sample_seeded(rid)
 
-    def _sample(self, rid: str) -> None:
+    def _sample_seeded(self, rid: str) -> None:
+        import torch
+
         req = self._get(rid)
         if req is None:
             return
         try:  # torch's random generator is global: the batch's loop waits while a seed decides this row
             with self._manager.pause():
-                out = generation.generate_rows(self.model, self.tok, [req.row], scores=True)[0]
+                try:
+                    out = generation.generate_rows(self.model, self.tok, [req.row], scores=True)[0]
+                finally:
+                    torch.seed()   # the batch's stream goes on from a fresh random seed, not from this request's
         except Exception as e:  # a failure of this request alone: it says so, the engine goes on
             self._fail(rid, req, f"{type(e).__name__}: {e}")
             return

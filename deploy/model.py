@@ -67,28 +67,27 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.name = args["model_name"]
         self.version = str(args["model_version"])
-        self.limits = processing.Limits(
-            max_prompt_chars=int(params["max_prompt_chars"]), max_prompt_tokens=int(params["max_prompt_tokens"]),
-            max_new_tokens=int(params["max_new_tokens"]), max_new_tokens_limit=int(params["max_new_tokens_limit"]))
+        here = os.path.dirname(os.path.abspath(__file__))
+        folder = os.path.join(here, "model")
+        self.tok = modelload.load_tokenizer(folder)
         engine_config = engine.EngineConfig(
             max_requests_per_step=int(params["max_requests_per_step"]), kv_cache_tokens=int(params["kv_cache_tokens"]),
             page_tokens=int(params["kv_page_tokens"]), max_queue=int(params["max_queue"]))
         threads = int(params.get("threads", "0")) or max(1, (os.cpu_count() or 1) // int(params.get("instances", "1")))
         torch.set_num_threads(threads)
-        here = os.path.dirname(os.path.abspath(__file__))
-        folder = os.path.join(here, "model")
-        self.tok = modelload.load_tokenizer(folder)
         self.task = task.Task.load(folder)
         self.rare_ids = processing.load_rare_ids(here)
         log_dir = params.get("request_log", "")
         self.log = RequestLog(log_dir) if log_dir else None
         self.onnx = os.path.isfile(os.path.join(folder, onnxrun.GRAPH_FILE))
+        self.model = None   # the torch module, where this engine has one (log-probabilities are scored with it)
         if self.onnx:
             self.engine = self._onnx_engine(folder, threads, engine_config)
         elif params.get("engine") == "vllm":
             self.engine = self._vllm_engine(folder, args, engine_config, params)
         else:
             self.engine = self._torch_engine(folder, args, engine_config)
+        self.limits = self._limits(folder, params)
         self.engine.start()
         self.live = {}   # engine request id -> its response sender, watched for cancellation
         self.live_lock = threading.Lock()
@@ -96,10 +95,24 @@ class TritonPythonModel:
         self.watcher = threading.Thread(target=self._watch_cancellations, name="lmforge-cancel", daemon=True)
         self.watcher.start()
 
+    def _limits(self, folder, params):
+        """The request limits: the model's context, tightened by the deployment's caps where they are set (non-zero);
+        the character bound is the tokens a prompt may use times the longest token's characters."""
+        from transformers import AutoConfig
+
+        config = self.model.config if self.model is not None else AutoConfig.from_pretrained(folder)
+        context = processing.context_length(config.get_text_config())
+        tokens = int(params["max_prompt_tokens"]) or context
+        longest = max((len(t) for t in self.tok.get_vocab()), default=1)
+        return processing.Limits(
+            context=context, max_new_tokens=int(params["max_new_tokens"]),
+            max_prompt_chars=int(params["max_prompt_chars"]) or tokens * max(longest, 1),
+            max_prompt_tokens=int(params["max_prompt_tokens"]), max_new_tokens_limit=int(params["max_new_tokens_limit"]))
+
     def _torch_engine(self, folder, args, engine_config):
         import torch
 
-        model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
+        model = self.model = modelload.load_model(folder)  # safetensors only; never runs code shipped with a model
         device, why = processing.serving_device(model, args["model_instance_kind"], args["model_instance_device_id"],
                                                 torch.cuda.is_available())
         if device != "cpu":
@@ -156,11 +169,19 @@ class TritonPythonModel:
             self._refuse(sender, str(e), pb_utils.TritonError.INVALID_ARG, status=e.code)
             return
         stream = Stream(self, sender, parsed, arrived)
+        if parsed["row"].max_new_tokens == 0:   # only the prompt's log-probabilities: no generation
+            stream.on_event(engine.Final("length", generation.Output((), "", 0.0, 0.0, time.perf_counter() - arrived)))
+            return
         try:
             rid = self.engine.submit(parsed["row"], stream.on_event)
         except engine.Busy as e:
             self._refuse(sender, f"{self.name} v{self.version} is busy: {e}", pb_utils.TritonError.UNAVAILABLE,
                          status="busy", parsed=parsed)
+            return
+        except engine.EngineFailed as e:
+            self._refuse(sender, f"{self.name} v{self.version} is not ready: {e}; restart the server or roll out "
+                                 "again (lmforge run deploy)", pb_utils.TritonError.UNAVAILABLE,
+                         status="engine_failed", parsed=parsed)
             return
         with self.live_lock:
             if not stream.ended:
@@ -188,22 +209,38 @@ class TritonPythonModel:
             raise processing.BadRequest("bad_exclude_input", "exclude_input_in_output = false is not allowed when "
                                                              "streaming (as in vLLM's backend); leave it out")
         individual = {k: (None if (v := self._value(request, k)) is None else [v]) for k in SETTINGS}
-        max_new, sampling, stops = processing.request_settings(
-            individual, self._value(request, "sampling_parameters"), self.limits)
+        settings = processing.request_settings(individual, self._value(request, "sampling_parameters"), self.limits)
         text = processing.decode_text(text_input, self.limits)
-        if self.onnx and not sampling.greedy:
-            raise processing.BadRequest("bad_temperature", f"temperature[0] is {sampling.temperature}; this version "
-                                                           "is an ONNX export, served greedy only: send 0")
+        if self.onnx and not settings.sampling.greedy:
+            raise processing.BadRequest("bad_temperature", f"temperature[0] is {settings.sampling.temperature}; this "
+                                                           "version is an ONNX export, served greedy only: send 0")
+        if self.model is None and (settings.logprobs is not None or settings.prompt_logprobs is not None):
+            raise processing.BadRequest("bad_sampling_parameters", "sampling_parameters.logprobs: this version's "
+                                                                   f"engine ({'ONNX' if self.onnx else 'vLLM'}) "
+                                                                   "reports no log-probabilities; leave it out")
         try:
             ids = self.task.encode(self.tok, self.task.parse_prompt(text))
         except task.TaskError as e:
             raise processing.BadRequest("bad_prompt", f"text_input[0]: {e}") from None
-        ids = processing.check_tokens(ids, self.limits)
+        ids, max_new = processing.check_tokens(ids, self.limits, settings.max_new)
         text_ids = self.tok(text)["input_ids"]
-        return {"row": generation.Row(ids, max_new, sampling, (*self.task.stop_strings, *stops)), "flags": flags,
-                "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
+        row = generation.Row(ids, max_new, settings.sampling, (*self.task.stop_strings, *settings.stops))
+        return {"row": row, "flags": flags, "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
                 "rare": processing.rare_token_rate(text_ids, self.rare_ids, self.tok.unk_token_id),
-                "echo": text if flags.get("exclude_input_in_output") is False else ""}
+                "echo": text if flags.get("exclude_input_in_output") is False else "",
+                "logprobs": settings.logprobs, "prompt_logprobs": settings.prompt_logprobs}
+
+    def scores(self, parsed, out):
+        """The final response's logprobs and prompt_logprobs tensors, when the request asked for them: one forward
+        pass over the prompt and the answer (generation.score_tokens), entries as JSON lists."""
+        want = {k: parsed[k] for k in ("logprobs", "prompt_logprobs") if parsed[k] is not None}
+        if not want:
+            return []
+        ids = list(parsed["row"].ids)
+        entries = generation.score_tokens(self.model, self.tok, ids + list(out.token_ids), top=max(want.values()))
+        parts = {"prompt_logprobs": entries[:len(ids)], "logprobs": entries[len(ids):]}
+        return [pb_utils.Tensor(k, np.array([json.dumps(trim(parts[k], top)).encode()], dtype=np.object_))
+                for k, top in want.items()]
 
     # --- cancellation and the log ----------------------------------------------------------
     def _watch_cancellations(self):
@@ -246,6 +283,11 @@ class TritonPythonModel:
         self.watching = False
         self.watcher.join(timeout=5)   # before the engine stops and the stub tears down what is_cancelled() uses
         self.engine.stop()
+
+
+def trim(entries, top):
+    """score_tokens' entries with `top` alternatives each (a request's logprobs and prompt_logprobs may differ)."""
+    return [None if e is None else {**e, "top": e["top"][:top]} for e in entries]
 
 
 class Stream:
@@ -294,7 +336,8 @@ class Stream:
         else:
             text = "" if self.streaming else self.parsed["echo"] + out.text
             new = 0 if self.streaming else out.tokens
-            tensors = self._text(text, new, finish_reason=event.finish_reason) + self._details(out)
+            tensors = (self._text(text, new, finish_reason=event.finish_reason) + self._details(out)
+                       + self.model.scores(self.parsed, out))
             sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
 
     def _text(self, text, new_tokens, *, finish_reason=None):

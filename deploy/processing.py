@@ -1,12 +1,12 @@
 """Pre- and post-processing for the served model, importable without a server.
 
-    limits = Limits(max_prompt_chars=2000, max_prompt_tokens=192, max_new_tokens=32, max_new_tokens_limit=128)
+    limits = Limits(context=4096, max_new_tokens=32, max_prompt_chars=65536)   # operator caps: 0 = from the context
     text = decode_text(b"Once upon a time", limits)             # BadRequest("invalid_utf8" | "empty_prompt" | ...)
-    ids = check_tokens(task.encode(tokenizer, task.parse_prompt(text)), limits)
+    ids, max_new = check_tokens(task.encode(tokenizer, task.parse_prompt(text)), limits, None)   # default max_tokens
     max_tokens = parse_max_tokens([16], 1, limits)              # [16]; BadRequest names the field and the row
     sampling = parse_sampling({"temperature": [0.7], "seed": [3]}, 1)   # [Sampling(temperature=0.7, seed=3)]
     stops = parse_stop([[b"\n\n"]], 1)                          # [("\n\n",)]
-    max_new, sampling, stops = request_settings({"max_tokens": [16]}, '{"temperature": 0.7, "stop": "\\n"}', limits)
+    settings = request_settings({"max_tokens": [16]}, '{"temperature": 0.7, "stop": "\\n", "logprobs": 2}', limits)
     rate = rare_token_rate(tokenizer(text)["input_ids"], rare_ids, unk_id)
     device, why = serving_device(model, "GPU", 0, torch.cuda.is_available())  # ("cpu", "quantized::... is CPU-only ...")
 
@@ -34,7 +34,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from lmforge.components.generation import Sampling
@@ -61,10 +61,27 @@ class BadRequest(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    max_prompt_chars: int
-    max_prompt_tokens: int
-    max_new_tokens: int
-    max_new_tokens_limit: int
+    """What a request may use. By default the model's context is the only bound: a prompt may use it less the
+    request's max_tokens, and max_tokens what the prompt leaves; an operator's caps (non-zero) are tighter."""
+
+    context: int                   # the model's context length, in tokens: prompt + max_tokens must fit in it
+    max_new_tokens: int            # max_tokens of a request that does not say (less when the prompt leaves less)
+    max_prompt_chars: int          # a cheap bound before tokenizing (model.py: from the tokens allowed)
+    max_prompt_tokens: int = 0     # an operator's cap on a prompt's tokens; 0 = the context less max_tokens
+    max_new_tokens_limit: int = 0  # an operator's cap on max_tokens; 0 = what the prompt leaves
+
+    @property
+    def max_tokens_cap(self) -> int:
+        return min(self.max_new_tokens_limit or self.context - 1, self.context - 1)
+
+
+def context_length(model_config: Any) -> int:
+    """A model's context length, in tokens, from its config (the first of the names architectures give it)."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"):
+        if isinstance(value := getattr(model_config, name, None), int) and value > 0:
+            return value
+    raise ValueError(f"the model's config ({type(model_config).__name__}) names no context length "
+                     "(max_position_embeddings, n_positions, ...)")
 
 
 def decode_text(raw: object, limits: Limits | None, *, row: int = 0, name: str = "text_input") -> str:
@@ -85,16 +102,31 @@ def decode_text(raw: object, limits: Limits | None, *, row: int = 0, name: str =
     if not text.strip() if limits else not text:
         raise BadRequest("empty_prompt" if limits else "empty_stop", f"{name}[{row}] is empty; send some text")
     if limits and len(text) > limits.max_prompt_chars:
-        raise BadRequest("prompt_too_long", f"{name}[{row}] has {len(text)} characters, more than the limit "
-                                            f"{limits.max_prompt_chars}; shorten it")
+        raise BadRequest("prompt_too_long", f"{name}[{row}] has {len(text)} characters, more than the "
+                                            f"{limits.max_prompt_chars} that the tokens it may use can hold; shorten it")
     return text
 
 
-def check_tokens(ids: Sequence[int], limits: Limits, *, row: int = 0) -> list[int]:
-    if len(ids) > limits.max_prompt_tokens:
-        raise BadRequest("prompt_too_long", f"text_input[{row}] is {len(ids)} tokens as the model's task renders it, "
-                                            f"more than the limit {limits.max_prompt_tokens}; shorten it")
-    return list(ids)
+def check_tokens(ids: Sequence[int], limits: Limits, max_new: int | None, *, row: int = 0) -> tuple[list[int], int]:
+    """(the prompt's ids, the request's max_tokens) once both fit the model's context, or BadRequest naming the
+    counts; `max_new` None (the request did not say) is the default, less when the prompt leaves less."""
+    n = len(ids)
+    if limits.max_prompt_tokens and n > limits.max_prompt_tokens:
+        raise BadRequest("prompt_too_long", f"text_input[{row}] is {n} tokens as the model's task renders it, "
+                                            f"more than this deployment's limit {limits.max_prompt_tokens} "
+                                            "(deploy.max_prompt_tokens); shorten it")
+    left = limits.context - n
+    if max_new is None:
+        if left < 1:
+            raise BadRequest("prompt_too_long", f"text_input[{row}] is {n} tokens as the model's task renders it; "
+                                                f"the model's context is {limits.context} tokens, and at least one "
+                                                "must be left to generate; shorten it")
+        return list(ids), min(limits.max_new_tokens, left)
+    if n + max_new > limits.context:
+        raise BadRequest("prompt_too_long", f"text_input[{row}] is {n} tokens as the model's task renders it and "
+                                            f"max_tokens is {max_new}: {n + max_new} tokens, more than the model's "
+                                            f"context of {limits.context}; shorten the prompt or lower max_tokens")
+    return list(ids), max_new
 
 
 def _per_row(name: str, values: Sequence[Any] | None, n_rows: int) -> list[Any] | None:
@@ -108,15 +140,18 @@ def _per_row(name: str, values: Sequence[Any] | None, n_rows: int) -> list[Any] 
     return values
 
 
-def parse_max_tokens(values: Iterable[int] | None, n_rows: int, limits: Limits) -> list[int]:
-    """max_tokens per row (the configured default when the input is absent), each in 1..limit."""
+def parse_max_tokens(values: Iterable[int] | None, n_rows: int, limits: Limits) -> list[int | None]:
+    """max_tokens per row (None when the input is absent: check_tokens gives the default once the prompt is known),
+    each in 0..limit (0 only scores the prompt: model.py allows it with prompt_logprobs)."""
     rows = _per_row("max_tokens", None if values is None else [int(v) for v in values], n_rows)
     if rows is None:
-        return [limits.max_new_tokens] * n_rows
+        return [None] * n_rows
+    cap = limits.max_tokens_cap
     for row, v in enumerate(rows):
-        if not 1 <= v <= limits.max_new_tokens_limit:
-            raise BadRequest("bad_max_tokens", f"max_tokens[{row}] is {v}; it must be between 1 and "
-                                               f"{limits.max_new_tokens_limit}")
+        if not 0 <= v <= cap:
+            why = ("deploy.max_new_tokens_limit" if limits.max_new_tokens_limit and cap == limits.max_new_tokens_limit
+                   else f"the model's context of {limits.context} tokens less one for the prompt")
+            raise BadRequest("bad_max_tokens", f"max_tokens[{row}] is {v}; it must be between 1 and {cap} ({why})")
     return rows
 
 
@@ -163,7 +198,8 @@ def rare_token_rate(ids: Sequence[int], rare_ids: frozenset[int], unk_id: int | 
 
 # vllm_backend's `sampling_parameters` input: one JSON object; the keys lmforge serves, and what each must be.
 SAMPLING_PARAMETERS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int,
-                       "stop": list}
+                       "stop": list, "logprobs": int, "prompt_logprobs": int}
+MAX_LOGPROBS = 20   # alternatives a request may ask for per token (vLLM's default max_logprobs)
 
 
 def parse_sampling_parameters(raw: object | None) -> dict[str, Any]:
@@ -198,10 +234,21 @@ def parse_sampling_parameters(raw: object | None) -> dict[str, Any]:
     return out
 
 
+class Settings(NamedTuple):
+    """One request's settings: max_tokens (None: not said), sampling, stop strings, and how many alternatives to
+    report per generated and per prompt token (None: no log-probabilities; vLLM's logprobs and prompt_logprobs)."""
+
+    max_new: int | None
+    sampling: Sampling
+    stops: tuple[str, ...]
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+
 def request_settings(inputs: dict[str, list[Any] | None], sampling_parameters: object | None,
-                     limits: Limits) -> tuple[int, Sampling, tuple[str, ...]]:
-    """One request's max_tokens, Sampling and stop strings, from its individual inputs ({name: [value]}, stop:
-    [[strings]]; None when absent) and its sampling_parameters JSON; a setting sent both ways is refused."""
+                     limits: Limits) -> Settings:
+    """One request's Settings, from its individual inputs ({name: [value]}, stop: [[strings]]; None when absent) and
+    its sampling_parameters JSON; a setting sent both ways is refused."""
     params = parse_sampling_parameters(sampling_parameters)
     both = sorted(k for k in params if inputs.get(k) is not None)
     if both:
@@ -212,7 +259,15 @@ def request_settings(inputs: dict[str, list[Any] | None], sampling_parameters: o
         return inputs.get(name) if inputs.get(name) is not None else ([params[name]] if name in params else None)
     max_new = parse_max_tokens(col("max_tokens"), 1, limits)[0]
     sampling = parse_sampling({name: col(name) for name in SAMPLING_INPUTS}, 1)[0]
-    return max_new, sampling, parse_stop(col("stop"), 1)[0]
+    top = {k: params.get(k) for k in ("logprobs", "prompt_logprobs")}
+    for k, v in top.items():
+        if v is not None and not 0 <= v <= MAX_LOGPROBS:
+            raise BadRequest("bad_sampling_parameters", f"sampling_parameters.{k} is {v}; it must be between 0 and "
+                                                         f"{MAX_LOGPROBS} (the alternatives reported per token)")
+    if max_new == 0 and top["prompt_logprobs"] is None:
+        raise BadRequest("bad_max_tokens", "max_tokens[0] is 0; it may be 0 only with prompt_logprobs (scoring the "
+                                           "prompt); ask for at least 1 token")
+    return Settings(max_new, sampling, parse_stop(col("stop"), 1)[0], top["logprobs"], top["prompt_logprobs"])
 
 
 def is_well_formed(result: dict) -> str | None:

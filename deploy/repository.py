@@ -77,7 +77,8 @@ OUTPUTS = (("text_output", "TYPE_STRING", "[ -1 ]"), ("finish_reason", "TYPE_STR
            ("num_input_tokens", "TYPE_UINT32", "[ 1 ]"), ("num_output_tokens", "TYPE_UINT32", "[ -1 ]"),
            ("token_ids", "TYPE_STRING", "[ 1 ]"), ("prompt_tokens", "TYPE_INT32", "[ 1 ]"),
            ("output_tokens", "TYPE_INT32", "[ 1 ]"), ("mean_logprob", "TYPE_FP32", "[ 1 ]"),
-           ("first_token_ms", "TYPE_FP32", "[ 1 ]"), ("decode_ms", "TYPE_FP32", "[ 1 ]"))
+           ("first_token_ms", "TYPE_FP32", "[ 1 ]"), ("decode_ms", "TYPE_FP32", "[ 1 ]"),
+           ("logprobs", "TYPE_STRING", "[ 1 ]"), ("prompt_logprobs", "TYPE_STRING", "[ 1 ]"))
 REVISION_PARAMETER = "lmforge_revision"  # deploy/client.py reads it back from the server
 PRIVATE = 0o700
 

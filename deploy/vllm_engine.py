@@ -179,7 +179,9 @@ class VllmEngine(Flight):
         body = {"model": SERVED_NAME, "prompt": list(row.ids), "max_tokens": row.max_new_tokens, "stream": True,
                 "return_token_ids": True, "logprobs": 0, "temperature": s.temperature}
         if not s.greedy:
-            body.update({"top_p": s.top_p, "top_k": s.top_k or -1, "seed": s.seed})
+            body.update({"top_p": s.top_p, "top_k": s.top_k or -1})
+            if s.seed is not None:   # unseeded: vLLM's own random stream, a different text each time
+                body["seed"] = s.seed
         return body
 
     def _stream(self, rid: str, req: Request) -> None:

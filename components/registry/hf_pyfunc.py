@@ -15,7 +15,8 @@ A prompt is rendered, stopped and scored by the model's task (components/task.py
 its lmforge.json). Loading and generation are lmforge_runtime's modelload.py, task.py and
 generation.py, the same code Triton's model runs and evaluation calls, so an int8 or low-rank
 variant loads as what it is and the three give the same tokens. Greedy unless `temperature > 0`;
-sampling with a `seed` is repeatable. It imports only torch, transformers and mlflow, so it runs
+sampling with a `seed` (>= 0) is repeatable; the default seed -1 samples from torch's running random
+stream (a different text each time). It imports only torch, transformers and mlflow, so it runs
 where lmforge is not installed (an `mlflow models serve` container).
 """
 
@@ -27,7 +28,7 @@ import mlflow.pyfunc
 from mlflow.models import set_model
 
 OUTPUTS = ("text", "scored", "token_ids")
-PARAMS = {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "stop": [], "output": "text"}
+PARAMS = {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": -1, "stop": [], "output": "text"}
 
 
 def _runtime() -> tuple[Any, Any, Any]:
@@ -59,7 +60,7 @@ class LmforgeTextGenerator(mlflow.pyfunc.PythonModel):
         if float(p["temperature"]) < 0 or not 0 < float(p["top_p"]) <= 1 or int(p["top_k"]) < 0:
             raise ValueError("params: temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
         sampling = self.gen.Sampling(temperature=float(p["temperature"]), top_p=float(p["top_p"]),
-                                     top_k=int(p["top_k"]), seed=int(p["seed"]))
+                                     top_k=int(p["top_k"]), seed=int(p["seed"]) if int(p["seed"]) >= 0 else None)
         stops = (*self.task.stop_strings, *[str(s) for s in (p["stop"] or [])])
         rows = [self.gen.Row(self.task.encode(self.tokenizer, self.task.parse_prompt(s)), int(p["max_new_tokens"]),
                              sampling, stops) for s in _as_strings(model_input)]

@@ -16,7 +16,7 @@ from lmforge.components import generation
 from lmforge.components.generation import GREEDY, Row, Sampling, stable_prefix
 from lmforge.components.model import modelload
 from lmforge.components.task import Task
-from lmforge.deploy.engine import Busy, Delta, Engine, EngineConfig, Final
+from lmforge.deploy.engine import Busy, Delta, Engine, EngineConfig, EngineFailed, Final
 
 
 class Collector:
@@ -79,9 +79,8 @@ def test_concurrent_greedy_requests_stream_the_generation_paths_answer_token_for
         assert final.output.token_ids == want.token_ids, i
         assert final.output.text == want.text == got.streamed(i), i
         assert final.finish_reason == ("length" if want.tokens == limits[i] else "stop")
-    for i in range(3):   # the manager's log-probabilities are the generation path's scores
-        scored = generation.generate(model, tok, [prompts[i]], max_new_tokens=limits[i], scores=True)[0]
-        assert got.final(i).output.mean_logprob == pytest.approx(scored.mean_logprob, abs=1e-4)
+    for i in range(3):   # a greedy row is drawn from top_k = 1: its tokens are certain under its distribution
+        assert got.final(i).output.mean_logprob == 0.0
     assert max(len(got.events[i]) for i in got.events) > 3   # streamed: a request's text came in several deltas
     assert engine.in_flight == 0
 
@@ -132,6 +131,25 @@ def test_beyond_max_queue_a_request_is_refused_at_once(served):
         eng.stop()
 
 
+def test_unseeded_sampled_rows_join_the_batch_stream_and_differ_while_greedy_rows_keep_their_answer(served, engine):
+    model, tok, prompts = served
+    hot = Sampling(temperature=1.0)
+    solo = generation.generate(model, tok, prompts[1:4], max_new_tokens=24)
+    got = Collector(6)
+    for i in range(3):   # the same prompt three times, unseeded, between greedy rows
+        engine.submit(Row(prompts[0], 24, hot), got.sink(i))
+        engine.submit(Row(prompts[1 + i], 24), got.sink(3 + i))
+    got.wait()
+    texts = [got.final(i).output.text for i in range(3)]
+    assert len(set(texts)) == 3, texts                   # the batch's random stream: a different text each time
+    for i in range(3):
+        assert got.streamed(i) == texts[i]
+        assert sum(isinstance(e, Delta) for e in got.events[i]) >= 3   # streamed like a greedy row, not whole
+        lp = got.final(i).output.mean_logprob
+        assert lp < 0 and lp == lp                       # sampled: its tokens' log-probabilities under temperature 1
+        assert got.final(3 + i).output.token_ids == solo[i].token_ids   # greedy neighbours are untouched
+
+
 def test_a_sampled_request_runs_alone_with_its_seed(served, engine):
     model, tok, prompts = served
     row = Row(prompts[0], 12, Sampling(temperature=0.9, top_k=50, seed=7))
@@ -142,6 +160,61 @@ def test_a_sampled_request_runs_alone_with_its_seed(served, engine):
     engine.submit(Row(prompts[2], 12), got.sink(2))
     got.wait()
     assert got.final(0).output.token_ids == want.token_ids and got.streamed(0) == want.text
+    again = Collector(2)   # after a seeded row the batch's stream is random again, not the seed's
+    engine.submit(Row(prompts[0], 12, Sampling(temperature=0.9, top_k=50)), again.sink(0))
+    engine.submit(Row(prompts[0], 12, Sampling(temperature=0.9, top_k=50)), again.sink(1))
+    again.wait()
+    assert again.final(0).output.token_ids != again.final(1).output.token_ids
+
+
+def test_every_end_id_of_the_generation_config_ends_a_row(tiny_model_dir, served):
+    _, tok, prompts = served
+    model = modelload.load_model(tiny_model_dir)
+    free = generation.generate(model, tok, [prompts[0]], max_new_tokens=16)[0]
+    second = free.token_ids[5]       # a token the free run writes sixth: now a second end-of-sequence id
+    model.generation_config.eos_token_id = [tok.eos_token_id, second]
+    assert generation.end_ids(tok, model.generation_config) == (tok.eos_token_id, second)
+    want = free.token_ids[:free.token_ids.index(second)]
+    assert generation.generate(model, tok, [prompts[0]], max_new_tokens=16)[0].token_ids == want
+    eng = Engine(model, tok, EngineConfig(max_requests_per_step=4, kv_cache_tokens=1024, page_tokens=64))
+    eng.start()
+    try:
+        got = Collector(1)
+        eng.submit(Row(prompts[0], 16), got.sink(0))
+        got.wait()
+        assert got.final(0).output.token_ids == want and got.final(0).finish_reason == "stop"
+    finally:
+        eng.stop()
+
+
+def test_a_dead_loop_fails_the_requests_in_flight_within_a_second_and_refuses_the_next(tiny_model_dir, served):
+    import time
+
+    _, tok, prompts = served
+    model = modelload.load_model(tiny_model_dir)
+    eng = Engine(model, tok, EngineConfig(max_requests_per_step=4, kv_cache_tokens=2048, page_tokens=64))
+    eng.start()
+    try:
+        got = Collector(2)
+        for i in range(2):
+            eng.submit(Row(prompts[i], 2000), got.sink(i))
+        assert eng.ready
+        forward = model.forward
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("device lost")
+        model.forward = broken           # the loop's next step raises: its thread ends
+        killed = time.perf_counter()
+        got.wait()
+        assert time.perf_counter() - killed < 1.0
+        assert [got.final(i).finish_reason for i in range(2)] == ["error", "error"]
+        assert not eng.ready and eng.failure
+        with pytest.raises(EngineFailed, match="the engine failed"):
+            eng.submit(Row(prompts[2], 4), got.sink(2))
+        assert eng.in_flight == 0
+        model.forward = forward
+    finally:
+        eng.stop()
 
 
 @pytest.mark.parametrize("text, stops, want", [

@@ -13,7 +13,8 @@ from lmforge.components.generation import Sampling
 from lmforge.deploy import processing
 from lmforge.deploy.processing import BadRequest, Limits
 
-LIMITS = Limits(max_prompt_chars=40, max_prompt_tokens=10, max_new_tokens=8, max_new_tokens_limit=16)
+LIMITS = Limits(context=64, max_new_tokens=8, max_prompt_chars=40, max_prompt_tokens=10, max_new_tokens_limit=16)
+MODEL = Limits(context=4096, max_new_tokens=32, max_prompt_chars=100_000)   # no operator caps: the context decides
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -37,12 +38,12 @@ def test_a_good_text_input_is_kept_as_sent():
 
 
 def test_token_limit_and_max_tokens():
-    assert processing.check_tokens(list(range(10)), LIMITS) == list(range(10))
-    with pytest.raises(BadRequest, match="11 tokens"):
-        processing.check_tokens(list(range(11)), LIMITS)
-    assert processing.parse_max_tokens(None, 2, LIMITS) == [8, 8]
+    assert processing.check_tokens(list(range(10)), LIMITS, None) == (list(range(10)), 8)
+    with pytest.raises(BadRequest, match="11 tokens.*deploy.max_prompt_tokens"):
+        processing.check_tokens(list(range(11)), LIMITS, None)
+    assert processing.parse_max_tokens(None, 2, LIMITS) == [None, None]
     assert processing.parse_max_tokens([4, 16], 2, LIMITS) == [4, 16]
-    for bad in ([0], [17], [-3]):
+    for bad in ([17], [-3]):
         with pytest.raises(BadRequest, match=r"max_tokens\[0\]") as e:
             processing.parse_max_tokens(bad, 1, LIMITS)
         assert e.value.code == "bad_max_tokens"
@@ -51,11 +52,47 @@ def test_token_limit_and_max_tokens():
     assert e.value.code == "bad_shape"
 
 
+def test_by_default_the_models_context_is_the_only_limit():
+    # a 3,000-token chat prompt and a 1,000-token answer both fit a 4,096-token context
+    assert processing.check_tokens([1] * 3000, MODEL, 1000) == ([1] * 3000, 1000)
+    assert processing.parse_max_tokens([1000], 1, MODEL) == [1000]
+    assert processing.check_tokens([1] * 20, MODEL, 1000)[1] == 1000
+    # a request that does not say gets the default, less when the prompt leaves less
+    assert processing.check_tokens([1] * 4090, MODEL, None)[1] == 6
+    with pytest.raises(BadRequest, match="is 4000 tokens .* max_tokens is 200: 4200 tokens, more than the model's "
+                                         "context of 4096") as e:
+        processing.check_tokens([1] * 4000, MODEL, 200)
+    assert e.value.code == "prompt_too_long"
+    with pytest.raises(BadRequest, match="is 4096 tokens"):
+        processing.check_tokens([1] * 4096, MODEL, None)
+    with pytest.raises(BadRequest, match="max_tokens\\[0\\] is 4096; it must be between 1 and 4095"):
+        processing.parse_max_tokens([4096], 1, MODEL)
+
+
+def test_the_context_length_is_read_from_the_config_under_its_architectures_name():
+    from types import SimpleNamespace
+
+    assert processing.context_length(SimpleNamespace(max_position_embeddings=4096)) == 4096
+    assert processing.context_length(SimpleNamespace(n_positions=1024)) == 1024
+    with pytest.raises(ValueError, match="names no context length"):
+        processing.context_length(SimpleNamespace(hidden_size=8))
+
+
+def test_max_tokens_0_only_scores_a_prompt_and_logprobs_are_bounded():
+    with pytest.raises(BadRequest, match="0 only with prompt_logprobs"):
+        processing.request_settings({}, b'{"max_tokens": 0}', LIMITS)
+    s = processing.request_settings({}, b'{"max_tokens": 0, "prompt_logprobs": 1, "logprobs": 2}', LIMITS)
+    assert (s.max_new, s.prompt_logprobs, s.logprobs) == (0, 1, 2)
+    with pytest.raises(BadRequest, match="logprobs is 21; it must be between 0 and 20"):
+        processing.request_settings({}, b'{"logprobs": 21}', LIMITS)
+
+
 def test_sampling_inputs_become_one_sampling_per_row():
     assert processing.parse_sampling({}, 2) == [Sampling(), Sampling()]
     got = processing.parse_sampling({"temperature": [0.0, 0.7], "top_p": [1.0, 0.9], "top_k": [0, 5],
                                      "seed": [0, 11]}, 2)
-    assert got == [Sampling(), Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=11)]
+    assert got == [Sampling(seed=0), Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=11)]
+    assert processing.parse_sampling({"temperature": [0.7]}, 1)[0].seed is None   # unseeded: the running stream
     assert got[0].greedy and not got[1].greedy
 
 
@@ -131,8 +168,8 @@ def test_sampling_parameters_json_gives_the_same_settings_as_the_individual_inpu
     by_inputs = processing.request_settings(
         {"max_tokens": [5], "temperature": [0.5], "top_p": [0.9], "top_k": [7], "seed": [3], "stop": [[b"\n"]]},
         None, LIMITS)
-    assert by_json == by_inputs == (5, Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3), ("\n",))
-    assert processing.request_settings({}, None, LIMITS) == (LIMITS.max_new_tokens, Sampling(), ())
+    assert by_json == by_inputs == (5, Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3), ("\n",), None, None)
+    assert processing.request_settings({}, None, LIMITS) == (None, Sampling(), (), None, None)
 
 
 @pytest.mark.parametrize("raw, says", [

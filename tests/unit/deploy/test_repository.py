@@ -42,7 +42,8 @@ def test_config_pbtxt_is_a_decoupled_triton_model_config_with_vllms_contract(tmp
     assert outputs == {"text_output": T.TYPE_STRING, "finish_reason": T.TYPE_STRING,
                        "num_input_tokens": T.TYPE_UINT32, "num_output_tokens": T.TYPE_UINT32,
                        "token_ids": T.TYPE_STRING, "prompt_tokens": T.TYPE_INT32, "output_tokens": T.TYPE_INT32,
-                       "mean_logprob": T.TYPE_FP32, "first_token_ms": T.TYPE_FP32, "decode_ms": T.TYPE_FP32}
+                       "mean_logprob": T.TYPE_FP32, "first_token_ms": T.TYPE_FP32, "decode_ms": T.TYPE_FP32,
+                       "logprobs": T.TYPE_STRING, "prompt_logprobs": T.TYPE_STRING}
     params = {k: v.string_value for k, v in mc.parameters.items()}
     assert params["request_log"] == str(tmp_path / "requests") and params["max_prompt_tokens"] == str(cfg.max_prompt_tokens)
     assert (params["engine"], params["max_requests_per_step"], params["kv_cache_tokens"], params["max_queue"]) == \
