@@ -89,13 +89,16 @@ def deployment_rows(ws: Workspace) -> list[dict[str, Any]]:
     if not state.exists():
         return []
     from lmforge.deploy import gateway
-    from lmforge.deploy.server import info_from_state, is_running
+    from lmforge.deploy.server import engine_health, info_from_state, is_running
 
     s = json.loads(state.read_text())
     if s.get("stopped_at"):
         where = f"stopped {str(s['stopped_at'])[:19]}"
     elif "server" in s and is_running(info_from_state(s)):
         where = f"running (pid {s.get('pid')})"
+        failed = [name for name, ok in engine_health(s.get("host", "127.0.0.1"), s.get("metrics")).items() if not ok]
+        if failed:
+            where += f"; engine FAILED in {', '.join(failed)}: its requests are refused, restart the server"
     else:
         where = f"not running (pid {s.get('pid')} has exited)"
     gw = gateway.running(s)

@@ -30,12 +30,15 @@ class RequestRecord:
     rare_token_rate: float  # share of prompt tokens that are unknown or rare (see deploy/processing.py)
     output_tokens: int
     output_chars: int
-    mean_logprob: float     # mean log-probability of the generated tokens
+    mean_logprob: float     # mean log-probability of the generated tokens under the distribution they were drawn
+                            # from (0 for a greedy row in the batching engine: its top_k = 1 token is certain)
     latency_ms: float       # from the request's arrival to its last response
     status: str = "ok"      # "ok" or an error code
     ttft_ms: float = 0.0    # time to first token: arrival to the first generated token (queueing included)
     tpot_ms: float = 0.0    # time per output token after the first
     finish_reason: str = ""  # stop (eos or a stop string), length (max_tokens), cancelled, error; "" when refused
+    temperature: float = 0.0  # 0: greedy; above: sampled
+    seed: str = ""          # the seed a sampled request named; "" when it named none (the batch's random stream)
 
 
 COLUMNS = tuple(f.name for f in fields(RequestRecord))

@@ -131,6 +131,7 @@ class Flight:
         self.tok = tokenizer
         self.ends: tuple[int, ...] = generation.end_ids(tokenizer) if tokenizer is not None else ()
         self.failure = ""     # why the engine failed; "" while it is healthy
+        self.on_failure: Callable[[str], None] | None = None   # told once, with why, when the engine fails
         self._requests: dict[str, Request] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
@@ -185,6 +186,8 @@ class Flight:
         if not self.failure:
             self.failure = why
             log.error("engine failed: %s", why)
+            if self.on_failure is not None:
+                self.on_failure(why)
         for rid in self._ids_in_flight():
             if (req := self._get(rid)) is not None:
                 self._fail(rid, req, f"the engine failed: {why}")

@@ -88,12 +88,30 @@ class TritonPythonModel:
         else:
             self.engine = self._torch_engine(folder, args, engine_config)
         self.limits = self._limits(folder, params)
+        self.ready_gauge = self._ready_gauge(args)
+        self.engine.on_failure = self._engine_failed
         self.engine.start()
+        self.ready_gauge.set(1)
         self.live = {}   # engine request id -> its response sender, watched for cancellation
         self.live_lock = threading.Lock()
         self.watching = True
         self.watcher = threading.Thread(target=self._watch_cancellations, name="lmforge-cancel", daemon=True)
         self.watcher.start()
+
+    def _ready_gauge(self, args):
+        """Triton's metrics endpoint carries lmforge_engine_ready{model, version, instance}: 1 while this instance's
+        engine serves, 0 once it has failed (`lmforge status` reads it; Triton's own readiness cannot be changed by a
+        python model)."""
+        family = pb_utils.MetricFamily(name="lmforge_engine_ready", kind=pb_utils.MetricFamily.GAUGE,
+                                       description="1 while the model instance's engine serves, 0 once it has failed")
+        return family.Metric(labels={"model": self.name, "version": self.version,
+                                     "instance": str(args.get("model_instance_name", ""))})
+
+    def _engine_failed(self, why):
+        self.ready_gauge.set(0)
+        pb_utils.Logger.log_error(f"{self.name} v{self.version}: the engine failed ({why}); every request in flight "
+                                  "was ended with an error, and new ones are refused (UNAVAILABLE) until the server "
+                                  "or the model is restarted")
 
     def _limits(self, folder, params):
         """The request limits: the model's context, tightened by the deployment's caps where they are set (non-zero);
@@ -265,6 +283,7 @@ class TritonPythonModel:
         if self.log is None:
             return
         p = parsed or {"tokens": 0, "chars": 0, "rare": 0.0}
+        sampling = parsed["row"].sampling if parsed else generation.GREEDY
         now = time.perf_counter()
         ttft = output.first_token_s * 1e3 if output else 0.0
         tpot = (output.total_s - output.first_token_s) * 1e3 / (output.tokens - 1) if output and output.tokens > 1 else 0.0
@@ -275,7 +294,8 @@ class TritonPythonModel:
                 output_chars=len(output.text) if output else 0,
                 mean_logprob=float(output.mean_logprob) if output else 0.0,
                 latency_ms=(now - arrived) * 1e3 if arrived else 0.0, status=status, ttft_ms=ttft, tpot_ms=tpot,
-                finish_reason=finish_reason))
+                finish_reason=finish_reason, temperature=float(sampling.temperature),
+                seed="" if sampling.greedy or sampling.seed is None else str(sampling.seed)))
         except OSError as e:  # a full disk must not fail serving; the server log says so
             pb_utils.Logger.log_error(f"request log: {e}")
 

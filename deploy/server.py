@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -182,6 +183,27 @@ def is_live(info: ServerInfo, *, timeout: float = 2.0) -> bool:
 def wait_ready(info: ServerInfo, *, timeout: float) -> None:
     """Block until the server answers ready; raise UserError (with the log's tail) if it dies or times out."""
     service.wait_ready(_service(info.url, Path(info.log)), info.process, timeout=timeout)
+
+
+ENGINE_READY = re.compile(r'^lmforge_engine_ready\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)', re.M)
+
+
+def engine_health(host: str, metrics_port: int, *, timeout: float = 2.0) -> dict[str, bool]:
+    """{"<model> v<version> (<instance>)": engine ready} from the server's metrics endpoint (the lmforge_engine_ready
+    gauge each model instance sets: deploy/model.py); {} when the endpoint does not answer."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{host}:{metrics_port}/metrics", timeout=timeout) as r:
+            text = r.read().decode("utf-8", errors="replace")
+    except (urllib.error.URLError, OSError):
+        return {}
+    out = {}
+    for m in ENGINE_READY.finditer(text):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
+        out[f"{labels.get('model')} v{labels.get('version')} ({labels.get('instance')})"] = float(m.group("value")) == 1
+    return out
 
 
 def is_running(info: ServerInfo) -> bool:

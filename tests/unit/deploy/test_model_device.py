@@ -77,6 +77,26 @@ def test_serving_device(variants, kind, cuda, variant, device):
     assert (INT8_REASON in why) == (variant == "int8" and kind == "GPU" and cuda)
 
 
+class FakeMetricFamily:
+    """pb_utils.MetricFamily's shape: a family whose metrics keep the value last set."""
+
+    GAUGE = "gauge"
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels):  # noqa: N802 (pb_utils' name)
+        return FakeGauge(labels)
+
+
+class FakeGauge:
+    def __init__(self, labels):
+        self.labels, self.value = labels, None
+
+    def set(self, value):
+        self.value = value
+
+
 @pytest.fixture
 def triton_model(monkeypatch, tmp_path):
     """Build a real version folder of a model and import its model.py with a fake pb_utils."""
@@ -85,6 +105,7 @@ def triton_model(monkeypatch, tmp_path):
     fake.Logger = types.SimpleNamespace(log_info=logged.append, log_warn=logged.append, log_error=logged.append,
                                         log_verbose=logged.append)
     fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    fake.MetricFamily = FakeMetricFamily
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
     monkeypatch.setattr(sys, "path", list(sys.path))  # model.py puts its folder first
     threads = torch.get_num_threads()
