@@ -102,9 +102,11 @@ class TritonPythonModel:
         """Triton's metrics endpoint carries lmforge_engine_ready{model, version, instance}: 1 while this instance's
         engine serves, 0 once it has failed (`lmforge status` reads it; Triton's own readiness cannot be changed by a
         python model)."""
-        family = pb_utils.MetricFamily(name="lmforge_engine_ready", kind=pb_utils.MetricFamily.GAUGE,
-                                       description="1 while the model instance's engine serves, 0 once it has failed")
-        return family.Metric(labels={"model": self.name, "version": self.version,
+        # Kept for the instance's life: Triton refuses a metric whose family has been deleted.
+        self.ready_family = pb_utils.MetricFamily(name="lmforge_engine_ready", kind=pb_utils.MetricFamily.GAUGE,
+                                                  description="1 while the model instance's engine serves, 0 once it "
+                                                              "has failed")
+        return self.ready_family.Metric(labels={"model": self.name, "version": self.version,
                                      "instance": str(args.get("model_instance_name", ""))})
 
     def _engine_failed(self, why):
@@ -303,6 +305,7 @@ class TritonPythonModel:
         self.watching = False
         self.watcher.join(timeout=5)   # before the engine stops and the stub tears down what is_cancelled() uses
         self.engine.stop()
+        del self.ready_gauge, self.ready_family   # the metric before its family, as Triton requires
 
 
 def trim(entries, top):
