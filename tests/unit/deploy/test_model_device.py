@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-import types
 
 import pytest
 import torch
@@ -24,6 +23,7 @@ from lmforge.components.model.modelload import cpu_only_kernels
 from lmforge.components.sections.compression import LowRankConfig, QuantizeConfig
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import processing, repository
+from tests.unit.deploy import fake_triton
 
 INT8_REASON = "quantized::linear_dynamic is CPU-only"
 
@@ -77,52 +77,28 @@ def test_serving_device(variants, kind, cuda, variant, device):
     assert (INT8_REASON in why) == (variant == "int8" and kind == "GPU" and cuda)
 
 
-class FakeMetricFamily:
-    """pb_utils.MetricFamily's shape: a family whose metrics keep the value last set."""
-
-    GAUGE = "gauge"
-
-    def __init__(self, name, description, kind):
-        self.name = name
-
-    def Metric(self, labels):  # noqa: N802 (pb_utils' name)
-        return FakeGauge(labels)
-
-
-class FakeGauge:
-    def __init__(self, labels):
-        self.labels, self.value = labels, None
-
-    def set(self, value):
-        self.value = value
-
-
 @pytest.fixture
 def triton_model(monkeypatch, tmp_path):
     """Build a real version folder of a model and import its model.py with a fake pb_utils."""
     logged: list[str] = []
-    fake = types.ModuleType("triton_python_backend_utils")
-    fake.Logger = types.SimpleNamespace(log_info=logged.append, log_warn=logged.append, log_error=logged.append,
-                                        log_verbose=logged.append)
-    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-    fake.MetricFamily = FakeMetricFamily
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_triton.module(logged))
     monkeypatch.setattr(sys, "path", list(sys.path))  # model.py puts its folder first
     threads = torch.get_num_threads()
 
-    def start(model_dir, *, kind="GPU", device_id="0"):
+    def start(model_dir, *, kind="GPU", device_id="0", engine=False, **limits):
         for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_runtime"]:
             monkeypatch.delitem(sys.modules, name)  # each version folder imports its own copy
         folder = repository.build_version(tmp_path / "repo", DeployConfig(), version=1, model_dir=model_dir)
         spec = importlib.util.spec_from_file_location("lmforge_triton_model_under_test", folder / "model.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        # CUDA is faked here, so the engine's manager must not start (it would reach for CUDA); the integration
-        # tests start it for real (tests/integration/test_deploy_triton.py).
-        monkeypatch.setattr(module.engine.Engine, "start", lambda self: None)
+        # Where CUDA is faked, the engine's manager must not start (it would reach for CUDA); the integration
+        # tests start it for real (tests/integration/test_deploy_triton.py), and so does `engine=True` on a CPU.
+        if not engine:
+            monkeypatch.setattr(module.engine.Engine, "start", lambda self: None)
         params = {"max_prompt_chars": 200, "max_prompt_tokens": 32, "max_new_tokens": 4, "max_new_tokens_limit": 8,
                   "threads": torch.get_num_threads(), "instances": 1, "request_log": "", "max_requests_per_step": 4,
-                  "kv_cache_tokens": 1024, "kv_page_tokens": 64, "max_queue": 8}
+                  "kv_cache_tokens": 1024, "kv_page_tokens": 64, "max_queue": 8, **limits}
         served = module.TritonPythonModel()
         served.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": str(v)} for k, v in
                                                                       params.items()}}),
@@ -152,3 +128,37 @@ def test_a_gpu_instance_moves_a_float_model_to_its_gpu(fake_cuda, triton_model, 
     start, _ = triton_model
     with pytest.raises(HandedCuda, match="cuda:0"):
         start(variants["parent"])
+
+
+def test_a_dead_engine_ends_its_requests_with_errors_reports_not_ready_and_refuses_the_next(triton_model,
+                                                                                          tiny_model_dir):
+    """The Triton model's own health, on a real engine (CPU): its batching loop is killed mid-request."""
+    import time
+
+    import numpy as np
+
+    start, logged = triton_model
+    served = start(tiny_model_dir, kind="CPU", engine=True, max_new_tokens_limit=0)   # the context: 256 tokens
+    assert served.ready_gauge.value == 1
+
+    def request(prompt):
+        return fake_triton.Request(text_input=np.array([prompt.encode()], dtype=np.object_),
+                                   sampling_parameters=np.array([b'{"max_tokens": 200}'], dtype=np.object_))
+    in_flight = [request(f"def f{i}(x):") for i in range(2)]
+    served.execute(in_flight)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("device lost")
+    served.engine.model.forward = broken          # the loop's next step raises: its thread ends
+    killed = time.perf_counter()
+    while any(not r.sender.sent or r.sender.sent[-1][1] != 1 for r in in_flight) and time.perf_counter() - killed < 5:
+        time.sleep(0.01)
+    assert time.perf_counter() - killed < 1.0
+    for r in in_flight:   # each ended once, with an error
+        response, flags = r.sender.sent[-1]
+        assert flags == 1 and response.error.code == "INTERNAL" and "device lost" in response.error.message
+    assert served.ready_gauge.value == 0 and any("the engine failed" in m for m in logged)
+    late = request("def g(x):")
+    served.execute([late])
+    (response, flags), = late.sender.sent
+    assert flags == 1 and response.error.code == "UNAVAILABLE" and "is not ready" in response.error.message
