@@ -134,10 +134,12 @@ def _outputs(rows: list["RowText"], generated: list[list[int]], logps: list[list
 
 
 def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
-             sampling: Sampling = GREEDY, stop_strings: Sequence[str] = (), scores: bool = False) -> list[Output]:
+             sampling: Sampling = GREEDY, stop_strings: Sequence[str] = (), scores: bool = False,
+             ends: Sequence[int] = ()) -> list[Output]:
     """Continue each encoded prompt (Task.encode) in one batch; one Output per prompt, in order.
 
-    `max_new_tokens` is one limit for all rows or one per row; `scores=True` fills mean_logprob.
+    `max_new_tokens` is one limit for all rows or one per row; `scores=True` fills mean_logprob; `ends`: end ids
+    beyond the tokenizer's and the generation_config's (Task.stops: a chat template's end-of-turn token).
     """
     import torch
     from transformers import LogitsProcessorList, StoppingCriteriaList
@@ -147,7 +149,7 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     if not prompts:
         return []
     _, pad = _eos_pad(tokenizer)
-    ends = end_ids(tokenizer, getattr(model, "generation_config", None))
+    ends = tuple(dict.fromkeys((*end_ids(tokenizer, getattr(model, "generation_config", None)), *ends)))
     device = next(model.parameters()).device
     input_ids, mask = _left_padded(prompts, pad)
     width = input_ids.shape[1]
@@ -185,14 +187,16 @@ def batches(rows: Sequence[Row]) -> list[list[int]]:
     return list(groups.values())
 
 
-def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], *, scores: bool = False) -> list[Output]:
-    """One Output per row, in order, each under its own limit, sampling and stop strings (`batches`)."""
+def generate_rows(model: Any, tokenizer: Any, rows: Sequence[Row], *, scores: bool = False,
+                  ends: Sequence[int] = ()) -> list[Output]:
+    """One Output per row, in order, each under its own limit, sampling and stop strings (`batches`); `ends` as in
+    `generate`."""
     out: list[Any] = [None] * len(rows)
     for members in batches(rows):
         first = rows[members[0]]
         done = generate(model, tokenizer, [rows[i].ids for i in members],
                         max_new_tokens=[rows[i].max_new_tokens for i in members], sampling=first.sampling,
-                        stop_strings=first.stop_strings, scores=scores)
+                        stop_strings=first.stop_strings, scores=scores, ends=ends)
         for i, o in zip(members, done):
             out[i] = o
     return out
@@ -324,7 +328,7 @@ def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     `forward(input_ids, attention_mask, position_ids, past)` takes LongTensors [B, S], [B, past + S], [B, S]
     and the cache it returned last (None at the first call) and returns (float logits [B, S, V], cache).
     Positions follow transformers' rule for left padding (cumsum of the mask - 1). A row is done at an end id
-    (`ends`, default the tokenizer's eos), at its own limit or once a stop string is in its text; the loop ends when
+    (the tokenizer's eos and `ends`), at its own limit or once a stop string is in its text; the loop ends when
     every row is.
     """
     import torch
@@ -336,7 +340,7 @@ def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, ma
     input_ids, mask = _left_padded(prompts, pad)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     stops = [s for s in stop_strings if s]
-    ends = ends or end_ids(tokenizer)
+    ends = tuple(dict.fromkeys((*end_ids(tokenizer), *ends)))
     rows = [RowText(tokenizer, stops, ends) for _ in prompts]
     generated: list[list[int]] = [[] for _ in prompts]
     logps: list[list[float]] = [[] for _ in prompts]

@@ -67,6 +67,30 @@ class Task:
     def stop_strings(self) -> tuple[str, ...]:
         return (DOC_CLOSE, *self.stop) if self.kind == "docstring" else self.stop
 
+    def stops(self, tokenizer: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """(stop strings, end ids) of this task's answers with `tokenizer`, beyond eos: `stop_strings`, and a chat
+        template's end-of-turn marker (`turn_end`): an end id when it is one special token (decoded text skips
+        those), else a stop string (a ChatML template on a tokenizer without <|im_end|> as a token writes it as
+        text). The same rule in evaluation, the pyfunc and serving; SFT's targets end with the marker already
+        (`answer` renders the template's assistant turn)."""
+        marker = self.turn_end(tokenizer)
+        if not marker:
+            return self.stop_strings, ()
+        ids = tokenizer(marker, add_special_tokens=False)["input_ids"]
+        if len(ids) == 1 and ids[0] in set(tokenizer.all_special_ids):
+            return self.stop_strings, (ids[0],)
+        return (*self.stop_strings, marker), ()
+
+    def turn_end(self, tokenizer: Any) -> str:
+        """What the chat template writes after an assistant message, stripped ("<|im_end|>", "<end_of_turn>"); ""
+        for a task without a template, or a template that writes nothing there."""
+        if not self.uses_template(tokenizer):
+            return ""
+        probe = "lmforge-turn-probe"
+        whole = tokenizer.apply_chat_template([{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": probe}], tokenize=False)
+        return whole[whole.rfind(probe) + len(probe):].strip() if probe in whole else ""
+
     def messages(self, prompt: Prompt) -> Messages:
         """A chat prompt as messages: a list is taken as it is, a string is one user turn."""
         if isinstance(prompt, list):

@@ -259,10 +259,13 @@ class Engine(Flight):
 
     HEALTH_POLL_S = 0.1   # how often the result thread looks for a dead loop: requests in flight learn within it
 
-    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig()) -> None:
+    def __init__(self, model: Any, tokenizer: Any, config: EngineConfig = EngineConfig(), *,
+                 ends: tuple[int, ...] = ()) -> None:
         super().__init__(config, tokenizer)
         self.model = model
-        self.ends = generation.end_ids(tokenizer, getattr(model, "generation_config", None))
+        self.extra_ends = ends   # beyond the tokenizer's and generation_config's (Task.stops: a turn's end token)
+        self.ends = tuple(dict.fromkeys((*generation.end_ids(tokenizer, getattr(model, "generation_config", None)),
+                                         *ends)))
         self.vocab = int(model.config.get_text_config().vocab_size)
         self._seeded: queue.Queue[str | None] = queue.Queue()
         self._manager: Any = None
@@ -367,7 +370,8 @@ class Engine(Flight):
         try:  # torch's random generator is global: the batch's loop waits while a seed decides this row
             with self._manager.pause():
                 try:
-                    out = generation.generate_rows(self.model, self.tok, [req.row], scores=True)[0]
+                    out = generation.generate_rows(self.model, self.tok, [req.row], scores=True,
+                                                   ends=self.extra_ends)[0]
                 finally:
                     torch.seed()   # the batch's stream goes on from a fresh random seed, not from this request's
         except Exception as e:  # a failure of this request alone: it says so, the engine goes on

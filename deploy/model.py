@@ -76,6 +76,7 @@ class TritonPythonModel:
         threads = int(params.get("threads", "0")) or max(1, (os.cpu_count() or 1) // int(params.get("instances", "1")))
         torch.set_num_threads(threads)
         self.task = task.Task.load(folder)
+        self.task_stops, self.task_ends = self.task.stops(self.tok)   # a chat template's end of turn included
         self.rare_ids = processing.load_rare_ids(here)
         log_dir = params.get("request_log", "")
         self.log = RequestLog(log_dir) if log_dir else None
@@ -140,7 +141,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"{self.name} v{self.version}: model on {device} ({why}); task {self.task.kind}; "
                                  f"continuous batching, {engine_config.max_requests_per_step} requests a step, "
                                  f"KV cache {engine_config.kv_cache_tokens} tokens, queue {engine_config.max_queue}")
-        return engine.Engine(model, self.tok, engine_config)
+        return engine.Engine(model, self.tok, engine_config, ends=self.task_ends)
 
     def _vllm_engine(self, folder, args, engine_config, params):
         import torch
@@ -168,6 +169,7 @@ class TritonPythonModel:
             outs = [None] * len(rows)
             for members in generation.batches(rows):
                 done = generation.decode(forward, self.tok, [rows[i].ids for i in members], scores=True,
+                                         ends=self.task_ends,
                                          max_new_tokens=[rows[i].max_new_tokens for i in members],
                                          stop_strings=rows[members[0]].stop_strings)
                 for i, o in zip(members, done):
@@ -244,7 +246,7 @@ class TritonPythonModel:
             raise processing.BadRequest("bad_prompt", f"text_input[0]: {e}") from None
         ids, max_new = processing.check_tokens(ids, self.limits, settings.max_new)
         text_ids = self.tok(text)["input_ids"]
-        row = generation.Row(ids, max_new, settings.sampling, (*self.task.stop_strings, *settings.stops))
+        row = generation.Row(ids, max_new, settings.sampling, (*self.task_stops, *settings.stops))
         return {"row": row, "flags": flags, "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
                 "rare": processing.rare_token_rate(text_ids, self.rare_ids, self.tok.unk_token_id),
                 "echo": text if flags.get("exclude_input_in_output") is False else "",

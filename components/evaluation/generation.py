@@ -39,13 +39,14 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[Prompt], task: Task, 
     """Generate for every prompt; return the generations (in prompt order) and the total wall time."""
     assert max_prompt_tokens >= 1 and max_new_tokens >= 1 and batch_size >= 1
     encoded = [task.encode(tokenizer, p, max_tokens=max_prompt_tokens) for p in prompts]
+    stops, ends = task.stops(tokenizer)
     out: list[Generation] = []
     wall = 0.0
     for i in range(0, len(prompts), batch_size):
         start = time.perf_counter()
         rows = shared.generate(model, tokenizer, encoded[i : i + batch_size], max_new_tokens=max_new_tokens,
                                sampling=shared.Sampling(temperature=temperature, seed=seed + i),
-                               stop_strings=task.stop_strings)
+                               stop_strings=stops, ends=ends)
         wall += time.perf_counter() - start
         out += [Generation(prompt=p, text=r.text, token_ids=r.token_ids,
                            timing=RowTiming(ttft_s=r.first_token_s, total_s=r.total_s, tokens=r.tokens))

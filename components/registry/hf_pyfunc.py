@@ -61,10 +61,11 @@ class LmforgeTextGenerator(mlflow.pyfunc.PythonModel):
             raise ValueError("params: temperature must be >= 0, top_p in (0, 1] and top_k >= 0")
         sampling = self.gen.Sampling(temperature=float(p["temperature"]), top_p=float(p["top_p"]),
                                      top_k=int(p["top_k"]), seed=int(p["seed"]) if int(p["seed"]) >= 0 else None)
-        stops = (*self.task.stop_strings, *[str(s) for s in (p["stop"] or [])])
+        task_stops, ends = self.task.stops(self.tokenizer)
+        stops = (*task_stops, *[str(s) for s in (p["stop"] or [])])
         rows = [self.gen.Row(self.task.encode(self.tokenizer, self.task.parse_prompt(s)), int(p["max_new_tokens"]),
                              sampling, stops) for s in _as_strings(model_input)]
-        outs = self.gen.generate_rows(self.model, self.tokenizer, rows) if rows else []
+        outs = self.gen.generate_rows(self.model, self.tokenizer, rows, ends=ends) if rows else []
         return [o.text if output == "text" else self.task.scored(o.text) if output == "scored"
                 else " ".join(str(t) for t in o.token_ids) for o in outs]
 

@@ -32,8 +32,9 @@ from lmforge_runtime import generation, modelload, task
 assert not [m for m in sys.modules if m.startswith("lmforge.")], "lmforge itself must not be needed"
 model, tok, t = modelload.load_model(sys.argv[2]), modelload.load_tokenizer(sys.argv[2]), task.Task.load(sys.argv[2])
 prompts = json.loads(sys.argv[3])
+stops, ends = t.stops(tok)
 outs = generation.generate(model, tok, [t.encode(tok, p) for p in prompts], max_new_tokens=int(sys.argv[4]),
-                           stop_strings=t.stop_strings)
+                           stop_strings=stops, ends=ends)
 print(json.dumps([list(o.token_ids) for o in outs]))
 """
 
@@ -49,9 +50,10 @@ def verify_servable(model_dir: Path, *, serve_python: Path | None, prompts: Sequ
     try:
         model, tok = load_causal_lm(model_dir)
         task = Task.load(model_dir)
+        stops, ends = task.stops(tok)
         expected = [list(o.token_ids) for o in generation.generate(
             model, tok, [task.encode(tok, p) for p in prompts], max_new_tokens=max_new_tokens,
-            stop_strings=task.stop_strings)]
+            stop_strings=stops, ends=ends)]
     except Exception as e:  # the finding itself
         return f"lmforge cannot load it: {_one_line(e)}"
     del model

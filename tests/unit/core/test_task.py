@@ -102,3 +102,26 @@ def test_a_record_without_messages_is_written_as_before():
     assert "messages" not in r.to_dict() and Record.from_dict(r.to_dict()) == r
     chat = _record("p", "c", messages="[]")
     assert Record.from_dict(chat.to_dict()).messages == "[]"
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_chat_stops_at_its_templates_end_of_turn_as_text_or_as_a_special_token(tok):
+    from lmforge.components.generation import RowText
+
+    chat = Task("chat")
+    assert Task("completion").stops(tok) == ((), ())
+    tok.chat_template = CHATML     # <|im_end|> is not a token of this tokenizer: the marker is text
+    assert chat.turn_end(tok) == "<|im_end|>"
+    stops, ends = chat.stops(tok)
+    assert stops == ("<|im_end|>",) and ends == ()
+    answer = tok("Answer: 20400 centimeters.<|im_end|>\nmore", add_special_tokens=False)["input_ids"]
+    text = RowText(tok, stops, ends)
+    assert text.extend(answer) and text.finish() == "Answer: 20400 centimeters."
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})   # now one special token: an end id
+    stops, ends = chat.stops(tok)
+    assert stops == () and ends == (tok.convert_tokens_to_ids("<|im_end|>"),)
+    tok.chat_template = CHAT       # turns end with eos, already an end id
+    assert chat.stops(tok) == ((), (tok.eos_token_id,))
