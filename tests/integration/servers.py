@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -390,3 +391,30 @@ def _wait_for_workers(address: str, n: int, *, timeout: float, log: Path) -> Non
             raise service.ServiceNotReady("dask cluster", address, f"had fewer than {n} workers after {timeout:.0f} s: "
                                           f"{service.log_tail(log)}", f"See {log.parent}") from e
 
+
+
+@contextlib.contextmanager
+def triton_with_gateways(root: Path, folders: dict[str, Path], cfgs: dict[str, Any]) -> Iterator[tuple[Any, dict]]:
+    """tritonserver serving version 1 of each model folder (`folders[name]`, DeployConfig `cfgs[name]`) from
+    `root/repo`, logging requests under `root/requests`, and an OpenAI gateway for each: (ServerInfo, {name:
+    GatewayInfo}). Everything it started is stopped on the way out."""
+    from lmforge.deploy import client, gateway, repository, server
+
+    repo = root / "repo"
+    for name, cfg in cfgs.items():   # config.pbtxt before the server starts: it loads what the repository holds
+        repository.build_version(repo, cfg, version=1, model_dir=folders[name])
+        repository.write_config(repo, cfg, versions=[1], request_log=root / "requests")
+    info = server.start_server(repo, next(iter(cfgs.values())), log_path=root / "server.log")
+    gateways: dict[str, Any] = {}
+    try:
+        server.wait_ready(info, timeout=120)
+        for name, cfg in cfgs.items():
+            client.wait_versions(info.url, name, [1], revision=repository.config_revision(repo, name), timeout=120)
+            gateways[name] = gateway.start_gateway(repo, cfg, triton_grpc=info.grpc_url,
+                                                   log_path=root / f"gateway-{name}.log", wait=60)
+        yield info, gateways
+    finally:
+        for gw in gateways.values():
+            gateway.stop_gateway(gw)
+        server.stop_server(info)
+        assert not server.is_running(info)

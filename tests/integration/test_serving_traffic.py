@@ -11,7 +11,6 @@ preset) and `long` (the tiny model with a 4,096-token context, a chat template a
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,8 @@ from lmforge.components import generation
 from lmforge.components.model import modelload
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.task import Task
-from lmforge.deploy import client, gateway, repository, server
+from lmforge.deploy import client, gateway, server
+from tests.integration.servers import triton_with_gateways
 from tests.integration.test_openai_gateway import chat_model
 
 openai = pytest.importorskip("openai")
@@ -51,27 +51,11 @@ def long_context(src: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("traffic")
-    repo = root / "repo"
     folders = {"tiny": tiny_model_dir, "long": long_context(tiny_model_dir, root / "long")}
     cfgs = {name: DeployConfig(model_name=name, http_port=0, grpc_port=0, metrics_port=0, openai_port=0,
                                readiness_timeout_s=120, kv_page_tokens=64) for name in folders}
-    for name, folder in folders.items():
-        repository.build_version(repo, cfgs[name], version=1, model_dir=folder)
-        repository.write_config(repo, cfgs[name], versions=[1], request_log=root / "requests")
-    info = server.start_server(repo, cfgs["tiny"], log_path=root / "server.log")
-    gateways: dict[str, gateway.GatewayInfo] = {}
-    try:
-        server.wait_ready(info, timeout=120)
-        for name, cfg in cfgs.items():
-            client.wait_versions(info.url, name, [1], revision=repository.config_revision(repo, name), timeout=120)
-            gateways[name] = gateway.start_gateway(repo, cfg, triton_grpc=info.grpc_url,
-                                                   log_path=root / f"gateway-{name}.log", wait=60)
+    with triton_with_gateways(root, folders, cfgs) as (info, gateways):
         yield Served(info, gateways)
-    finally:
-        for gw in gateways.values():
-            gateway.stop_gateway(gw)
-        server.stop_server(info)
-        shutil.rmtree(root / "long", ignore_errors=True)
 
 
 def test_unseeded_samples_differ_a_seed_repeats_and_a_sampled_stream_comes_in_pieces(served):
