@@ -19,8 +19,8 @@ stream. A refused request raises RequestFailed with the server's message (for ex
 "max_tokens[0] is -1; ..."); the CLI prints it on one line. Nothing here asks the server to load or
 unload a model: it runs with `--model-control-mode=poll` (deploy/server.py), which refuses those
 requests from anyone, and picks up what lmforge writes into the model repository by itself.
-`wait_versions` waits, within a bound, until the server serves the config.pbtxt lmforge wrote (its
-`lmforge_revision` parameter) with exactly the versions it names ready, or says why a version failed
+`wait_versions` waits, within a bound, until the server serves the config.pbtxt lmforge wrote (the revision
+in its instance group's name) with exactly the versions it names ready, or says why a version failed
 to load.
 """
 
@@ -39,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 Protocol = Literal["http", "grpc"]
-REVISION_PARAMETER = "lmforge_revision"  # config.pbtxt parameter deploy/repository.py writes
+REVISION_MARK = ".rev-"  # deploy/repository.py names a config's instance group <model>.rev-<revision>
 DETAILS = ("token_ids", "prompt_tokens", "output_tokens", "mean_logprob", "first_token_ms", "decode_ms")
 
 
@@ -290,7 +290,8 @@ def ready_versions(url: str, model: str) -> dict[int, bool]:
 
 
 def served_revision(url: str, model: str) -> str | None:
-    """The `lmforge_revision` of the config the server serves `model` with; None when it serves none."""
+    """The revision of the config the server serves `model` with (in its instance group's name); None when it
+    serves none."""
     from tritonclient.utils import InferenceServerException
 
     client = make_client(url, timeout=10.0)
@@ -300,7 +301,8 @@ def served_revision(url: str, model: str) -> str | None:
         return None
     finally:
         client.close()
-    return (config.get("parameters", {}).get(REVISION_PARAMETER) or {}).get("string_value")
+    names = [group.get("name", "") for group in config.get("instance_group", [])]
+    return next((name.rsplit(REVISION_MARK, 1)[1] for name in names if REVISION_MARK in name), None)
 
 
 def wait_versions(url: str, model: str, versions: list[int], *, revision: str | None,

@@ -19,18 +19,30 @@ Layout (the standard one, so the same folder runs in the NGC tritonserver contai
                                             export (model.onnx, tokenizer, onnx.json): model.py then runs onnxruntime
     <repo>/<model>/<version>/rare_tokens.json, validation_prompts.json, meta.json
 
+    <repo>/<model>-candidate/               during a rollout only: the candidate alone, under its own model name
+                                            (candidate_model), with the same config but for the name and versions;
+                                            the gate sends it requests by name and version (deploy/rollout.py)
+
 A Triton version number is the registry's model version number. The version policy is
 `specific`: the rollout names exactly the versions that may be loaded, so adding a
-folder never changes what serves until the gate says so.
+folder never changes what serves until the gate says so. A request that names no version
+gets the model's highest ready version, so a candidate is loaded as its own model, never
+beside the serving version, until it has passed.
 
 Triton polls this folder (`--model-control-mode=poll`, deploy/server.py) and loads what
 it finds, so every change is atomic: a version folder is built in `<repo>.staging/`
 beside the repository and renamed into place, config.pbtxt is written beside and
 renamed, and a removed folder is renamed out before it is deleted. Triton never sees
-half a version. Each config.pbtxt carries a fresh `lmforge_revision` parameter, so a
-caller can tell when the server has picked up the one it wrote (deploy/client.py,
-`wait_versions`). The repository is mode 0700: whoever can write into it runs code in
-the server (the python backend runs each version's model.py).
+half a version; a model that is not there yet enters whole (its config and its version in
+one rename). Each config.pbtxt carries a fresh revision, in the name of its instance group
+(`<model>.rev-<revision>`), so a caller can tell when the server has picked up the one it
+wrote (deploy/client.py, `wait_versions`). The name, because Triton reloads a loaded version
+whose config changed anywhere but in its instance group or version policy (a fresh
+parameter would reload the serving version on every write: a third copy in memory while
+a new one loads); with the revision there, a version whose files did not change keeps its
+loaded instances (Triton 2.51, core's ConfigChangeRequiresReload). The repository is mode
+0700: whoever can write into it runs code in the server (the python backend runs each
+version's model.py).
 """
 
 from __future__ import annotations
@@ -79,7 +91,8 @@ OUTPUTS = (("text_output", "TYPE_STRING", "[ -1 ]"), ("finish_reason", "TYPE_STR
            ("output_tokens", "TYPE_INT32", "[ 1 ]"), ("mean_logprob", "TYPE_FP32", "[ 1 ]"),
            ("first_token_ms", "TYPE_FP32", "[ 1 ]"), ("decode_ms", "TYPE_FP32", "[ 1 ]"),
            ("logprobs", "TYPE_STRING", "[ 1 ]"), ("prompt_logprobs", "TYPE_STRING", "[ 1 ]"))
-REVISION_PARAMETER = "lmforge_revision"  # deploy/client.py reads it back from the server
+REVISION_MARK = ".rev-"  # instance group name = <model>.rev-<revision>; deploy/client.py reads it back from the server
+CANDIDATE_SUFFIX = "-candidate"  # the model a rollout loads its candidate under
 PRIVATE = 0o700
 
 
@@ -101,6 +114,12 @@ def staging_dir(repo: Path) -> Path:
 
 def model_root(repo: Path, model_name: str) -> Path:
     return Path(repo) / model_name
+
+
+def candidate_model(model_name: str) -> str:
+    """The Triton model a rollout validates `model_name`'s candidate under: never reached by a request for
+    `model_name`, with or without a version."""
+    return f"{model_name}{CANDIDATE_SUFFIX}"
 
 
 def instance_kind(cfg: DeployConfig) -> str:
@@ -148,8 +167,7 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
     }
     if cfg.engine == "vllm":   # vLLM's server runs from its own venv, started by each instance
         params.update({"vllm_python": str(vllm_python()), "vllm_start_timeout_s": cfg.readiness_timeout_s})
-    if revision:
-        params[REVISION_PARAMETER] = revision
+    group = f'name: "{cfg.model_name}{REVISION_MARK}{revision}" ' if revision else ""
     lines = [
         f'name: "{cfg.model_name}"',
         'backend: "python"',
@@ -158,7 +176,7 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         f"version_policy: {{ specific: {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}",
         "input [", ",\n".join(tensor(*spec) for spec in INPUTS), "]",
         "output [", ",\n".join(tensor(*spec) for spec in OUTPUTS), "]",
-        f"instance_group [ {{ kind: KIND_{instance_kind(cfg).upper()} count: {cfg.instance_count} }} ]",
+        f"instance_group [ {{ {group}kind: KIND_{instance_kind(cfg).upper()} count: {cfg.instance_count} }} ]",
         "parameters [",
         ",\n".join(f'  {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}' for k, v in params.items()),
         "]",
@@ -169,11 +187,15 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
 def write_config(repo: Path, cfg: DeployConfig, *, versions: list[int], request_log: Path | None) -> str:
     """Write config.pbtxt atomically, with a fresh revision; return the revision (the server's once it has loaded it)."""
     private_repository(repo)
-    revision = f"{time.time_ns():x}-{secrets.token_hex(3)}"  # unique per write, even for the same versions
+    revision = new_revision()
     text = config_pbtxt(cfg, versions=versions, request_log=request_log, revision=revision)
     # Written in the staging folder, then renamed into place: not even a temporary file appears where Triton polls.
     atomic_write_text(model_root(repo, cfg.model_name) / "config.pbtxt", text, tmp_dir=staging_dir(repo))
     return revision
+
+
+def new_revision() -> str:
+    return f"{time.time_ns():x}-{secrets.token_hex(3)}"  # unique per write, even for the same versions
 
 
 def config_revision(repo: Path, model_name: str) -> str | None:
@@ -181,7 +203,7 @@ def config_revision(repo: Path, model_name: str) -> str | None:
     path = model_root(repo, model_name) / "config.pbtxt"
     if not path.is_file():
         return None
-    m = re.search(rf'key: "{REVISION_PARAMETER}" value: {{ string_value: "([^"]*)" }}', path.read_text())
+    m = re.search(rf'instance_group \[ {{ name: "[^"]*{re.escape(REVISION_MARK)}([^"]*)"', path.read_text())
     return m.group(1) if m else None
 
 
@@ -260,6 +282,54 @@ def place_version(repo: Path, model_name: str, version: int, staged: Path) -> Pa
     target.parent.mkdir(parents=True, exist_ok=True)
     os.replace(staged, target)
     return target
+
+
+def place_model(repo: Path, cfg: DeployConfig, *, version: int, staged: Path, versions: list[int],
+                request_log: Path | None) -> str:
+    """Put a staged version folder into model `cfg.model_name` and write its config naming `versions`; the config's
+    revision. A model not in the repository yet enters whole, config and version in one rename, so Triton never
+    sees its folder without a config."""
+    root = model_root(repo, cfg.model_name)
+    if root.is_dir():
+        place_version(repo, cfg.model_name, version, staged)
+        return write_config(repo, cfg, versions=versions, request_log=request_log)
+    private_repository(repo)
+    tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}."))
+    try:
+        os.replace(staged, tmp / str(version))
+        revision = new_revision()
+        atomic_write_text(tmp / "config.pbtxt",
+                          config_pbtxt(cfg, versions=versions, request_log=request_log, revision=revision))
+        os.replace(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return revision
+
+
+def take_version(repo: Path, model_name: str, version: int) -> Path:
+    """Take model `model_name` out of the repository whole, at once (Triton unloads it), and keep its `version`
+    folder in the staging area, to be placed elsewhere; the rest of the model's folder is deleted."""
+    private_repository(repo)
+    trash = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix="removed."))
+    os.replace(model_root(repo, model_name), trash / model_name)
+    kept = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{model_name}.{version}."))
+    os.replace(trash / model_name / str(version), kept)   # onto the empty folder mkdtemp made
+    shutil.rmtree(trash, ignore_errors=True)
+    return kept
+
+
+def stage_copy(repo: Path, model_name: str, version: int) -> Path:
+    """A copy of a version folder that is in the repository, made in the staging area (to load it under another
+    model's name without touching the folder its own model may load)."""
+    private_repository(repo)
+    tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{model_name}.{version}."))
+    try:
+        shutil.copytree(version_dir(repo, model_name, version), tmp, symlinks=True, dirs_exist_ok=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
 
 
 def discard_staged(repo: Path, staged: Path) -> None:

@@ -1,22 +1,47 @@
-"""Gated rollout: a new version serves only after it loads and answers its validation prompts well.
+"""Gated rollout: a new version serves only after it loads and answers its validation prompts well, under a model
+name that no user's request reaches.
 
     result = rollout(server_url, repo, cfg, version=4, build=lambda: build_version(..., stage=True),
                      promote=lambda v: set_production(v), request_log=ws.requests, journal=ws.triton / "rollouts.jsonl")
-    result.serving          # [4]: the old version was unloaded only after the gate passed
+    result.serving          # [4]: the old version was unloaded only after the new one served
+    result.promoted_at      # when requests that name no version began to reach it (the journal has it too)
 
-The gate, in order: build the version folder in the staging area, outside the folder
-Triton polls; pre-flight it in this process (safetensors only, a short generation) so a
-broken export never reaches the server; rename it into the repository and write a
-config.pbtxt naming it beside the serving version, then wait (bounded) until Triton,
-which polls the repository, has loaded both; query it with its validation prompts (held-out
-prompts of its own task, written into the version folder when it was built:
-validation_prompts.json), one request each plus one batched request, checking that outputs are well formed and within
-the latency bound; write a config naming only the new version and wait until it alone
-is ready (Triton unloads the old one once the new config has loaded); only then
-`promote` (move the registry's `production` alias). On any failure, the final reload
-and the alias move included, the config goes back to the old version and Triton is
-waited for, the candidate's folder is taken out, the reason is appended to the journal,
-and RolloutRefused is raised: the alias stays where it was, and the old version serves.
+Triton answers a request that names no version (the OpenAI gateway's, `lmforge generate`'s, a
+user's tritonclient call) with the model's highest ready version, so a candidate loaded beside
+the serving version would answer users before it passed. The gate therefore loads it as a model
+of its own, `<model>-candidate` (repository.candidate_model), and the served model is touched
+only once it has passed. In order:
+
+1. Take out a candidate model a crashed rollout left behind.
+2. Build the version folder in the staging area, outside the folder Triton polls; pre-flight it
+   in this process (safetensors only, a short generation) so a broken export never reaches the
+   server. A version whose folder is already in the repository (a rollback) is copied there.
+3. Load it as `<model>-candidate` (the served model's config but for the name and the versions;
+   the model enters the repository whole, in one rename) and wait (bounded) until Triton has
+   loaded it.
+4. Query it by that name and its version with its validation prompts (held-out prompts of its own
+   task, written into the version folder when it was built: validation_prompts.json), one request
+   each plus one batched request, checking that outputs are well formed and within the latency
+   bound. The request log records these as the candidate model's, so monitoring never counts them.
+5. The gate passed (`passed_at`): take the candidate model out whole and wait until Triton has
+   unloaded it; rename its version folder into the served model and write a config naming the
+   serving version and it; wait until both are ready. From then on a request that names no
+   version gets the new (highest) one: the switch, `promoted_at` in the journal.
+6. Write a config naming the new version alone and wait until it alone is ready: Triton unloads the
+   old version once the requests it holds are answered, so no request fails at the switch. Only
+   then `promote` (move the registry's `production` alias).
+
+A refusal before the switch takes the candidate model out (and waits until Triton has unloaded
+it); the served model was never touched. A failure after it (the final reload, the alias move)
+writes the old config back and waits for it, then takes the new version's folder out. Either way
+the reason is appended to the journal and RolloutRefused is raised: the alias stays where it was,
+and the old version serves.
+
+At most two copies are loaded at once: the serving version and the candidate, then the serving
+version and the new one. Triton keeps a loaded version whose files and config are unchanged but
+for the version policy and the instance group, which is where the repository writes its revision
+(deploy/repository.py), so the serving version is never reloaded. The new version loads twice,
+as the candidate and in the served model: `phases` in the journal gives each step's seconds.
 
 Nothing here asks Triton to load anything: the server refuses load and unload requests
 from every client (deploy/server.py); lmforge only writes the repository.
@@ -37,11 +62,16 @@ from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import client, processing
 from lmforge.deploy.repository import (
+    candidate_model,
     discard_staged,
-    place_version,
+    model_root,
+    place_model,
     remove_model,
     remove_version,
     served_versions,
+    stage_copy,
+    staging_dir,
+    take_version,
     version_dir,
     write_config,
 )
@@ -60,6 +90,10 @@ class RolloutResult:
     reason: str
     checks: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    candidate: str = ""                 # the Triton model it was loaded and validated under
+    passed_at: str | None = None        # it passed the gate: only after this did its folder enter the served model
+    promoted_at: str | None = None      # the switch: requests that name no version reach it from here on
+    phases: dict[str, float] = field(default_factory=dict)   # seconds of each step done: load, validate, switch, ...
 
 
 def preflight(folder: Path, *, prompt: str) -> str | None:
@@ -132,76 +166,178 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
     """Serve `version` if it passes the gate; otherwise keep what serves and raise RolloutRefused."""
     start = time.perf_counter()
     current = served_versions(repo, cfg.model_name)
-    ready = client.ready_versions(url, cfg.model_name)
-    if current == [version] and ready.get(version):
+    if current == [version] and client.ready_versions(url, cfg.model_name).get(version):
         result = RolloutResult(version, current, current, True, f"version {version} already serving")
         return _record(journal, result, start)
+    clear_candidate(url, repo, cfg)
+    gate = _Gate(url, repo, cfg, version, current, request_log=request_log, journal=journal, start=start)
+    prompts = gate.prepare(build)
+    gate.load_candidate()
+    gate.validate(prompts)
+    gate.switch()
+    gate.retire()
+    return gate.promote(promote)
 
-    staged: Path | None = None  # a built folder not yet in the repository
 
-    def refuse(reason: str, checks: list[dict[str, Any]] | None = None, *, loaded: bool) -> RolloutRefused:
-        if loaded:
-            _restore(url, repo, cfg, current, request_log)
-        if staged is not None:
-            discard_staged(repo, staged)
-        if version not in current:
-            remove_version(repo, cfg.model_name, version)
-        result = RolloutResult(version, current, current, False, reason, checks or [])
-        _record(journal, result, start)
-        keeps = f"version {current} keeps serving" if current else "nothing was serving"
-        return RolloutRefused("deploy", f"version {version}", f"was refused: {reason}",
-                              f"{keeps}; details in {journal}")
+def clear_candidate(url: str, repo: Path, cfg: DeployConfig) -> None:
+    """Take out the candidate model a crashed rollout left in the repository (or that the server still holds)."""
+    name = candidate_model(cfg.model_name)
+    if model_root(repo, name).exists() or client.ready_versions(url, name):
+        _drop_candidate(url, repo, name, cfg.readiness_timeout_s)
 
-    folder = version_dir(repo, cfg.model_name, version)
-    if build is not None and version not in current:
-        folder = build()
-        staged = folder if folder != version_dir(repo, cfg.model_name, version) else None
-    if not (folder / "model.py").is_file():
-        raise refuse(f"{folder} is not a built model version", loaded=False)
-    # Checked before it enters the repository: Triton reloads the model whenever its folder changes.
-    try:
-        prompts = processing.read_validation_prompts(folder, cfg.validation_prompts)
-    except processing.BadRequest as e:
-        raise refuse(str(e), loaded=False) from None
-    problem = preflight(folder, prompt=prompts[0])
-    if problem:
-        raise refuse(problem, loaded=False)
-    if staged is not None:
-        place_version(repo, cfg.model_name, version, staged)
-        staged = None
 
-    both = sorted(set(current) | {version})
-    revision = write_config(repo, cfg, versions=both, request_log=request_log)
-    try:
-        client.wait_versions(url, cfg.model_name, both, revision=revision, timeout=cfg.readiness_timeout_s)
-    except (client.RequestFailed, OSError) as e:
-        raise refuse(f"Triton could not load it: {str(e).splitlines()[0][:300]}", loaded=True) from None
+def _drop_candidate(url: str, repo: Path, name: str, timeout: float) -> None:
+    """Take candidate model `name` out of the repository; wait until Triton has unloaded what it had loaded of it
+    (one that failed to load holds nothing)."""
+    loaded = any(client.ready_versions(url, name).values())
+    remove_model(repo, name)
+    if loaded:
+        client.wait_versions(url, name, [], revision=None, timeout=timeout)
 
-    problems, checks = validate(url, cfg, version, prompts)
-    if problems:
-        raise refuse("; ".join(problems[:3]), checks, loaded=True)
 
-    # The final reload serves the new version alone; only once it is ready does `production` move.
-    # (With nothing served before, the config already names it alone: reloading it would only cost time.)
-    if both != [version]:
-        revision = write_config(repo, cfg, versions=[version], request_log=request_log)
-        try:  # Triton unloads the old version once the new config has loaded
-            client.wait_versions(url, cfg.model_name, [version], revision=revision, timeout=cfg.readiness_timeout_s)
+class _Gate:
+    """One rollout's steps and what each has changed, so that a refusal undoes exactly that."""
+
+    def __init__(self, url: str, repo: Path, cfg: DeployConfig, version: int, current: list[int], *,
+                 request_log: Path | None, journal: Path, start: float) -> None:
+        self.url, self.repo, self.cfg, self.version, self.current = url, repo, cfg, version, current
+        self.request_log, self.journal, self.start = request_log, journal, start
+        self.candidate = cfg.model_copy(update={"model_name": candidate_model(cfg.model_name)})
+        self.result = RolloutResult(version, current, current, False, "", candidate=self.candidate.model_name)
+        self.staged: Path | None = None   # its folder in the staging area, in no model
+        self.in_candidate = False         # the candidate model is in the repository
+        self.placed = False               # its folder is in the served model's, put there by this rollout
+        self.switched = False             # the served model's config names it
+        self.both = sorted(set(current) | {version})
+        self._mark = start
+
+    def _phase(self, name: str) -> None:
+        now = time.perf_counter()
+        self.result.phases[name] = round(now - self._mark, 2)
+        self._mark = now
+
+    def _wait(self, model: str, versions: list[int], revision: str | None) -> None:
+        client.wait_versions(self.url, model, versions, revision=revision, timeout=self.cfg.readiness_timeout_s)
+
+    def prepare(self, build: Callable[[], Path] | None) -> list[str]:
+        """Build (or find) the version's folder and pre-flight it; leave it in the staging area; its prompts."""
+        folder = version_dir(self.repo, self.cfg.model_name, self.version)
+        if build is not None and self.version not in self.current:
+            folder = build()
+            if folder.resolve().parent == staging_dir(self.repo).resolve():
+                self.staged = folder
+            else:   # built straight into the served model's folder (build_version without stage)
+                self.placed = True
+        if not (folder / "model.py").is_file():
+            raise self.refuse(f"{folder} is not a built model version")
+        try:
+            prompts = processing.read_validation_prompts(folder, self.cfg.validation_prompts)
+        except processing.BadRequest as e:
+            raise self.refuse(str(e)) from None
+        problem = preflight(folder, prompt=prompts[0])
+        if problem:
+            raise self.refuse(problem)
+        if self.staged is None:   # its folder is in the served model's (a rollback): the candidate loads a copy
+            self.staged = stage_copy(self.repo, self.cfg.model_name, self.version)
+        self._phase("prepare")
+        return prompts
+
+    def load_candidate(self) -> None:
+        """Load the version as the candidate model, whose name no request for the served model reaches."""
+        revision = place_model(self.repo, self.candidate, version=self.version, staged=self.staged,
+                               versions=[self.version], request_log=self.request_log)
+        self.staged, self.in_candidate = None, True
+        try:
+            self._wait(self.candidate.model_name, [self.version], revision)
         except (client.RequestFailed, OSError) as e:
-            raise refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}", checks, loaded=True) from None
-    try:
-        promote(version)
-    except Exception as e:
-        raise refuse(f"moving the production alias failed: {type(e).__name__}: {e}", checks, loaded=True) from e
-    result = RolloutResult(version, current, [version], True, "passed the gate", checks)
-    return _record(journal, result, start)
+            raise self.refuse(f"Triton could not load it: {str(e).splitlines()[0][:300]}") from None
+        self._phase("load")
+
+    def validate(self, prompts: list[str]) -> None:
+        problems, self.result.checks = validate(self.url, self.candidate, self.version, prompts)
+        self._phase("validate")
+        if problems:
+            raise self.refuse("; ".join(problems[:3]))
+
+    def switch(self) -> None:
+        """The candidate model out and unloaded, then the version beside the serving one in the served model; once
+        both are ready, a request that names no version gets the new one."""
+        self.result.passed_at = now_iso()
+        self.staged = take_version(self.repo, self.candidate.model_name, self.version)
+        self.in_candidate = False
+        try:   # unloaded before the second copy loads: never three copies in memory
+            self._wait(self.candidate.model_name, [], None)
+        except (client.RequestFailed, OSError) as e:
+            raise self.refuse(f"Triton did not unload {self.candidate.model_name}: {str(e)[:300]}") from None
+        if self.version in self.current:   # its folder already serves there
+            discard_staged(self.repo, self.staged)
+            revision = write_config(self.repo, self.cfg, versions=self.both, request_log=self.request_log)
+        else:
+            revision = place_model(self.repo, self.cfg, version=self.version, staged=self.staged, versions=self.both,
+                                   request_log=self.request_log)
+            self.placed = True
+        self.staged, self.switched = None, True
+        try:
+            self._wait(self.cfg.model_name, self.both, revision)
+        except (client.RequestFailed, OSError) as e:
+            raise self.refuse(f"Triton could not load it in {self.cfg.model_name!r}: "
+                              f"{str(e).splitlines()[0][:300]}") from None
+        self.result.promoted_at = now_iso()
+        self._phase("switch")
+
+    def retire(self) -> None:
+        """The new version alone: Triton unloads the old one once it has answered the requests it holds."""
+        if self.both == [self.version]:   # nothing served before: the config already names it alone
+            return
+        revision = write_config(self.repo, self.cfg, versions=[self.version], request_log=self.request_log)
+        try:
+            self._wait(self.cfg.model_name, [self.version], revision)
+        except (client.RequestFailed, OSError) as e:
+            raise self.refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}") from None
+        self._phase("retire")
+
+    def promote(self, promote: Callable[[int], None]) -> RolloutResult:
+        try:
+            promote(self.version)
+        except Exception as e:
+            raise self.refuse(f"moving the production alias failed: {type(e).__name__}: {e}") from e
+        self._phase("promote")
+        self.result.serving, self.result.ok, self.result.reason = [self.version], True, "passed the gate"
+        return _record(self.journal, self.result, self.start)
+
+    def refuse(self, reason: str) -> RolloutRefused:
+        """Undo what this rollout changed, record why it was refused, and say so."""
+        try:
+            self._undo()
+        except (client.RequestFailed, OSError) as e:   # the refusal is still recorded, with what could not be undone
+            reason = f"{reason}; undoing it failed: {str(e).splitlines()[0][:300]}"
+        self.result.reason = reason
+        _record(self.journal, self.result, self.start)
+        keeps = f"version {self.current} keeps serving" if self.current else "nothing was serving"
+        return RolloutRefused("deploy", f"version {self.version}", f"was refused: {reason}",
+                              f"{keeps}; details in {self.journal}")
+
+    def _undo(self) -> None:
+        if self.staged is not None:
+            discard_staged(self.repo, self.staged)
+            self.staged = None
+        if self.in_candidate:
+            self.in_candidate = False
+            _drop_candidate(self.url, self.repo, self.candidate.model_name, self.cfg.readiness_timeout_s)
+        if self.switched:
+            _restore(self.url, self.repo, self.cfg, self.current, self.request_log)
+        # Its folder goes only after the restore: a load that reads it must not see it vanish.
+        if self.placed and self.version not in self.current:
+            if self.current:
+                remove_version(self.repo, self.cfg.model_name, self.version)
+            else:
+                remove_model(self.repo, self.cfg.model_name)
 
 
 def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], request_log: Path | None) -> None:
-    """Back to what served before: the old version never stopped serving; the candidate is unloaded."""
+    """Back to what served before: the old version never stopped serving; the new one is unloaded."""
     if current:
         revision = write_config(repo, cfg, versions=current, request_log=request_log)
-        # The candidate's folder goes only after this (refuse): a load that reads it must not see it vanish.
         client.wait_versions(url, cfg.model_name, current, revision=revision, timeout=cfg.readiness_timeout_s)
     else:  # nothing served before: the model's folder goes, and Triton unloads whatever it had loaded of it
         remove_model(repo, cfg.model_name)

@@ -30,7 +30,14 @@ from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.deploy import client, gateway
-from lmforge.deploy.repository import build_version, config_revision, served_versions, version_dir
+from lmforge.deploy.repository import (
+    build_version,
+    candidate_model,
+    config_revision,
+    remove_model,
+    served_versions,
+    version_dir,
+)
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import ServerInfo, info_from_state, read_state, running_server, start_server, stop_server, write_state
 
@@ -48,6 +55,8 @@ def ensure_server(ws: Workspace, cfg: DeployConfig) -> ServerInfo:
     `cfg.openai`, the OpenAI-compatible gateway in front of it too (ensure_gateway)."""
     info = running_server(ws)  # running and live; it may be not-ready while a model loads
     if info is None:
+        # A candidate model a crashed rollout left would load with the server (poll mode loads the whole repository).
+        remove_model(repo_dir(ws), candidate_model(cfg.model_name))
         info = start_server(repo_dir(ws), cfg, log_path=ws.triton / "server.log", wait=cfg.readiness_timeout_s)
         write_state(ws, info, model=cfg.model_name, version=None)
     if cfg.openai:

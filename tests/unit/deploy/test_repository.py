@@ -120,7 +120,7 @@ def test_each_config_write_has_a_fresh_revision_the_config_carries(tmp_path):
     assert first != second  # the same versions again still count as a new config to wait for
     assert repository.config_revision(tmp_path / "repo", cfg.model_name) == second
     text = (tmp_path / "repo" / cfg.model_name / "config.pbtxt").read_text()
-    assert parse(text).parameters[repository.REVISION_PARAMETER].string_value == second
+    assert parse(text).instance_group[0].name == f"{cfg.model_name}{repository.REVISION_MARK}{second}"
     assert repository.config_revision(tmp_path / "none", cfg.model_name) is None
     # Written in the staging folder and renamed: no temporary file is ever left where Triton polls.
     assert sorted(p.name for p in (tmp_path / "repo" / cfg.model_name).iterdir()) == ["config.pbtxt"]
@@ -166,3 +166,79 @@ def test_python_cannot_write_bytecode_into_a_version(tmp_path, tiny_model_dir):
                    env={"PATH": "/usr/bin:/bin"})
     assert (runtime / "__pycache__").is_file() and (folder / "__pycache__").is_file()
     assert not [p for p in folder.rglob("__pycache__") if p.is_dir()]
+
+
+def test_configs_differ_only_where_triton_keeps_a_loaded_version(tmp_path):
+    """Triton 2.51 reloads a loaded version whose config changed anywhere but in its instance group and version policy
+    (core's ConfigChangeRequiresReload): two writes for different versions differ only there, so the serving version
+    is not reloaded (a third copy in memory) when the next one is put beside it, nor the new one when the old goes."""
+    cfg, repo = DeployConfig(), tmp_path / "repo"
+    texts = []
+    for versions in ([1], [1, 2], [2]):
+        repository.write_config(repo, cfg, versions=versions, request_log=tmp_path / "requests")
+        texts.append(parse((repo / cfg.model_name / "config.pbtxt").read_text()))
+    names = {mc.instance_group[0].name for mc in texts}
+    assert len(names) == 3      # the revision travels in the instance group's name
+    for mc in texts:
+        mc.ClearField("instance_group")
+        mc.ClearField("version_policy")
+    assert texts[0] == texts[1] == texts[2]
+
+
+def test_the_server_reports_the_revision_the_repository_wrote(tmp_path, monkeypatch):
+    """client.served_revision reads back, from the config as Triton's model-config endpoint returns it, what
+    write_config put there (the server is faked with the config's JSON form)."""
+    from google.protobuf import json_format
+
+    from lmforge.deploy import client
+
+    cfg, repo = DeployConfig(model_name="m-candidate"), tmp_path / "repo"
+    revision = repository.write_config(repo, cfg, versions=[3], request_log=None)
+    served = json_format.MessageToDict(parse((repo / "m-candidate" / "config.pbtxt").read_text()),
+                                       preserving_proto_field_name=True)
+
+    class Server:
+        def get_model_config(self, model):
+            assert model == "m-candidate"
+            return served
+
+        def close(self):
+            pass
+    monkeypatch.setattr(client, "make_client", lambda url, timeout: Server())
+    assert client.served_revision("h:1", "m-candidate") == revision == repository.config_revision(repo, "m-candidate")
+
+
+def test_a_new_model_enters_the_repository_whole_and_a_served_one_gets_the_version_beside(tmp_path, tiny_model_dir):
+    cfg, repo = DeployConfig(), tmp_path / "repo"
+    candidate = cfg.model_copy(update={"model_name": repository.candidate_model(cfg.model_name)})
+    assert candidate.model_name == "lmforge-candidate"
+    staged = repository.build_version(repo, cfg, version=2, model_dir=tiny_model_dir, stage=True)
+    revision = repository.place_model(repo, candidate, version=2, staged=staged, versions=[2], request_log=None)
+    root = repo / "lmforge-candidate"
+    assert sorted(p.name for p in root.iterdir()) == ["2", "config.pbtxt"] and not staged.exists()
+    assert parse((root / "config.pbtxt").read_text()).name == "lmforge-candidate"
+    assert repository.config_revision(repo, "lmforge-candidate") == revision
+    assert repository.served_versions(repo, "lmforge-candidate") == [2]
+    assert repository.served_versions(repo, cfg.model_name) == [] and not (repo / cfg.model_name).exists()
+
+    kept = repository.take_version(repo, "lmforge-candidate", 2)   # the whole model out at once; its folder kept
+    assert not root.exists() and kept.parent == repository.staging_dir(repo) and (kept / "model.py").is_file()
+    assert [p for p in repository.staging_dir(repo).iterdir()] == [kept]   # the rest of the model is deleted
+
+    repository.write_config(repo, cfg, versions=[1], request_log=None)
+    (repo / cfg.model_name / "1").mkdir()
+    revision = repository.place_model(repo, cfg, version=2, staged=kept, versions=[1, 2], request_log=None)
+    assert repository.built_versions(repo, cfg.model_name) == [1, 2]
+    assert repository.served_versions(repo, cfg.model_name) == [1, 2]
+    assert repository.config_revision(repo, cfg.model_name) == revision
+    assert not list(repository.staging_dir(repo).iterdir())
+
+
+def test_a_copy_of_a_kept_version_is_staged_and_the_original_stays(tmp_path, tiny_model_dir):
+    cfg, repo = DeployConfig(), tmp_path / "repo"
+    folder = repository.build_version(repo, cfg, version=1, model_dir=tiny_model_dir)
+    copy = repository.stage_copy(repo, cfg.model_name, 1)
+    assert copy.parent == repository.staging_dir(repo)
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == \
+        sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))     # __pycache__ blockers included
+    assert (folder / "model.py").is_file()

@@ -1,64 +1,172 @@
 """What the rollout writes into the repository Triton polls, and in which order (the server is faked here;
-tests/integration/test_deploy_triton.py runs the real one)."""
+tests/integration/test_deploy_triton.py and test_rollout_traffic.py run the real one).
+
+The served model (`lmforge`) must not change until its candidate, loaded as `lmforge-candidate`, has passed the gate:
+Triton answers a request that names no version with the highest version the served model has loaded."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy import client, repository, rollout
 
+MAIN, CANDIDATE = "lmforge", "lmforge-candidate"
 
-@pytest.fixture
-def fake_triton(monkeypatch):
-    """Records what the repository held each time the rollout waited for the server."""
-    waits = []
 
-    def wait_versions(url, model, versions, *, revision, timeout):
-        waits.append((list(versions), revision, repository.built_versions(repo_holder[0], model)))
+class FakeTriton:
+    """Records what the repository held each time the rollout waited for the server, and what it held when the
+    candidate was validated; a wait 'loads' exactly the versions it waits for."""
+
+    def __init__(self, repo):
+        self.repo, self.waits, self.validated, self.loaded = repo, [], [], {}
+        self.problems: list[str] = []
+
+    def wait_versions(self, url, model, versions, *, revision, timeout):
+        self.waits.append({"model": model, "versions": list(versions), "revision": revision,
+                           "main": self.main(), "candidate": repository.built_versions(self.repo, CANDIDATE)})
+        self.loaded[model] = list(versions)
         return {v: "READY" for v in versions}
 
-    repo_holder = [None]
-    monkeypatch.setattr(client, "wait_versions", wait_versions)
-    monkeypatch.setattr(client, "ready_versions", lambda url, model: {})
-    monkeypatch.setattr(rollout, "validate", lambda url, cfg, version, prompts: ([], []))
-    return waits, repo_holder
+    def validate(self, url, cfg, version, prompts):
+        self.validated.append({"model": cfg.model_name, "version": version, "main": self.main(),
+                               "candidate": repository.built_versions(self.repo, CANDIDATE)})
+        return list(self.problems), []
+
+    def main(self):
+        return {"served": repository.served_versions(self.repo, MAIN),
+                "built": repository.built_versions(self.repo, MAIN),
+                "revision": repository.config_revision(self.repo, MAIN)}
+
+    def steps(self):
+        return [(w["model"], w["versions"]) for w in self.waits]
+
+
+@pytest.fixture
+def triton(tmp_path, monkeypatch):
+    fake = FakeTriton(tmp_path / "repo")
+    monkeypatch.setattr(client, "wait_versions", fake.wait_versions)
+    monkeypatch.setattr(client, "ready_versions", lambda url, model: dict.fromkeys(fake.loaded.get(model, []), True))
+    monkeypatch.setattr(rollout, "validate", fake.validate)
+    monkeypatch.setattr(rollout, "preflight", lambda folder, prompt: None)
+    return fake
 
 
 def run(tmp_path, cfg, version, model_dir, promote=lambda v: None):
     repo = tmp_path / "repo"
-    return rollout.rollout("h:1", repo, cfg, version=version,
-                           build=lambda: repository.build_version(repo, cfg, version=version, model_dir=model_dir,
-                                                                  stage=True),
-                           promote=promote, request_log=None, journal=tmp_path / "rollouts.jsonl")
+    build = (lambda: repository.build_version(repo, cfg, version=version, model_dir=model_dir, stage=True)) \
+        if model_dir is not None else None
+    return rollout.rollout("h:1", repo, cfg, version=version, build=build, promote=promote, request_log=None,
+                           journal=tmp_path / "rollouts.jsonl")
 
 
-def test_a_refused_pre_flight_never_reaches_the_repository(tmp_path, tiny_model_dir, fake_triton, monkeypatch):
-    waits, holder = fake_triton
-    holder[0] = tmp_path / "repo"
+def journal(tmp_path) -> dict:
+    return json.loads((tmp_path / "rollouts.jsonl").read_text().splitlines()[-1])
+
+
+def test_a_refused_pre_flight_never_reaches_the_repository(tmp_path, tiny_model_dir, triton, monkeypatch):
     monkeypatch.setattr(rollout, "preflight", lambda folder, prompt: "pre-flight failed: broken")
     with pytest.raises(rollout.RolloutRefused, match="pre-flight failed"):
         run(tmp_path, DeployConfig(), 2, tiny_model_dir)
-    assert waits == [] and not (tmp_path / "repo" / "lmforge").exists()
+    assert triton.waits == [] and not (tmp_path / "repo" / MAIN).exists()
+    assert not (tmp_path / "repo" / CANDIDATE).exists()
     assert not list(repository.staging_dir(tmp_path / "repo").iterdir())
 
 
-def test_first_rollout_loads_once_and_a_refused_one_takes_the_model_out(tmp_path, tiny_model_dir, fake_triton,
-                                                                       monkeypatch):
-    waits, holder = fake_triton
-    holder[0] = tmp_path / "repo"
-    monkeypatch.setattr(rollout, "preflight", lambda folder, prompt: None)
-    cfg = DeployConfig()
-    result = run(tmp_path, cfg, 1, tiny_model_dir)
-    assert result.ok and result.serving == [1]
-    assert [(v, built) for v, _, built in waits] == [([1], [1])]  # in place when waited for; no second reload
-    assert waits[0][1] == repository.config_revision(tmp_path / "repo", cfg.model_name)
+def test_the_candidate_is_validated_under_its_own_model_and_the_served_one_changes_only_after(tmp_path, tiny_model_dir,
+                                                                                             triton):
+    cfg, promoted = DeployConfig(), []
+    assert run(tmp_path, cfg, 1, tiny_model_dir).ok
+    first = triton.steps()
+    triton.waits.clear()
+    triton.validated.clear()
+    result = run(tmp_path, cfg, 2, tiny_model_dir, promote=lambda v: promoted.append((v, triton.main())))
+    # Nothing served at first: validated as the candidate too, then the served model enters whole with it alone.
+    assert first == [(CANDIDATE, [1]), (CANDIDATE, []), (MAIN, [1])]
 
-    # A second model name with nothing served: a refused first version leaves no folder for Triton to load.
-    other = cfg.model_copy(update={"model_name": "other"})
-    monkeypatch.setattr(rollout, "validate", lambda url, cfg, version, prompts: (["malformed output"], []))
+    assert result.ok and result.previous == [1] and result.serving == [2]
+    assert triton.steps() == [(CANDIDATE, [2]),      # loaded under the candidate's name
+                              (CANDIDATE, []),       # passed: unloaded before the second copy loads
+                              (MAIN, [1, 2]),        # the switch: from here a request naming no version gets 2
+                              (MAIN, [2])]           # the old one unloads once it has answered what it holds
+    loading, unloading, switching, retiring = triton.waits
+    before = loading["main"]
+    assert before["served"] == [1] and before["built"] == [1] and loading["candidate"] == [2]
+    assert triton.validated == [{"model": CANDIDATE, "version": 2, "main": before, "candidate": [2]}]
+    assert unloading["main"] == before and unloading["candidate"] == []     # the served model still untouched
+    assert switching["main"]["built"] == [1, 2] and switching["revision"] == switching["main"]["revision"]
+    assert retiring["main"]["served"] == [2] and promoted == [(2, retiring["main"])]   # production moves last
+    assert not (tmp_path / "repo" / CANDIDATE).exists()
+    assert not list(repository.staging_dir(tmp_path / "repo").iterdir())
+    row = journal(tmp_path)
+    assert row["ok"] and row["candidate"] == CANDIDATE and row["passed_at"] <= row["promoted_at"]
+    assert set(row["phases"]) == {"prepare", "load", "validate", "switch", "retire", "promote"}
+
+
+def test_a_refused_candidate_leaves_the_served_model_as_it_was(tmp_path, tiny_model_dir, triton):
+    cfg = DeployConfig()
+    run(tmp_path, cfg, 1, tiny_model_dir)
+    config = (tmp_path / "repo" / MAIN / "config.pbtxt").read_bytes()
+    triton.waits.clear()
+    triton.problems = ["latency 20 ms for 1 prompt(s) exceeds the bound 0 ms"]
+    with pytest.raises(rollout.RolloutRefused, match="exceeds the bound"):
+        run(tmp_path, cfg, 2, tiny_model_dir)
+    assert triton.steps() == [(CANDIDATE, [2]), (CANDIDATE, [])]   # loaded, then taken out and waited for
+    assert all(w["main"]["built"] == [1] for w in triton.waits)
+    assert (tmp_path / "repo" / MAIN / "config.pbtxt").read_bytes() == config    # never rewritten
+    assert not (tmp_path / "repo" / CANDIDATE).exists()
+    row = journal(tmp_path)
+    assert not row["ok"] and row["serving"] == [1] and row["passed_at"] is None and row["promoted_at"] is None
+
+
+def test_a_candidate_a_crashed_rollout_left_is_taken_out_first(tmp_path, tiny_model_dir, triton):
+    cfg = DeployConfig()
+    run(tmp_path, cfg, 1, tiny_model_dir)
+    repo = tmp_path / "repo"
+    left = repository.build_version(repo, cfg, version=7, model_dir=tiny_model_dir, stage=True)
+    candidate = cfg.model_copy(update={"model_name": CANDIDATE})
+    repository.place_model(repo, candidate, version=7, staged=left, versions=[7], request_log=None)
+    triton.loaded[CANDIDATE] = [7]      # the server still holds it
+    triton.waits.clear()
+    assert run(tmp_path, cfg, 2, tiny_model_dir).serving == [2]
+    assert triton.steps()[:2] == [(CANDIDATE, []), (CANDIDATE, [2])]   # version 7 unloaded before 2 loads
+    assert triton.waits[1]["candidate"] == [2]
+
+
+def test_a_failure_after_the_switch_puts_the_old_version_back(tmp_path, tiny_model_dir, triton):
+    cfg = DeployConfig()
+    run(tmp_path, cfg, 1, tiny_model_dir)
+    triton.waits.clear()
+
+    def refuse_alias(v):
+        raise RuntimeError("the registry is down")
+    with pytest.raises(rollout.RolloutRefused, match="moving the production alias failed"):
+        run(tmp_path, cfg, 2, tiny_model_dir, promote=refuse_alias)
+    assert triton.steps()[-1] == (MAIN, [1])
+    assert repository.served_versions(tmp_path / "repo", MAIN) == [1]
+    assert repository.built_versions(tmp_path / "repo", MAIN) == [1]    # its folder taken out after the restore
+    assert journal(tmp_path)["promoted_at"] is not None                  # it had served: the journal says when
+
+
+def test_a_rollback_validates_a_copy_of_the_kept_folder(tmp_path, tiny_model_dir, triton):
+    cfg, repo = DeployConfig(), tmp_path / "repo"
+    run(tmp_path, cfg, 1, tiny_model_dir)
+    run(tmp_path, cfg, 2, tiny_model_dir)
+    assert repository.built_versions(repo, MAIN) == [1, 2]   # version 1's folder is kept for a rollback
+    triton.waits.clear()
+    back = run(tmp_path, cfg, 1, None)
+    assert back.ok and back.serving == [1]
+    assert triton.steps() == [(CANDIDATE, [1]), (CANDIDATE, []), (MAIN, [1, 2]), (MAIN, [1])]
+    assert triton.waits[0]["main"]["built"] == [1, 2]   # the copy, not the kept folder, went to the candidate
+    assert (repository.version_dir(repo, MAIN, 1) / "model.py").is_file()
+    assert not (repo / CANDIDATE).exists()
+
+
+def test_a_refused_first_version_leaves_no_model(tmp_path, tiny_model_dir, triton):
+    triton.problems = ["malformed output"]
     with pytest.raises(rollout.RolloutRefused, match="malformed output"):
-        run(tmp_path, other, 3, tiny_model_dir)
-    assert not (tmp_path / "repo" / "other").exists()
-    assert waits[-1][0] == [] and waits[-1][1] is None  # waited until Triton had unloaded it
-    assert (tmp_path / "repo" / cfg.model_name / "1").is_dir()
+        run(tmp_path, DeployConfig(), 3, tiny_model_dir)
+    assert not (tmp_path / "repo" / MAIN).exists() and not (tmp_path / "repo" / CANDIDATE).exists()
+    assert triton.steps() == [(CANDIDATE, [3]), (CANDIDATE, [])]
