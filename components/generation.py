@@ -56,6 +56,11 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def seeded(self) -> bool:
+        """Sampled under its own seed: its text must not depend on what else is in the batch."""
+        return not self.greedy and self.seed is not None
+
 
 GREEDY = Sampling()
 

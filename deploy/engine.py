@@ -310,7 +310,7 @@ class Engine(Flight):
         """Queue `row`; its deltas and its Final go to `sink`. Busy when `max_queue` requests are in flight,
         EngineFailed when the engine has failed (the request is refused, nothing is queued)."""
         rid = self._admit(row, sink)
-        if row.sampling.seed is not None and not row.sampling.greedy:
+        if row.sampling.seeded:
             self._seeded.put(rid)
             return rid
         s = row.sampling
@@ -325,7 +325,7 @@ class Engine(Flight):
         return rid
 
     def _drop(self, rid: str, req: Request) -> None:
-        if self._manager is not None and not (req.row.sampling.seed is not None and not req.row.sampling.greedy):
+        if self._manager is not None and not req.row.sampling.seeded:
             self._manager.cancel_request(rid)
 
     # --- the engine's threads -----------------------------------------------------------

@@ -9,13 +9,15 @@ and the tools built for them (genai-perf, Triton's OpenAI frontend) work unchang
 
     decoupled, max_batch_size 0: one prompt per request, one or more responses, the last flagged final
     inputs   text_input [1] BYTES; optional stream BOOL, sampling_parameters BYTES (JSON: max_tokens,
-             temperature, top_p, top_k, seed, stop), exclude_input_in_output BOOL, return_finish_reason,
+             temperature, top_p, top_k, seed, stop, logprobs, prompt_logprobs), exclude_input_in_output BOOL,
+             return_finish_reason,
              return_num_input_tokens, return_num_output_tokens BOOL; and the individual max_tokens INT32,
              temperature FP32, top_p FP32, top_k INT32, seed INT64, stop [-1] BYTES (TensorRT-LLM's form;
              a setting sent both ways is refused)
     outputs  text_output (streamed: only the new text of each response), and on the final response
              token_ids BYTES, prompt_tokens, output_tokens INT32, mean_logprob, first_token_ms, decode_ms FP32;
-             finish_reason, num_input_tokens, num_output_tokens when their return_* input asks
+             finish_reason, num_input_tokens, num_output_tokens when their return_* input asks; logprobs,
+             prompt_logprobs BYTES (JSON lists, one entry per token) when sampling_parameters asks
 
 `POST /v2/models/<model>/generate` answers `{"text_input": "...", "max_tokens": 16}` with one JSON
 object; `.../generate_stream` with `"stream": true` sends server-sent events, one per new piece of
@@ -254,7 +256,9 @@ class TritonPythonModel:
 
     def scores(self, parsed, out):
         """The final response's logprobs and prompt_logprobs tensors, when the request asked for them: one forward
-        pass over the prompt and the answer (generation.score_tokens), entries as JSON lists."""
+        pass over the prompt and the answer (generation.score_tokens), entries as JSON lists. It runs on the thread
+        that delivers the final response (the engine's result thread), so such a request delays its neighbours'
+        next tokens by one forward pass over its own tokens."""
         want = {k: parsed[k] for k in ("logprobs", "prompt_logprobs") if parsed[k] is not None}
         if not want:
             return []
@@ -299,7 +303,7 @@ class TritonPythonModel:
                 mean_logprob=float(output.mean_logprob) if output else 0.0,
                 latency_ms=(now - arrived) * 1e3 if arrived else 0.0, status=status, ttft_ms=ttft, tpot_ms=tpot,
                 finish_reason=finish_reason, temperature=float(sampling.temperature),
-                seed="" if sampling.greedy or sampling.seed is None else str(sampling.seed)))
+                seed=str(sampling.seed) if sampling.seeded else ""))
         except OSError as e:  # a full disk must not fail serving; the server log says so
             pb_utils.Logger.log_error(f"request log: {e}")
 
