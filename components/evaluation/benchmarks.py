@@ -5,7 +5,7 @@
     check_tasks(bench, held)                                     # UserError naming a task whose data is not here
     suite = on_folder(model_dir, bench, held)                    # the harness's HF model on lmforge's loaded model
     suite = on_model(model, tokenizer, bench, check_tasks(bench, held.metadata(model_dir)))   # a model already loaded
-    suite = on_endpoint("http://127.0.0.1:8100/v1", "tiny", bench, held)   # the OpenAI-compatible server
+    suite = on_endpoint("http://127.0.0.1:9000/v1", "lmforge", bench, held, tokenizer_dir=model_dir)   # the gateway
     suite.metrics      # {"bench.<task>.<metric>": value, "bench.<task>.<metric>_stderr": its standard error}
     suite.results      # the harness's results JSON (results, n-samples, versions, configs, higher_is_better)
     table(suite.results)   # the harness's own markdown table
@@ -150,14 +150,33 @@ def on_model(model: Any, tokenizer: Any, cfg: BenchmarkConfig, tm: Any) -> Suite
 def on_endpoint(base_url: str, model: str, cfg: BenchmarkConfig, held: HeldOut | None = None, *,
                 tokenizer_dir: Path | None = None) -> Suite:
     """The suite on an OpenAI-compatible server (`base_url` ends in /v1): the harness's local-completions model,
-    text prompts, greedy. Loglikelihood tasks need prompt logprobs (`echo`), which lmforge's gateway does not
-    return: use generation tasks (output_type generate_until) here."""
+    text prompts, greedy. Log-likelihood tasks (multiple choice: lmforge_heldout, GLUE) are scored from the server's
+    prompt log-probs (`echo` with `logprobs`, which lmforge's gateway answers); the harness counts each context's
+    tokens with the served model's tokenizer, `tokenizer_dir` (its folder: the version's, or the model folder). Without
+    one, generation tasks (output_type generate_until) only."""
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
     tm = check_tasks(cfg, held.metadata(tokenizer_dir) if held and tokenizer_dir else None)
-    lm = LocalCompletionsAPI(base_url=base_url.rstrip("/") + "/completions", model=model, tokenizer_backend=None,
-                             tokenized_requests=False, batch_size=1, num_concurrent=cfg.batch_size, max_retries=1)
+    if tokenizer_dir is None and (scored := output_types(tm, cfg.tasks) - {"generate_until"}):
+        raise UserError(CONFIG_KEY, ", ".join(cfg.tasks), f"holds {', '.join(sorted(scored))} tasks, which the harness "
+                        "scores on an endpoint only with the served model's tokenizer (it counts each context's tokens)",
+                        "Pass tokenizer_dir: the served model's folder")
+    lm = LocalCompletionsAPI(base_url=base_url.rstrip("/") + "/completions", model=model,
+                             tokenizer_backend="huggingface" if tokenizer_dir else None,
+                             tokenizer=str(tokenizer_dir) if tokenizer_dir else None, tokenized_requests=False,
+                             batch_size=1, num_concurrent=cfg.batch_size, max_retries=1)
     return evaluate(lm, cfg, tm)
+
+
+def output_types(tm: Any, names: Any) -> set[str]:
+    """The output types of the tasks `names` load (a group's, of each of its tasks): generate_until,
+    multiple_choice, loglikelihood, loglikelihood_rolling."""
+    from lm_eval.tasks import get_task_dict
+
+    def leaves(tasks: dict[Any, Any]) -> Any:
+        for task in tasks.values():
+            yield from leaves(task) if isinstance(task, dict) else [task.config.output_type]
+    return set(leaves(get_task_dict(list(names), tm)))
 
 
 def evaluate(lm: Any, cfg: BenchmarkConfig, tm: Any) -> Suite:

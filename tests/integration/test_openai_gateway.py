@@ -1,8 +1,9 @@
 """The OpenAI-compatible gateway (deploy/openai_api.py) in front of the real tritonserver, driven by the official
 `openai` client: models, completions (whole and streamed), chat on a chat model and its refusal on a completion
-model, a busy model answered 503, bad inputs answered 4xx with the field named while a good stream goes on, a
-dropped stream cancelled in Triton, and the gateway's lifecycle with the deployment (ensure_server, `lmforge
-status`, stop).
+model, a busy model answered 503, bad inputs answered 4xx with the field named while a good stream goes on (and
+bodies that are not UTF-8 JSON, unknown routes and wrong methods in OpenAI's error shape), a dropped stream
+cancelled in Triton, /metrics moved by a completion, and the gateway's lifecycle with the deployment
+(ensure_server, `lmforge status`, a restart on the same fixed port, a port in use, stop).
 
 One server for the module, serving two tiny models: `tiny` (no task recorded: the docstring preset, no chat) and
 `tinychat` (a chat template and a recorded chat task; 12 layers, so that its 200 tokens take a couple of seconds:
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -49,6 +52,7 @@ class Served:
     info: server.ServerInfo
     cfgs: dict[str, DeployConfig]
     gateways: dict[str, gateway.GatewayInfo]
+    folders: dict[str, Path]
 
     def client(self, model: str = "tiny") -> openai.OpenAI:
         return openai.OpenAI(base_url=self.gateways[model].base_url, api_key="unused", max_retries=0, timeout=60)
@@ -66,18 +70,26 @@ def chat_model(src: Path, out: Path) -> Path:
     return out
 
 
+def text_model(src: Path, out: Path) -> Path:
+    """The tiny model with a completion task in its lmforge.json: prompts are read as given, after an eos."""
+    shutil.copytree(src, out)
+    (out / "lmforge.json").write_text(json.dumps({"task": {"kind": "completion", "stop": []}}))
+    return out
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("openai")
     repo = root / "repo"
-    limits = dict(http_port=0, grpc_port=0, metrics_port=0, max_new_tokens=8, max_new_tokens_limit=200,
+    limits = dict(http_port=0, grpc_port=0, metrics_port=0, openai_port=0, max_new_tokens=8, max_new_tokens_limit=200,
                   max_prompt_chars=1000, max_prompt_tokens=48, readiness_timeout_s=120)
-    cfgs = {name: DeployConfig(model_name=name, **limits) for name in ("tiny", "tinychat")}
+    cfgs = {name: DeployConfig(model_name=name, **limits) for name in ("tiny", "tinychat", "tinytext")}
     cfgs["tinychat"] = cfgs["tinychat"].model_copy(update={"max_queue": 1})   # a second request at once is refused
     # seed 2: its greedy chat answer is whole characters ("AAAA..."), streamed as decoded; seed 0's is partial
     # UTF-8 bytes, held back to the end, so a client would see no piece before the answer is done.
     slow = build_tiny_model(root / "slow", hidden=384, layers=12, seed=2)
-    folders = {"tiny": tiny_model_dir, "tinychat": chat_model(slow, root / "chat")}
+    folders = {"tiny": tiny_model_dir, "tinychat": chat_model(slow, root / "chat"),
+               "tinytext": text_model(tiny_model_dir, root / "text")}
     for name, cfg in cfgs.items():   # config.pbtxt before the server starts: it loads what the repository holds
         repository.build_version(repo, cfg, version=1, model_dir=folders[name])
         repository.write_config(repo, cfg, versions=[1], request_log=root / "requests")
@@ -89,7 +101,7 @@ def served(tmp_path_factory, tiny_model_dir):
             client.wait_versions(info.url, name, [1], revision=repository.config_revision(repo, name), timeout=120)
             gateways[name] = gateway.start_gateway(repo, cfg, triton_grpc=info.grpc_url,
                                                    log_path=root / f"gateway-{name}.log", wait=60)
-        yield Served(root, repo, info, cfgs, gateways)
+        yield Served(root, repo, info, cfgs, gateways, folders)
     finally:
         for gw in gateways.values():
             gateway.stop_gateway(gw)
@@ -207,6 +219,62 @@ def test_bad_inputs_are_4xx_naming_the_field_while_a_good_stream_completes(serve
     assert json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_every_4xx_through_the_real_server_has_openais_shape(served):
+    """Bodies FastAPI itself would answer with {"detail": ...}: not UTF-8, not JSON, the wrong content type; an
+    unknown route and a wrong method. Each is OpenAI's error object, and is counted in /metrics by its code."""
+    gw = served.gateways["tiny"]
+    root = gw.base_url.removesuffix("/v1")
+    before = scrape(gw.metrics_url)
+    cases = [("POST", "/v1/completions", {"content": b'{"model": "tiny", "prompt": "caf\xe9"}',
+                                          "headers": {"content-type": "application/json"}}, 400, "invalid_encoding"),
+             ("POST", "/v1/completions", {"content": b"{not json", "headers": {"content-type": "application/json"}},
+              400, "invalid_json"),
+             ("POST", "/v1/completions", {"content": b"prompt=x", "headers": {"content-type": "text/plain"}}, 400,
+              "invalid_content_type"),
+             ("GET", "/v1/engines", {}, 404, "unknown_url"), ("GET", "/v1/completions", {}, 405, "method_not_allowed")]
+    for method, path, kwargs, status, code in cases:
+        r = httpx.request(method, root + path, timeout=10, **kwargs)
+        assert r.status_code == status and list(r.json()) == ["error"], (path, r.text)
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"} and r.json()["error"]["code"] == code
+    after = scrape(gw.metrics_url)
+    assert delta(before, after, "lmforge:request_errors_total", status="400", code="invalid_encoding") == 1
+    assert delta(before, after, "lmforge:http_requests_total", endpoint="other", status="404") == 1
+
+
+def scrape(url: str) -> list:
+    """The samples of a /metrics page, parsed by prometheus_client's own text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(url, timeout=10)
+    assert r.status_code == 200, r.text
+    return [s for family in text_string_to_metric_families(r.text) for s in family.samples]
+
+
+def delta(before: list, after: list, name: str, **labels: str) -> float:
+    def total(samples: list) -> float:
+        return sum(s.value for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return total(after) - total(before)
+
+
+def test_a_completion_moves_the_gateways_metrics(served):
+    gw = served.gateways["tiny"]
+    before = scrape(gw.metrics_url)
+    out = served.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=6)
+    after = scrape(gw.metrics_url)
+    tiny = {"model_name": "tiny"}
+    assert delta(before, after, "lmforge:prompt_tokens_total", **tiny) == out.usage.prompt_tokens
+    assert delta(before, after, "lmforge:generation_tokens_total", **tiny) == out.usage.completion_tokens
+    assert delta(before, after, "lmforge:http_requests_total", endpoint="/v1/completions", status="200") == 1
+    assert delta(before, after, "lmforge:request_success_total", finish_reason=out.choices[0].finish_reason) == 1
+    assert delta(before, after, "lmforge:time_to_first_token_seconds_count", **tiny) == 1
+    assert delta(before, after, "lmforge:e2e_request_latency_seconds_count", **tiny) == 1
+    assert 0 < delta(before, after, "lmforge:time_to_first_token_seconds_sum", **tiny) <= \
+        delta(before, after, "lmforge:e2e_request_latency_seconds_sum", **tiny)
+    tpot = delta(before, after, "lmforge:time_per_output_token_seconds_count", **tiny)
+    assert tpot == (1 if out.usage.completion_tokens >= 2 else 0)
+    assert [s.value for s in after if s.name == "lmforge:num_requests_running"] == [0]
+
+
 # Function signatures for the harness test: each context is the tokenizer's eos, a signature and the docstring
 # opening, as the served `tiny` (the docstring preset) renders a prompt, so both sides read the same tokens.
 SIGNATURES = ("def add(a, b):", "def join(a, *p):", "def split(p):", "def read(path):", "def main():",
@@ -273,11 +341,105 @@ def test_a_harness_task_scores_the_same_on_the_folder_and_through_the_gateway(se
     assert remote[key + "_stderr"] == pytest.approx(local[key + "_stderr"], abs=1e-9)
 
 
+# Held-out records for lmforge_heldout: each question asks which of four docstring summaries follows a signature.
+FUNCTIONS = [("def add(a, b):", "Return the sum of a and b."), ("def join(a, *p):", "Join two or more path parts."),
+             ("def split(p):", "Split a path into head and tail."), ("def read(path):", "Read the whole file as text."),
+             ("def main():", "Run the command line program."), ("def sort(xs, key=None):", "Sort the items in place."),
+             ("def parse(text):", "Parse the text into a tree."), ("def close(self):", "Close the open connection."),
+             ("def size(self):", "Count the bytes held here."), ("def run(cmd):", "Run a shell command and wait.")]
+
+
+def heldout_dataset(folder: Path) -> Path:
+    """A dataset folder whose test split holds FUNCTIONS as records (records/test.jsonl), as the data stage writes."""
+    from lmforge.components.data.records import Record
+
+    records = [Record.from_parts(source="test", module="m", qualname=sig.split("(")[0][4:], signature=sig,
+                                 docstring=doc) for sig, doc in FUNCTIONS]
+    (folder / "records").mkdir(parents=True)
+    (folder / "records" / "test.jsonl").write_text("".join(json.dumps(r.to_dict()) + "\n" for r in records))
+    return folder
+
+
+@pytest.mark.parametrize("name", ["tinytext"])
+def test_lmforge_heldout_scores_the_same_through_the_gateway(served, name, tmp_path):
+    """The shipped log-likelihood task, rendered for the model's task (completion: `tinytext`), scored by the
+    harness's HF model on the folder and by its local-completions model through the gateway (echo + logprobs): the
+    same acc and acc_norm, from the served model's answers."""
+    from lmforge.components.evaluation import benchmarks
+    from lmforge.components.sections.evaluation import BenchmarkConfig
+    from lmforge.components.task import Task
+
+    folder = served.folders[name]
+    held = benchmarks.HeldOut(heldout_dataset(tmp_path / "data"), "test", Task.load(folder))
+    cfg = BenchmarkConfig(tasks=["lmforge_heldout"])
+    local = benchmarks.on_folder(folder, cfg, held).metrics
+    log = RequestLog(served.root / "requests")
+    before = len(log.read(model=name)[0])
+    remote = benchmarks.on_endpoint(served.gateways[name].base_url, name, cfg, held, tokenizer_dir=folder).metrics
+    rows = rows_after(log, before, 4 * len(FUNCTIONS), model=name)
+    assert [row["status"] for row in rows] == ["ok"] * 4 * len(FUNCTIONS)   # one request a choice, all served
+    for metric in ("acc", "acc_norm"):
+        key = f"bench.lmforge_heldout.{metric}"
+        assert remote[key] == pytest.approx(local[key], abs=1e-9), (metric, remote, local)
+
+
+def test_a_log_likelihood_task_on_an_endpoint_without_the_tokenizer_is_refused(served, tmp_path):
+    """The harness counts a context's tokens with the served model's tokenizer: without one, on_endpoint says so before
+    any request, naming the setting and the task's output type."""
+    from lmforge.components.errors import UserError
+    from lmforge.components.evaluation import benchmarks
+    from lmforge.components.sections.evaluation import BenchmarkConfig
+
+    (tmp_path / "mc.jsonl").write_text(json.dumps({"context": "a", "choices": ["b", "c"], "gold": 0}) + "\n")
+    spec = {"task": "lmforge_mc_probe", "dataset_path": "json", "output_type": "multiple_choice",
+            "dataset_kwargs": {"data_files": {"test": str(tmp_path / "mc.jsonl")}}, "test_split": "test",
+            "doc_to_text": "{{context}}", "doc_to_choice": "{{choices}}", "doc_to_target": "gold",
+            "metric_list": [{"metric": "acc"}]}
+    (tmp_path / "mc.yaml").write_text(json.dumps(spec))
+    log = RequestLog(served.root / "requests")
+    before = len(log.read(model="tinytext")[0])
+    cfg = BenchmarkConfig(tasks=["lmforge_mc_probe"], include_path=str(tmp_path))
+    with pytest.raises(UserError) as e:
+        benchmarks.on_endpoint(served.gateways["tinytext"].base_url, "tinytext", cfg)
+    assert e.value.what == "evaluation.benchmarks.tasks" and "multiple_choice" in str(e.value)
+    assert "tokenizer_dir" in str(e.value)
+    assert len(log.read(model="tinytext")[0]) == before
+
+
+def test_the_documented_lm_eval_command_scores_what_the_folder_scores(served, tmp_path):
+    """docs/stages/evaluate.md's `lm_eval --model local-completions ...` command, run as written (the harness's own
+    command line, offline), against the gateway: lmforge_heldout's acc is the folder's."""
+    from lmforge.components.evaluation import benchmarks
+    from lmforge.components.sections.evaluation import BenchmarkConfig
+    from lmforge.components.task import Task
+
+    folder = served.folders["tinytext"]
+    held = benchmarks.HeldOut(heldout_dataset(tmp_path / "data"), "test", Task.load(folder))
+    local = benchmarks.on_folder(folder, BenchmarkConfig(tasks=["lmforge_heldout"]), held).metrics
+    args = [f"model=tinytext,base_url={served.gateways['tinytext'].base_url}/completions,tokenizer={folder},"
+            "tokenizer_backend=huggingface,tokenized_requests=False",
+            str(benchmarks.SHIPPED), json.dumps(held.metadata(folder))]
+    cmd = [str(Path(sys.executable).with_name("lm_eval")), "run", "--model", "local-completions", "--model_args",
+           args[0], "--tasks", "lmforge_heldout", "--include_path", args[1], "--metadata", args[2],
+           "--output_path", str(tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(next((tmp_path / "out").rglob("results_*.json")).read_text())["results"]["lmforge_heldout"]
+    assert results["acc,none"] == pytest.approx(local["bench.lmforge_heldout.acc"], abs=1e-9), (results, local)
+
+
 def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
-    """ensure_server reuses the running server and starts the gateway; status names it; stop stops both. Last."""
+    """ensure_server reuses the running server and starts the gateway on deploy.openai_port; status names its base
+    and metrics URLs; a gateway restarted comes back on the same base URL, one on a port in use is refused naming
+    the setting; stop stops both. Last."""
+    from lmforge.cli.status import deployment_rows
+    from lmforge.components.errors import UserError
+    from lmforge.components.runtime.ports import free_port
+
     ws = Workspace(tmp_path / "ws").ensure()
     ws.triton.mkdir(parents=True, exist_ok=True)
-    cfg = served.cfgs["tiny"]
+    cfg = served.cfgs["tiny"].model_copy(update={"openai_port": free_port()})   # a fixed port, as the default is
     server.write_state(ws, served.info, model=cfg.model_name, version=1)
     os.environ[PLANTED[0]] = PLANTED[1]   # a credential in the caller's environment must not reach the gateway
     try:
@@ -286,14 +448,26 @@ def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
         del os.environ[PLANTED[0]]
     assert info == served.info
     gw = gateway.from_state(server.read_state(ws))
-    assert gw is not None and gateway.is_running(gw)
+    assert gw is not None and gateway.is_running(gw) and gw.port == cfg.openai_port
     assert PLANTED[1] not in Path(f"/proc/{gw.pid}/environ").read_text(errors="replace")
-    from lmforge.cli.status import deployment_rows
-
-    assert deployment_rows(ws)[0]["openai"] == gw.base_url == f"http://{cfg.host}:{gw.port}/v1"
+    row = deployment_rows(ws)[0]
+    assert row["openai"] == gw.base_url == f"http://{cfg.host}:{cfg.openai_port}/v1"
+    assert row["openai_metrics"] == gw.metrics_url == f"http://{cfg.host}:{cfg.openai_port}/metrics"
+    assert scrape(gw.metrics_url)
     assert deploy_service.ensure_gateway(ws, cfg, info) == gw   # running: reused
-    assert httpx.get(gw.base_url + "/models", timeout=10).json()["data"][0]["id"] == "tiny"
+
+    other = Workspace(tmp_path / "other").ensure()   # a second deployment asking for the same port
+    other.triton.mkdir(parents=True, exist_ok=True)
+    server.write_state(other, served.info, model=cfg.model_name, version=1)
+    with pytest.raises(UserError) as e:
+        deploy_service.ensure_gateway(other, cfg, info)
+    assert e.value.what == "deploy.openai_port" and "already in use" in str(e.value)
+
+    gateway.stop_gateway(gw)   # a restart: the same base URL
+    again = deploy_service.ensure_gateway(ws, cfg, info)
+    assert again.pid != gw.pid and again.base_url == gw.base_url
+    assert httpx.get(again.base_url + "/models", timeout=10).json()["data"][0]["id"] == "tiny"
     result = deploy_service.stop(ws)
     assert result["stopped"] and result["openai_stopped"]
-    assert not gateway.is_running(gw) and not server.is_running(served.info)
-    assert deployment_rows(ws)[0]["openai"] is None
+    assert not gateway.is_running(again) and not server.is_running(served.info)
+    assert deployment_rows(ws)[0]["openai"] is None and deployment_rows(ws)[0]["openai_metrics"] is None
