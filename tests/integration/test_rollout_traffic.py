@@ -4,8 +4,8 @@ one passes. The request log says which model and version answered each request: 
 client's (the gateway names no version, and Triton gives such a request the model's highest ready version) before it
 passed its gate and was switched in, and every request the client sent succeeded, across the switch too.
 
-One server and one gateway for the module, version 1 (the tiny model, seed 0) serving; version 2 is the tiny model
-with seed 1. The tests run in order: the refusal, then the rollout that passes.
+One server and one gateway for the module, version 1 (the tiny model, seed 0) serving from the start; version 2 is
+the tiny model with seed 1. The tests run in order: the refusal, then the rollout that passes.
 """
 
 from __future__ import annotations
@@ -109,11 +109,15 @@ def served(tmp_path_factory, tiny_model_dir):
     cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, openai_port=0, max_new_tokens=8,
                        max_prompt_chars=1000, max_prompt_tokens=64, validation_prompts=len(VALIDATION),
                        readiness_timeout_s=120)
+    # Version 1 is in the repository before the server starts (it loads what it finds): the gate is what's tested
+    # below, not needed here.
+    repository.build_version(root / "repo", cfg, version=1, model_dir=tiny_model_dir)
+    revision = repository.write_config(root / "repo", cfg, versions=[1], request_log=root / "requests")
     info = server.start_server(root / "repo", cfg, log_path=root / "server.log")
     s = Served(root, cfg, info, build_tiny_model(root / "v2", seed=1))
     try:
         server.wait_ready(info, timeout=120)
-        assert s.rollout(1, tiny_model_dir).serving == [1]
+        client.wait_versions(info.url, MODEL, [1], revision=revision, timeout=120)
         s.gateway = gateway.start_gateway(s.repo, cfg, triton_grpc=info.grpc_url, log_path=root / "gateway.log",
                                           wait=60)
         yield s
