@@ -74,10 +74,13 @@ class ApiError(Exception):
 
 
 def triton_error(message: str, *, prompt_param: str = "prompt") -> ApiError:
-    """The model's error as an ApiError: busy (UNAVAILABLE) 503, failed generation (INTERNAL) 500, else a bad request
-    (INVALID_ARG) 400 whose param is the setting the message starts with (text_input: the prompt or messages)."""
+    """The model's error as an ApiError: busy or its engine failed (UNAVAILABLE) 503, failed generation (INTERNAL) 500,
+    else a bad request (INVALID_ARG) 400 whose param is the setting the message starts with (text_input: the prompt
+    or messages)."""
     if " is busy: " in message:
         return ApiError(503, message, code="model_busy", kind="server_error")
+    if " is not ready: " in message:
+        return ApiError(503, message, code="model_not_ready", kind="server_error")
     if message.startswith("generation failed"):
         return ApiError(500, message, code="generation_failed", kind="server_error")
     m = re.match(r"(?:sampling_parameters\.)?(\w+)", message)

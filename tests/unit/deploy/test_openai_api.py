@@ -185,6 +185,8 @@ def test_an_unknown_model_is_404(tmp_path):
     ("sampling_parameters.top_p is 'x'; it must be a number", 400, "top_p"),
     ("text_input[0] is empty; send some text", 400, "prompt"),
     (BUSY, 503, None),
+    ("lmforge v1 is not ready: the engine's batching loop died (RuntimeError: boom); restart the server or roll out "
+     "again (lmforge run deploy)", 503, None),
     ("generation failed: CUDA out of memory", 500, None),
 ])
 def test_model_errors_keep_their_message_and_get_openais_status(tmp_path, stream, message, status, param):
