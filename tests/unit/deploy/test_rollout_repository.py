@@ -11,7 +11,8 @@ import json
 import pytest
 
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import client, repository, rollout
+from lmforge.deploy import client, openai_api, repository, rollout
+from lmforge.deploy import service as deploy_service
 
 MAIN, CANDIDATE = "lmforge", "lmforge-candidate"
 
@@ -32,7 +33,8 @@ class FakeTriton:
 
     def validate(self, url, cfg, version, prompts):
         self.validated.append({"model": cfg.model_name, "version": version, "main": self.main(),
-                               "candidate": repository.built_versions(self.repo, CANDIDATE)})
+                               "candidate": repository.built_versions(self.repo, CANDIDATE),
+                               "task_kind": openai_api.task_kind(self.repo, MAIN)})
         return list(self.problems), []
 
     def main(self):
@@ -75,6 +77,15 @@ def test_a_refused_pre_flight_never_reaches_the_repository(tmp_path, tiny_model_
     assert not list(repository.staging_dir(tmp_path / "repo").iterdir())
 
 
+def with_task(model_dir, out, kind):
+    """A copy of the tiny model whose lmforge.json records a task kind (what the gateway's chat check reads)."""
+    import shutil
+
+    shutil.copytree(model_dir, out)
+    (out / "lmforge.json").write_text(json.dumps({"task": {"kind": kind, "stop": []}}))
+    return out
+
+
 def test_the_candidate_is_validated_under_its_own_model_and_the_served_one_changes_only_after(tmp_path, tiny_model_dir,
                                                                                              triton):
     cfg, promoted = DeployConfig(), []
@@ -82,7 +93,8 @@ def test_the_candidate_is_validated_under_its_own_model_and_the_served_one_chang
     first = triton.steps()
     triton.waits.clear()
     triton.validated.clear()
-    result = run(tmp_path, cfg, 2, tiny_model_dir, promote=lambda v: promoted.append((v, triton.main())))
+    completion = with_task(tiny_model_dir, tmp_path / "v2", "completion")
+    result = run(tmp_path, cfg, 2, completion, promote=lambda v: promoted.append((v, triton.main())))
     # Nothing served at first: validated as the candidate too, then the served model enters whole with it alone.
     assert first == [(CANDIDATE, [1]), (CANDIDATE, []), (MAIN, [1])]
 
@@ -94,10 +106,12 @@ def test_the_candidate_is_validated_under_its_own_model_and_the_served_one_chang
     loading, unloading, switching, retiring = triton.waits
     before = loading["main"]
     assert before["served"] == [1] and before["built"] == [1] and loading["candidate"] == [2]
-    assert triton.validated == [{"model": CANDIDATE, "version": 2, "main": before, "candidate": [2]}]
+    # What the gateway's task-kind lookup reads is still version 1's (which records none) while 2 is validated.
+    assert triton.validated == [{"model": CANDIDATE, "version": 2, "main": before, "candidate": [2], "task_kind": None}]
     assert unloading["main"] == before and unloading["candidate"] == []     # the served model still untouched
     assert switching["main"]["built"] == [1, 2] and switching["revision"] == switching["main"]["revision"]
     assert retiring["main"]["served"] == [2] and promoted == [(2, retiring["main"])]   # production moves last
+    assert openai_api.task_kind(tmp_path / "repo", MAIN) == "completion"
     assert not (tmp_path / "repo" / CANDIDATE).exists()
     assert not list(repository.staging_dir(tmp_path / "repo").iterdir())
     row = journal(tmp_path)
@@ -170,3 +184,21 @@ def test_a_refused_first_version_leaves_no_model(tmp_path, tiny_model_dir, trito
         run(tmp_path, DeployConfig(), 3, tiny_model_dir)
     assert not (tmp_path / "repo" / MAIN).exists() and not (tmp_path / "repo" / CANDIDATE).exists()
     assert triton.steps() == [(CANDIDATE, [3]), (CANDIDATE, [])]
+
+
+def test_a_new_server_never_loads_a_candidate_a_crashed_rollout_left(tmp_path, tiny_model_dir, monkeypatch):
+    """Poll mode loads the whole repository at start: ensure_server takes the candidate model out first."""
+    from lmforge.components.workspace import Workspace
+
+    ws = Workspace(tmp_path / "ws").ensure()
+    cfg, repo = DeployConfig(openai=False), deploy_service.repo_dir(ws)
+    left = repository.build_version(repo, cfg, version=7, model_dir=tiny_model_dir, stage=True)
+    repository.place_model(repo, cfg.model_copy(update={"model_name": CANDIDATE}), version=7, staged=left,
+                           versions=[7], request_log=None)
+    seen = []
+    monkeypatch.setattr(deploy_service, "running_server", lambda ws: None)
+    monkeypatch.setattr(deploy_service, "start_server",
+                        lambda repo, cfg, **kw: seen.append(sorted(p.name for p in repo.iterdir())) or "info")
+    monkeypatch.setattr(deploy_service, "write_state", lambda *a, **kw: None)
+    assert deploy_service.ensure_server(ws, cfg) == "info"
+    assert seen == [[]]
