@@ -1,6 +1,8 @@
 """The real tritonserver on loopback: a decoupled model with continuous batching and token streaming, one
 generation path, no model control from clients (and no secret in its command line or environment), the bad-input
-list (HTTP 400), the queue limit (503 / UNAVAILABLE), cancellation, the rollout gate and rollback.
+list (HTTP 400), the queue limit (503 / UNAVAILABLE), cancellation, the rollout gate (the candidate loaded and
+validated as its own model, `lmforge-candidate`) and rollback; users' traffic during a rollout:
+tests/integration/test_rollout_traffic.py.
 
 One server for the module (started once, always stopped); the tests run in order and
 each leaves version 1 or its successor serving. The last test breaks readiness on
@@ -425,7 +427,11 @@ def test_gate_refuses_a_version_that_fails_validation(dep, tiny_model_dir):
     with pytest.raises(RolloutRefused, match="exceeds the bound"):
         dep.rollout(3, tiny_model_dir, cfg=strict)
     assert dep.serving() == [1] and dep.promoted == [1]
-    assert client.ready_versions(dep.info.url, dep.cfg.model_name).get(1)
+    assert client.ready_versions(dep.info.url, dep.cfg.model_name) == {1: True}   # 3 never loaded beside it
+    candidate = repository.candidate_model(dep.cfg.model_name)   # where it was loaded and validated
+    last = json.loads(dep.journal.read_text().splitlines()[-1])
+    assert last["candidate"] == candidate and last["checks"] and last["promoted_at"] is None
+    assert client.ready_versions(dep.info.url, candidate) == {} and not (dep.repo / candidate).exists()
     assert server.is_ready(dep.info)  # the candidate was unloaded cleanly
 
 
@@ -433,8 +439,10 @@ def test_rollout_of_a_new_version_then_rollback(dep, tmp_path):
     other = build_tiny_model(tmp_path / "other", seed=1)
     result = dep.rollout(4, other)
     assert result.ok and result.previous == [1] and result.serving == [4] and dep.promoted == [1, 4]
+    assert result.passed_at < result.promoted_at   # validated as the candidate, then switched into the served model
     ready = client.ready_versions(dep.info.url, dep.cfg.model_name)
     assert ready.get(4) and not ready.get(1)  # the old version was unloaded after the gate passed
+    assert client.ready_versions(dep.info.url, repository.candidate_model(dep.cfg.model_name)) == {}
     assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
 
     back = dep.rollout(1, None)  # rollback: version 1's folder is still in the repository
