@@ -10,6 +10,7 @@
     gen, pieces = stream_endpoint_generate("127.0.0.1:8000", "Hi")                  # the same, as one Generation
     ready_versions("127.0.0.1:8000", "lmforge")                                     # {3: True}
     wait_versions("127.0.0.1:8000", "lmforge", [2, 3], revision=rev, timeout=180)   # after write_config
+    wait_unloaded("127.0.0.1:8000", "lmforge-candidate", repo / "lmforge-candidate", timeout=180)   # after its removal
 
 The served model is decoupled and speaks vLLM's Triton contract (deploy/model.py): one prompt per
 request, `text_input` in, `text_output` out, settings as `sampling_parameters` JSON or one input
@@ -27,6 +28,7 @@ to load.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import time
 import urllib.error
@@ -340,6 +342,40 @@ def wait_versions(url: str, model: str, versions: list[int], *, revision: str | 
             raise RequestFailed(f"{model!r} did not serve versions {sorted(want)} within {timeout:.0f} s "
                                 f"(config {'picked up' if applied else 'not picked up yet'}; states {states})")
         time.sleep(0.25)
+
+
+def wait_unloaded(url: str, model: str, model_dir: str | os.PathLike[str], *, timeout: float) -> None:
+    """Wait until the server serves no version of `model`, whose folder `model_dir` lmforge has taken out of the
+    repository, and no python-backend stub started from that folder runs on this host any more (the stub holds the
+    model's memory until it exits); RequestFailed when `timeout` s pass first.
+
+    Not the server's readiness: with strict readiness, a model that once failed to load keeps the server not ready
+    until it restarts, whatever else loads or unloads; and the repository index drops a removed model at once, while
+    it is still unloading. The stubs are found by their command line, which names the model.py they run."""
+    prefix = os.path.join(os.path.realpath(model_dir), "")
+    deadline = time.monotonic() + timeout
+    while True:
+        running = served_revision(url, model) is not None
+        stubs = [] if running else _stubs_under(prefix)
+        if not running and not stubs:
+            return
+        if time.monotonic() > deadline:
+            raise RequestFailed(f"{model!r} was not unloaded within {timeout:.0f} s ("
+                                + ("still served" if running else f"stub processes {stubs} still run") + ")")
+        time.sleep(0.25)
+
+
+def _stubs_under(prefix: str) -> list[int]:
+    """Pids of python-backend stubs on this host whose model.py is under the folder `prefix`."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "python_backend_stub" in (proc.info["name"] or "") and len(cmd) > 1 and \
+                os.path.realpath(cmd[1]).startswith(prefix):
+            pids.append(proc.pid)
+    return pids
 
 
 def _server_ready(url: str) -> bool:

@@ -188,11 +188,9 @@ def clear_candidate(url: str, repo: Path, cfg: DeployConfig) -> None:
 
 def _drop_candidate(url: str, repo: Path, name: str, timeout: float) -> None:
     """Take candidate model `name` out of the repository; wait until Triton has unloaded what it had loaded of it
-    (one that failed to load holds nothing)."""
-    loaded = any(client.ready_versions(url, name).values())
+    (at once for one that failed to load: it holds nothing)."""
     remove_model(repo, name)
-    if loaded:
-        client.wait_versions(url, name, [], revision=None, timeout=timeout)
+    client.wait_unloaded(url, name, model_root(repo, name), timeout=timeout)
 
 
 class _Gate:
@@ -266,7 +264,8 @@ class _Gate:
         self.staged = take_version(self.repo, self.candidate.model_name, self.version)
         self.in_candidate = False
         try:   # unloaded before the second copy loads: never three copies in memory
-            self._wait(self.candidate.model_name, [], None)
+            client.wait_unloaded(self.url, self.candidate.model_name, model_root(self.repo, self.candidate.model_name),
+                                 timeout=self.cfg.readiness_timeout_s)
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"Triton did not unload {self.candidate.model_name}: {str(e)[:300]}") from None
         if self.version in self.current:   # its folder already serves there

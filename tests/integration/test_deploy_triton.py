@@ -5,8 +5,8 @@ validated as its own model, `lmforge-candidate`) and rollback; users' traffic du
 tests/integration/test_rollout_traffic.py.
 
 One server for the module (started once, always stopped); the tests run in order and
-each leaves version 1 or its successor serving. The last test breaks readiness on
-purpose (a version that fails to load in Triton), so it stays last.
+each leaves version 1 or its successor serving. The last two tests break readiness on
+purpose (a version that fails to load in Triton), so they stay last.
 """
 
 from __future__ import annotations
@@ -500,6 +500,30 @@ def test_the_deploy_stage_serves_the_onnx_export_with_the_torch_tokens_and_the_s
     finally:
         server.stop_server(info)
     assert server.is_ready(dep.info) and dep.serving() == [1]
+
+
+def test_a_candidate_that_fails_to_load_in_triton_is_refused_and_the_next_one_still_rolls_out(dep, tiny_model_dir,
+                                                                                              tmp_path, monkeypatch):
+    """A version that fails to load in the server though it passed the pre-flight (here the pre-flight is skipped
+    and its weights are broken) is refused while version 1 serves on. Triton keeps the failure, and with it the
+    server's strict readiness false, until it restarts: the next rollout must see its own candidate unloaded without
+    asking the server's readiness."""
+    from lmforge.deploy import rollout as rollout_module
+
+    monkeypatch.setattr(rollout_module, "preflight", lambda folder, prompt: None)
+    promoted = list(dep.promoted)
+    with pytest.raises(RolloutRefused, match="version 6 was refused: Triton could not load it: .*SafetensorError"):
+        dep.rollout(6, broken_copy(tiny_model_dir, tmp_path / "bad"))
+    assert dep.serving() == [1] and dep.promoted == promoted
+    assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
+    assert not server.is_ready(dep.info) and server.is_live(dep.info)   # Triton's doing, kept until a restart
+
+    quick = dep.cfg.model_copy(update={"readiness_timeout_s": 60})
+    result = dep.rollout(7, build_tiny_model(tmp_path / "seven", seed=2), cfg=quick)
+    assert result.ok and result.serving == [7] and dep.promoted == [*promoted, 7]
+    assert client.ready_versions(dep.info.url, dep.cfg.model_name)[7]
+    assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
+    assert dep.rollout(1, None, cfg=quick).serving == [1]   # back to 1, which the next test builds on
 
 
 def test_a_version_that_fails_to_load_leaves_the_server_live_and_the_others_serving(dep):

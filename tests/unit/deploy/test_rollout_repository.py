@@ -31,6 +31,10 @@ class FakeTriton:
         self.loaded[model] = list(versions)
         return {v: "READY" for v in versions}
 
+    def wait_unloaded(self, url, model, model_dir, *, timeout):
+        assert model_dir == self.repo / model and not model_dir.exists()   # waited for once its folder is out
+        self.wait_versions(url, model, [], revision=None, timeout=timeout)
+
     def validate(self, url, cfg, version, prompts):
         self.validated.append({"model": cfg.model_name, "version": version, "main": self.main(),
                                "candidate": repository.built_versions(self.repo, CANDIDATE),
@@ -50,6 +54,7 @@ class FakeTriton:
 def triton(tmp_path, monkeypatch):
     fake = FakeTriton(tmp_path / "repo")
     monkeypatch.setattr(client, "wait_versions", fake.wait_versions)
+    monkeypatch.setattr(client, "wait_unloaded", fake.wait_unloaded)
     monkeypatch.setattr(client, "ready_versions", lambda url, model: dict.fromkeys(fake.loaded.get(model, []), True))
     monkeypatch.setattr(rollout, "validate", fake.validate)
     monkeypatch.setattr(rollout, "preflight", lambda folder, prompt: None)
@@ -202,3 +207,41 @@ def test_a_new_server_never_loads_a_candidate_a_crashed_rollout_left(tmp_path, t
     monkeypatch.setattr(deploy_service, "write_state", lambda *a, **kw: None)
     assert deploy_service.ensure_server(ws, cfg) == "info"
     assert seen == [[]]
+
+
+class Proc:
+    def __init__(self, pid, name, cmdline):
+        self.pid, self.info = pid, {"name": name, "cmdline": cmdline}
+
+
+def test_a_removed_candidate_counts_as_unloaded_once_unserved_and_its_stubs_have_exited(tmp_path, monkeypatch):
+    """client.wait_unloaded, with the server's answers and the host's processes scripted: the server's readiness is
+    not asked (a model that once failed to load keeps it false), and another repository's stub does not count."""
+    import psutil
+
+    folder = tmp_path / "repo" / CANDIDATE
+    stub = "triton_python_backend_stub"
+    ours = Proc(11, stub, ["/venv/stub", str(folder / "3" / "model.py"), "shm", "1"])
+    theirs = Proc(12, stub, ["/venv/stub", str(tmp_path / "other" / CANDIDATE / "3" / "model.py"), "shm", "1"])
+    other = Proc(13, "python", ["python", str(folder / "3" / "model.py")])   # not a stub
+    frames = iter([("r1", [ours, theirs]), (None, [ours, theirs, other]), (None, [theirs, other])])
+    frame = {}
+
+    def served_revision(url, model):
+        assert model == CANDIDATE
+        frame["now"] = next(frames)
+        return frame["now"][0]
+    monkeypatch.setattr(client, "served_revision", served_revision)
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: iter(frame["now"][1]))
+    monkeypatch.setattr(client, "_server_ready", lambda url: pytest.fail("readiness must not be asked"))
+    monkeypatch.setattr(client.time, "sleep", lambda s: None)
+    client.wait_unloaded("h:1", CANDIDATE, folder, timeout=30)
+    with pytest.raises(StopIteration):
+        next(frames)            # it returned at the third look, not before
+
+    frame["now"] = (None, [ours])
+    monkeypatch.setattr(client, "served_revision", lambda url, model: None)
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(client.time, "monotonic", lambda: next(clock))
+    with pytest.raises(client.RequestFailed, match=r"not unloaded within 20 s \(stub processes \[11\] still run\)"):
+        client.wait_unloaded("h:1", CANDIDATE, folder, timeout=20)
