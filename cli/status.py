@@ -131,6 +131,9 @@ def render_status(ws: Workspace, console: Console) -> None:
         for row in rows:
             table.add_row(*(_cell(k, v) for k, v in row.items()))
         console.print(table)
+    for row in status["deployments"]:   # whole, however narrow the terminal: the table's cells may be cut
+        if row.get("openai"):
+            console.print(f"OpenAI-compatible API: {row['openai']}  metrics: {row['openai_metrics']}", soft_wrap=True)
 
 
 def _cell(key: str, value: Any) -> str:

@@ -433,7 +433,9 @@ def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
     """ensure_server reuses the running server and starts the gateway on deploy.openai_port; status names its base
     and metrics URLs; a gateway restarted comes back on the same base URL, one on a port in use is refused naming
     the setting; stop stops both. Last."""
-    from lmforge.cli.status import deployment_rows
+    from rich.console import Console
+
+    from lmforge.cli.status import deployment_rows, render_status
     from lmforge.components.errors import UserError
     from lmforge.components.runtime.ports import free_port
 
@@ -453,6 +455,9 @@ def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
     row = deployment_rows(ws)[0]
     assert row["openai"] == gw.base_url == f"http://{cfg.host}:{cfg.openai_port}/v1"
     assert row["openai_metrics"] == gw.metrics_url == f"http://{cfg.host}:{cfg.openai_port}/metrics"
+    console = Console(width=60, record=True)   # `lmforge status` in a narrow terminal: the URLs whole, on one line
+    render_status(ws, console)
+    assert f"OpenAI-compatible API: {gw.base_url}  metrics: {gw.metrics_url}" in console.export_text()
     assert scrape(gw.metrics_url)
     assert deploy_service.ensure_gateway(ws, cfg, info) == gw   # running: reused
 
