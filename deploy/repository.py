@@ -321,15 +321,25 @@ def take_version(repo: Path, model_name: str, version: int) -> Path:
 
 def stage_copy(repo: Path, model_name: str, version: int) -> Path:
     """A copy of a version folder that is in the repository, made in the staging area (to load it under another
-    model's name without touching the folder its own model may load)."""
+    model's name without touching the folder its own model may load). Its files are hard links where the file
+    system allows (the staging area is beside the repository): no weights are copied, and nothing in a version
+    folder is written in place."""
     private_repository(repo)
     tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{model_name}.{version}."))
     try:
-        shutil.copytree(version_dir(repo, model_name, version), tmp, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(version_dir(repo, model_name, version), tmp, symlinks=True, dirs_exist_ok=True,
+                        copy_function=_link_or_copy)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return tmp
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:   # a file system without hard links
+        shutil.copy2(src, dst)
 
 
 def discard_staged(repo: Path, staged: Path) -> None:

@@ -242,3 +242,5 @@ def test_a_copy_of_a_kept_version_is_staged_and_the_original_stays(tmp_path, tin
     assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == \
         sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))     # __pycache__ blockers included
     assert (folder / "model.py").is_file()
+    weights = "model/model.safetensors"
+    assert (copy / weights).stat().st_ino == (folder / weights).stat().st_ino   # linked, not copied
