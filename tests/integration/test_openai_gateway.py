@@ -13,6 +13,7 @@ test stops the server through service.stop, so it stays last.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -429,17 +430,34 @@ def test_the_documented_lm_eval_command_scores_what_the_folder_scores(served, tm
     assert results["acc,none"] == pytest.approx(local["bench.lmforge_heldout.acc"], abs=1e-9), (results, local)
 
 
+@contextlib.contextmanager
+def gateways_stopped(*workspaces: Workspace):
+    """Whatever gateway the workspaces' state files record is stopped on leaving, also when an assertion failed."""
+    try:
+        yield
+    finally:
+        for ws in workspaces:
+            recorded = gateway.from_state(server.read_state(ws))
+            if recorded is not None:
+                gateway.stop_gateway(recorded)
+
+
 def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
     """ensure_server reuses the running server and starts the gateway on deploy.openai_port; status names its base
     and metrics URLs; a gateway restarted comes back on the same base URL, one on a port in use is refused naming
     the setting; stop stops both. Last."""
+    ws, other = Workspace(tmp_path / "ws").ensure(), Workspace(tmp_path / "other").ensure()
+    with gateways_stopped(ws, other):
+        check_gateway_lifecycle(served, ws, other)
+
+
+def check_gateway_lifecycle(served: Served, ws: Workspace, other: Workspace) -> None:
     from rich.console import Console
 
     from lmforge.cli.status import deployment_rows, render_status
     from lmforge.components.errors import UserError
     from lmforge.components.runtime.ports import free_port
 
-    ws = Workspace(tmp_path / "ws").ensure()
     ws.triton.mkdir(parents=True, exist_ok=True)
     cfg = served.cfgs["tiny"].model_copy(update={"openai_port": free_port()})   # a fixed port, as the default is
     server.write_state(ws, served.info, model=cfg.model_name, version=1)
@@ -461,8 +479,7 @@ def test_the_gateway_starts_and_stops_with_the_deployment(served, tmp_path):
     assert scrape(gw.metrics_url)
     assert deploy_service.ensure_gateway(ws, cfg, info) == gw   # running: reused
 
-    other = Workspace(tmp_path / "other").ensure()   # a second deployment asking for the same port
-    other.triton.mkdir(parents=True, exist_ok=True)
+    other.triton.mkdir(parents=True, exist_ok=True)   # a second deployment asking for the same port
     server.write_state(other, served.info, model=cfg.model_name, version=1)
     with pytest.raises(UserError) as e:
         deploy_service.ensure_gateway(other, cfg, info)

@@ -554,9 +554,14 @@ def test_another_gateway_on_the_port_is_not_taken_for_this_one(tmp_path, monkeyp
     monkeypatch.setattr(gateway, "port_in_use", lambda host, port: False)
     with uvicorn_serving(other) as port:
         started = time.monotonic()
-        with pytest.raises(UserError) as e:
-            gateway.start_gateway(repo, gateway_cfg(port), triton_grpc="127.0.0.1:1",
-                                  log_path=tmp_path / "gw.log", wait=60)
-    assert e.value.what == "deploy.openai_port" and e.value.value == port, e.value
+        try:
+            gw = gateway.start_gateway(repo, gateway_cfg(port), triton_grpc="127.0.0.1:1",
+                                       log_path=tmp_path / "gw.log", wait=60)
+        except UserError as error:
+            e = error
+        else:
+            gateway.stop_gateway(gw)   # nothing of this test's left running
+            pytest.fail(f"the gateway on port {port} was taken for the one this launch started (pid {gw.pid})")
+    assert e.what == "deploy.openai_port" and e.value == port, e
     assert "address already in use" in (tmp_path / "gw.log").read_text().lower()
     assert time.monotonic() - started < 30
