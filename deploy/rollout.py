@@ -340,7 +340,7 @@ def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], reques
         client.wait_versions(url, cfg.model_name, current, revision=revision, timeout=cfg.readiness_timeout_s)
     else:  # nothing served before: the model's folder goes, and Triton unloads whatever it had loaded of it
         remove_model(repo, cfg.model_name)
-        client.wait_versions(url, cfg.model_name, [], revision=None, timeout=cfg.readiness_timeout_s)
+        client.wait_unloaded(url, cfg.model_name, model_root(repo, cfg.model_name), timeout=cfg.readiness_timeout_s)
 
 
 def _record(journal: Path, result: RolloutResult, start: float) -> RolloutResult:

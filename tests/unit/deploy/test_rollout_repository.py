@@ -26,6 +26,11 @@ class FakeTriton:
         self.problems: list[str] = []
 
     def wait_versions(self, url, model, versions, *, revision, timeout):
+        # A removed model's unload is not seen through the server's readiness (a failed load keeps it false).
+        assert versions, "a removed model is waited for with client.wait_unloaded"
+        self._record(model, versions, revision)
+
+    def _record(self, model, versions, revision):
         self.waits.append({"model": model, "versions": list(versions), "revision": revision,
                            "main": self.main(), "candidate": repository.built_versions(self.repo, CANDIDATE)})
         self.loaded[model] = list(versions)
@@ -33,7 +38,7 @@ class FakeTriton:
 
     def wait_unloaded(self, url, model, model_dir, *, timeout):
         assert model_dir == self.repo / model and not model_dir.exists()   # waited for once its folder is out
-        self.wait_versions(url, model, [], revision=None, timeout=timeout)
+        self._record(model, [], None)
 
     def validate(self, url, cfg, version, prompts):
         self.validated.append({"model": cfg.model_name, "version": version, "main": self.main(),
@@ -167,6 +172,15 @@ def test_a_failure_after_the_switch_puts_the_old_version_back(tmp_path, tiny_mod
     assert repository.served_versions(tmp_path / "repo", MAIN) == [1]
     assert repository.built_versions(tmp_path / "repo", MAIN) == [1]    # its folder taken out after the restore
     assert journal(tmp_path)["promoted_at"] is not None                  # it had served: the journal says when
+
+
+def test_a_first_version_refused_after_the_switch_leaves_no_model(tmp_path, tiny_model_dir, triton):
+    def refuse_alias(v):
+        raise RuntimeError("the registry is down")
+    with pytest.raises(rollout.RolloutRefused, match="moving the production alias failed"):
+        run(tmp_path, DeployConfig(), 1, tiny_model_dir, promote=refuse_alias)
+    assert triton.steps() == [(CANDIDATE, [1]), (CANDIDATE, []), (MAIN, [1]), (MAIN, [])]
+    assert not (tmp_path / "repo" / MAIN).exists() and not (tmp_path / "repo" / CANDIDATE).exists()
 
 
 def test_a_rollback_validates_a_copy_of_the_kept_folder(tmp_path, tiny_model_dir, triton):
