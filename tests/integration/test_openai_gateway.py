@@ -43,6 +43,7 @@ CHAT = ("{% for m in messages %}<bos>{{ m.role }}\n{{ m.content }}<eos>{% endfor
 PROMPT = "def join(a, *p):"
 PLANTED = ("LMFORGE_TEST_STORE_URL", "postgresql://user:s3cr3t-pw@db.example/x")
 LONG = {"max_tokens": 200}   # greedy: the engine streams a greedy row's pieces (a sampled one comes whole)
+WAIT_S = 180   # a client's bound: 200 tokens of the 12-layer model took 76 s on 2 cores shared with benchmarks
 MESSAGES = [{"role": "system", "content": "You run the house."}, {"role": "user", "content": "Please open the door."}]
 
 
@@ -56,7 +57,7 @@ class Served:
     folders: dict[str, Path]
 
     def client(self, model: str = "tiny") -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.gateways[model].base_url, api_key="unused", max_retries=0, timeout=60)
+        return openai.OpenAI(base_url=self.gateways[model].base_url, api_key="unused", max_retries=0, timeout=WAIT_S)
 
 
 def chat_model(src: Path, out: Path) -> Path:
@@ -164,7 +165,7 @@ def test_chat_on_a_chat_model(served):
 def test_a_busy_model_is_503_with_retry_after(served):
     base = served.gateways["tinychat"].base_url
     body = {"model": "tinychat", "messages": MESSAGES, "stream": True, **LONG}
-    with httpx.stream("POST", base + "/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", base + "/chat/completions", json=body, timeout=WAIT_S) as r:
         lines = r.iter_lines()
         next(line for line in lines if line.startswith("data: "))   # the first request is in flight
         busy = httpx.post(base + "/chat/completions", json={**body, "stream": False}, timeout=30)
@@ -191,7 +192,8 @@ def test_a_dropped_stream_is_cancelled_in_triton(served):
     # The model logs a request just after its final response is out: wait for this one's row before the next.
     assert [row["status"] for row in rows_after(log, before, 1)] == ["ok"]
     body = {"model": "tinychat", "messages": MESSAGES, "stream": True, **LONG}
-    with httpx.stream("POST", served.gateways["tinychat"].base_url + "/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", served.gateways["tinychat"].base_url + "/chat/completions", json=body,
+                      timeout=WAIT_S) as r:
         next(line for line in r.iter_lines() if line.startswith("data: "))
     rows = rows_after(log, before + 1, 1)
     assert [row["status"] for row in rows] == ["cancelled"], rows
