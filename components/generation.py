@@ -72,6 +72,7 @@ class Output:
     mean_logprob: float          # mean log-probability of token_ids under the model (0.0 for none)
     first_token_s: float         # from the start of the batch to its first generated token
     total_s: float               # from the start of the batch to this row's last token
+    end_id: int | None = None    # the end id that ended the row (not in token_ids); None when something else did
 
     @property
     def tokens(self) -> int:
@@ -134,7 +135,8 @@ def _outputs(rows: list["RowText"], generated: list[list[int]], logps: list[list
         last = steps[n - 1] if 0 < n <= len(steps) else end
         results.append(Output(token_ids=tuple(text.ids), text=text.finish(),
                               mean_logprob=sum(lp) / len(lp) if lp else 0.0,
-                              first_token_s=(steps[0] if steps else end) - start, total_s=last - start))
+                              first_token_s=(steps[0] if steps else end) - start, total_s=last - start,
+                              end_id=text.end))
     return results
 
 
@@ -230,6 +232,7 @@ class RowText:
         self.ids: list[int] = []
         self.text = ""            # whole characters decoded so far (cut before a stop string once one is found)
         self.stopped = False      # an end id or a stop string ended the row
+        self.end: int | None = None   # the end id that ended it
         self.prefix = self.read = 0
 
     def push(self, token: int) -> bool:
@@ -237,7 +240,7 @@ class RowText:
         if self.stopped:
             return True
         if token in self.ends:
-            self.stopped = True
+            self.stopped, self.end = True, token
             return True
         self.ids.append(token)
         before = len(self.text)
@@ -278,18 +281,21 @@ def stopping_rule(tokenizer: Any, tokens: Sequence[int], stop_strings: Sequence[
     return len(text.ids), text.finish()
 
 
-def score_tokens(model: Any, tokenizer: Any, ids: Sequence[int], *, top: int) -> list[dict[str, Any] | None]:
+def score_tokens(model: Any, tokenizer: Any, ids: Sequence[int], *, top: int,
+                 then: int | None = None) -> list[dict[str, Any] | None]:
     """Each token's log-probability given the tokens before it, and its `top` likeliest alternatives (best first),
     from one forward pass over `ids` (a prompt and what was generated after it): one entry per token, None for the
-    first, which nothing precedes. An entry: {"id", "token" (its text), "logprob", "top": [[text, logprob], ...]}.
-    The distribution is the model's own (before any temperature, top_k or top_p), as vLLM reports it by default."""
+    first, which nothing precedes, and one more for `then` after them (the end id that ended a row: vLLM and OpenAI
+    report it). An entry: {"id", "token" (its text), "logprob", "top": [[text, logprob], ...]}. The distribution is
+    the model's own (before any temperature, top_k or top_p), as vLLM reports it by default."""
     import torch
 
     device = next(model.parameters()).device
+    targets = [*ids[1:], *([then] if then is not None else [])]
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device)).logits[0, :-1].float()
-        logp = torch.log_softmax(logits, -1)   # row t: the distribution of token t + 1
-        chosen = logp.gather(-1, torch.tensor(list(ids[1:]), device=device)[:, None])[:, 0].tolist()
+        logits = model(input_ids=torch.tensor([list(ids)], dtype=torch.long, device=device)).logits[0].float()
+        logp = torch.log_softmax(logits[:len(targets)], -1)   # row t: the distribution of token t + 1
+        chosen = logp.gather(-1, torch.tensor(targets, device=device)[:, None])[:, 0].tolist()
         best = logp.topk(top, -1) if top else None
     alternatives = (list(zip(best.indices.tolist(), best.values.tolist())) if best is not None
                     else [([], [])] * len(chosen))
@@ -298,7 +304,7 @@ def score_tokens(model: Any, tokenizer: Any, ids: Sequence[int], *, top: int) ->
         return tokenizer.decode([token])
     return [None] + [{"id": int(t), "token": piece(t), "logprob": lp,
                       "top": [[piece(a), v] for a, v in zip(*alternatives[i])]}
-                     for i, (t, lp) in enumerate(zip(ids[1:], chosen))]
+                     for i, (t, lp) in enumerate(zip(targets, chosen))]
 
 
 def stable_prefix(text: str, stop_strings: Sequence[str]) -> str:

@@ -243,7 +243,8 @@ class Flight:
         lp = req.logprobs[:n]
         return generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
                                  mean_logprob=sum(lp) / len(lp) if lp else 0.0,
-                                 first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted)
+                                 first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted,
+                                 end_id=req.text.end if req.text is not None else None)
 
     def _answer_whole(self, rid: str, req: Request, out: generation.Output) -> None:
         """Answer a request generated in one piece: one delta, then its Final."""

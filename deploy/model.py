@@ -242,8 +242,9 @@ class TritonPythonModel:
             raise processing.BadRequest("bad_sampling_parameters", "sampling_parameters.logprobs: this version's "
                                                                    f"engine ({'ONNX' if self.onnx else 'vLLM'}) "
                                                                    "reports no log-probabilities; leave it out")
-        try:
-            ids = self.task.encode(self.tok, self.task.parse_prompt(text))
+        try:   # a prompt to score is scored as given (a harness's context is rendered already), as vLLM does
+            ids = (self.tok(text, add_special_tokens=False)["input_ids"] if settings.prompt_logprobs is not None
+                   else self.task.encode(self.tok, self.task.parse_prompt(text)))
         except task.TaskError as e:
             raise processing.BadRequest("bad_prompt", f"text_input[0]: {e}") from None
         ids, max_new = processing.check_tokens(ids, self.limits, settings.max_new)
@@ -263,7 +264,8 @@ class TritonPythonModel:
         if not want:
             return []
         ids = list(parsed["row"].ids)
-        entries = generation.score_tokens(self.model, self.tok, ids + list(out.token_ids), top=max(want.values()))
+        entries = generation.score_tokens(self.model, self.tok, ids + list(out.token_ids), top=max(want.values()),
+                                          then=out.end_id)
         parts = {"prompt_logprobs": entries[:len(ids)], "logprobs": entries[len(ids):]}
         return [pb_utils.Tensor(k, np.array([json.dumps(trim(parts[k], top)).encode()], dtype=np.object_))
                 for k, top in want.items()]

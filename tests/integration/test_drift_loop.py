@@ -168,16 +168,16 @@ def test_a_failed_final_reload_leaves_the_old_version_serving_and_the_alias(loop
     info = running_server(loop.ws)
     real, calls = client.wait_versions, []
 
-    def wait_versions(url, model, versions, **kw):   # the 1st (old + candidate) works; the final reload fails
+    def wait_versions(url, model, versions, **kw):   # the candidate's load and the switch work; the final reload fails
         calls.append(list(versions))
-        if len(calls) == 2:
+        if len(calls) == 3:
             raise client.RequestFailed("injected: the final reload failed")
         return real(url, model, versions, **kw)
 
     monkeypatch.setattr(client, "wait_versions", wait_versions)
     with pytest.raises(RolloutRefused, match="the final reload failed"):
         service.deploy_version(loop.ws, cfg.deploy, info, registry_model="lmforge-tiny", version=2, model_dir=None)
-    assert len(calls) >= 3, calls   # the restore waited for the old version again
+    assert len(calls) >= 4, calls   # the restore waited for the old version again
     assert loop.production() == "3" and loop.triton_serves() == [3]
 
 

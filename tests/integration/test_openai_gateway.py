@@ -363,9 +363,10 @@ def heldout_dataset(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", ["tinytext"])
+@pytest.mark.parametrize("name", ["tinytext", "tiny"])
 def test_lmforge_heldout_scores_the_same_through_the_gateway(served, name, tmp_path):
-    """The shipped log-likelihood task, rendered for the model's task (completion: `tinytext`), scored by the
+    """The shipped log-likelihood task, rendered for the model's task (completion: `tinytext`; the docstring preset:
+    `tiny`), scored by the
     harness's HF model on the folder and by its local-completions model through the gateway (echo + logprobs): the
     same acc and acc_norm, from the served model's answers."""
     from lmforge.components.evaluation import benchmarks

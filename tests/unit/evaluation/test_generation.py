@@ -132,3 +132,33 @@ def test_stopping_rule_keeps_the_stop_token_cuts_the_text_and_ends_at_eos():
     assert stopping_rule(tok, ids, ('"""',)) == (6, "Ab.")
     assert stopping_rule(tok, [ord("A"), 0, ord("B")], ('"""',)) == (1, "A")
     assert stopping_rule(tok, ids, ()) == (7, 'Ab."""x')
+
+
+def test_score_tokens_reports_each_tokens_log_probability_its_alternatives_and_the_end_id(model_and_tok):
+    from lmforge.components import generation as shared
+
+    model, tok = model_and_tok
+    ids = Task("completion").encode(tok, "def join(a, *p):")
+    out = shared.generate(model, tok, [ids], max_new_tokens=6)[0]
+    seq = [*ids, *out.token_ids]
+    with torch.inference_mode():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([seq])).logits[0].float(), -1)
+    entries = shared.score_tokens(model, tok, seq, top=3, then=tok.eos_token_id)
+    assert entries[0] is None and len(entries) == len(seq) + 1
+    for t in range(1, len(seq)):
+        assert entries[t]["id"] == seq[t]
+        assert entries[t]["logprob"] == pytest.approx(logp[t - 1, seq[t]].item(), abs=1e-5)
+        assert [v for _, v in entries[t]["top"]] == pytest.approx(logp[t - 1].topk(3).values.tolist(), abs=1e-5)
+    assert entries[-1]["id"] == tok.eos_token_id   # `then`: scored after the whole sequence
+    assert entries[-1]["logprob"] == pytest.approx(logp[-1, tok.eos_token_id].item(), abs=1e-5)
+
+
+def test_a_row_ended_by_an_end_id_says_which(model_and_tok):
+    from lmforge.components import generation as shared
+
+    model, tok = model_and_tok
+    ids = Task("completion").encode(tok, "def join(a, *p):")
+    free = shared.generate(model, tok, [ids], max_new_tokens=8)[0]
+    text = shared.RowText(tok, (), (tok.eos_token_id, free.token_ids[3]))
+    assert text.extend(free.token_ids) and text.end == free.token_ids[3] and text.ids == list(free.token_ids[:3])
+    assert free.end_id in (None, tok.eos_token_id)
