@@ -242,3 +242,44 @@ def infer_kind(records: Iterable[Record]) -> str:
     if "chat" in kinds:
         return "chat"
     return "docstring" if kinds == {"docstring"} else "completion"
+
+
+# --- does a task fit the data? --------------------------------------------------------------
+SHAPES = {"chat": "chats (records with messages)", "docstring": "signature/docstring pairs",
+          "pair": "prompt/completion pairs", "document": "documents (text with no prompt)"}
+USES = {"chat": ("chat",), "docstring": ("docstring", "pair"), "completion": ("docstring", "pair", "document")}
+
+
+def record_shape(record: Record) -> str:
+    """What a record holds: a chat (messages), a docstring pair (the built-in corpus's shape), a prompt/completion
+    pair, or a document with no prompt (one of SHAPES)."""
+    if record.messages:
+        return "chat"
+    if record.signature:
+        return "docstring" if record.text == lm_text(record.signature, record.docstring) else "pair"
+    return "document"
+
+
+def shapes_kind(shapes: dict[str, int]) -> str:
+    """infer_kind over counted shapes: chat if any record is one, docstring if all are, else completion."""
+    held = {s for s, n in shapes.items() if n}
+    if "chat" in held:
+        return "chat"
+    return "docstring" if held == {"docstring"} else "completion"
+
+
+def misfit(kind: str, shapes: dict[str, int]) -> str | None:
+    """Why a task of `kind` cannot use records of these counted shapes, in words; None when it fits.
+
+    A chat task needs chats (the others have no turns to render); a docstring or completion task cannot render a
+    chat's messages; the docstring preset needs a prompt in every record (a document has none)."""
+    held = {s: n for s, n in shapes.items() if n}
+    if not held:
+        return None
+    unusable = [s for s in held if s not in USES[kind]]
+    if kind == "chat" and "chat" in held or not unusable:
+        return None
+    said = ", ".join(f"{n} {SHAPES[s]}" for s, n in sorted(held.items()))
+    why = "needs chats (messages)" if kind == "chat" else "cannot render " + " or ".join(
+        SHAPES[s].split(" (")[0] for s in unusable)
+    return f"does not fit the records: they hold {said}, and a {kind} task {why}"

@@ -60,6 +60,8 @@ from lmforge.components.data.stepref import (
 from lmforge.components.errors import UserError
 from lmforge.components.runtime.cpus import usable_cpus
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
+from lmforge.components.task import Task
+from lmforge.components.taskdata import check_fit, record_shapes, recorded_task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json
 from lmforge.flows.prefect_env import api_for_children
@@ -235,8 +237,9 @@ def data_flow(cfg: PipelineConfig | str | None = None, replay: list[str] | None 
         # registry alias to the version it holds now); the stage gets what it needs of it, and records a
         # registry base's version (`pin`) in the manifest for training.
         checked = resolve_base(Workspace.from_env().ensure(), cfg.training.model.init)
+        recorded = recorded_task(checked.path)   # a registered version's or an lmforge export's task
         base = {"path": str(checked.path), "tokenizer_sha256": checked.tokenizer_sha256, "named": checked.named,
-                "pin": checked.pin()}
+                "pin": checked.pin(), "task": recorded.to_dict() if recorded else None}
     inner = _data_stage.with_options(task_runner=task_runner(cfg.data))
     with api_for_children(), dask_environ_restored(), dask_worker_settings():  # Dask workers report to this run's Prefect
         return inner(cfg, replay=replay, base=base)
@@ -293,9 +296,10 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
     tok_future = tok_task.submit(*tok_args)
     rec_args = [(i, sel, near, spl, build, code["records"]) for i in ings]
     rec_futures = [records_task.submit(*a) for a in rec_args]
+    recs = _resolve(rec_futures, records_task, rec_args, states)
+    check_data_fits(cfg, recs, base)  # before the tokens: a task that cannot read these records stops the run here
     tok = _resolve([tok_future], tok_task, [tok_args], states)[0]
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
-    recs = _resolve(rec_futures, records_task, rec_args, states)
 
     counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
               "clean": sel.clean, "quarantined": sel.quarantined,
@@ -327,6 +331,14 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
     task_states = {name: _collapse(s) for name, s in states.items()}
     _print_summary(summary, task_states)
     return {"dataset_version": version, "summary": summary, "tasks": task_states, "mlflow_run_id": run_id}
+
+
+def check_data_fits(cfg: PipelineConfig, recs: list[RecordsRef], base: dict[str, Any] | None) -> None:
+    """UserError when task.kind, or under "auto" the base's recorded task, does not fit the kept records."""
+    shapes = record_shapes(p for r in recs for p in sorted(Path(r.dir).glob("records-*.jsonl")))
+    recorded = Task.from_dict(base["task"]) if base and base.get("task") else None
+    check_fit(cfg.task, shapes, where=f"data.source {cfg.data.source or 'builtin'}", base=recorded,
+              base_name=base["named"] if base else "")
 
 
 def _shard_fingerprint(spec: dict[str, Any]) -> str:
