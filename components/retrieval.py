@@ -22,7 +22,7 @@ from lmforge.components.features.online import online_features
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.vectors.embed import Embedder, make_embedder
-from lmforge.components.vectors.index import collection_name, qdrant_client
+from lmforge.components.vectors.index import collection_name, qdrant_client, store_session
 from lmforge.components.workspace import Workspace
 
 _EMBEDDERS: dict[VectorsConfig, Embedder] = {}
@@ -51,13 +51,15 @@ def retrieve(prompt: str, k: int, *, ws: Workspace, vectors: VectorsConfig, feat
     embedder = _embedder(vectors)
     client = qdrant_client(ws, vectors)
     name = collection_name(vectors, version, embedder)
-    if not client.collection_exists(name):
-        raise UserError(f"Qdrant collection {name}", None, "does not exist",
-                        "Index the dataset with the same [vectors] settings: lmforge run features")
-    hits = client.query_points(
-        name, query=embedder.embed([prompt])[0].tolist(), limit=k * vectors.oversample, with_payload=True,
-        query_filter=models.Filter(must=[models.FieldCondition(key="split", match=models.MatchValue(value="train"))]),
-    ).points
+    query = embedder.embed([prompt])[0].tolist()
+    with store_session(client):   # the embedded store is held for this query only (it waits for another holder)
+        if not client.collection_exists(name):
+            raise UserError(f"Qdrant collection {name}", None, "does not exist",
+                            "Index the dataset with the same [vectors] settings: lmforge run features")
+        hits = client.query_points(
+            name, query=query, limit=k * vectors.oversample, with_payload=True,
+            query_filter=models.Filter(must=[models.FieldCondition(key="split", match=models.MatchValue(value="train"))]),
+        ).points
     found: dict[str, dict] = {}
     if features.enabled:
         found, _missing = online_features(ws, features, [h.payload["id"] for h in hits])

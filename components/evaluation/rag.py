@@ -9,7 +9,8 @@
 `components.retrieval` (the vector store and feature store) is imported here, lazily, so
 evaluation works without it. Before any scoring, one probe query is made; a missing
 module, an unbuilt store or a failing query skips RAG with that reason: nothing is ever
-scored under a RAG label without retrieval having happened.
+scored under a RAG label without retrieval having happened. A store held by another process
+is not such a reason: retrieval waits for it (vectors.lock_wait_s), then its error propagates.
 """
 
 from __future__ import annotations
@@ -41,11 +42,22 @@ def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_ver
 
     try:
         found = retrieve(PROBE_PROMPT, k, ws=ws, vectors=vectors, features=features, dataset_version=dataset_version)
-    except Exception as e:  # an unbuilt or locked store is a reason to skip, stated in the report
+    except Exception as e:  # an unbuilt store is a reason to skip, stated in the report; a held one is an error
+        if store_busy(e):
+            raise
         return Rag(None, f"retrieval failed: {type(e).__name__}: {e}")
     if not found:
         return Rag(None, "retrieval returned no examples (is the vector store built for this dataset?)")
     return Rag(augment)
+
+
+def store_busy(e: BaseException) -> bool:
+    """True for a vector store another process held past the wait bound: an error to raise, never a reason to skip RAG."""
+    try:
+        from lmforge.components.vectors.index import StoreBusy
+    except ImportError:
+        return False
+    return isinstance(e, StoreBusy)
 
 
 def release() -> None:

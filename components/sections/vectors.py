@@ -33,6 +33,9 @@ class VectorsConfig(Section):
     quality_weight: float = Field(0.3, ge=0.0, le=1.0, description="retrieval rank = (1 - w) * similarity + w * quality_score")
     oversample: int = Field(4, ge=1, le=100, description="retrieval fetches k * oversample candidates before the quality filter")
     timeout_s: float = Field(10.0, gt=0, description="Qdrant server request timeout")
+    lock_wait_s: float = Field(120.0, ge=0, le=86_400,
+                               description="embedded engine: how long a process waits for another to release "
+                                           "<workspace>/qdrant before failing with an error naming the holder")
     hnsw_m: int = Field(16, ge=4, le=128, description="embedded engine: HNSW edges per node (fixed when a collection is created)")
     hnsw_ef_construct: int = Field(100, ge=4, le=4096,
                                    description="embedded engine: HNSW build beam (fixed when a collection is created)")

@@ -16,9 +16,17 @@ After the upserts the engine builds the HNSW index (`optimize`), and the near-du
 search asks it for every point's nearest neighbours (components/vectors/near_dups.py).
 An existing collection with another vector size is an error, never silently recreated.
 
-The embedded store admits one process at a time (a lock on <ws>/qdrant/.lock, and the engine's
-own lock on each shard's WAL); stores are therefore cached per process (`close_clients()`
-releases them). A folder held by another process is a UserError.
+The embedded store admits one process at a time (the engine locks each shard's WAL while it is
+loaded, and says so only with a bare exception), so lmforge holds it only for an operation or a
+bounded session, never for the life of a process:
+
+    with store_session(client):                 # one hold around a batch of calls; a no-op for a server
+        client.query_points(...); client.query_points(...)
+
+Every call on `EdgeCollections` outside a session opens the store, does its work and releases it.
+Holding means an exclusive lock on <ws>/qdrant/.lock, with the holder's pid, command and start
+time written beside it (<ws>/qdrant/.holder.json, atomically); a process that finds the lock held
+polls for `vectors.lock_wait_s` and then raises `StoreBusy`, a UserError naming that holder.
 """
 
 from __future__ import annotations
@@ -27,9 +35,15 @@ import atexit
 import fcntl
 import json
 import os
+import shlex
 import shutil
+import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime, timezone
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -46,7 +60,9 @@ from lmforge.components.workspace import Workspace
 SPLITS = ("train", "validation", "test")
 _NS = uuid.UUID("5f1d3c2e-7a4b-4c1d-9e8f-6a5b4c3d2e1f")
 _CLIENTS: dict[str, Any] = {}
-SHARD_CONFIG = "edge_config.json"     # the file the engine writes into every shard folder
+LOCK = ".lock"                         # held (flock) by the one process using the embedded store
+HOLDER = ".holder.json"                # beside it: that process's pid, command and start time
+POLL_S = 0.1                           # how often a waiting process tries the lock again
 FULL_SCAN_KB = 10_000                  # Qdrant's default: a segment under ~10 MB of vectors is searched exactly
 INDEXING_KB = 1                        # build the HNSW graph for every optimised segment, however small
 
@@ -55,50 +71,122 @@ def point_id(doc_id: str) -> str:
     return str(uuid.uuid5(_NS, doc_id))
 
 
+class StoreBusy(UserError):
+    """The embedded store stayed held by another process for the whole wait; the message names that process."""
+
+
+def _holder_text(root: Path) -> str:
+    """Who holds the store, from the record its holder wrote beside the lock."""
+    try:
+        h = json.loads((root / HOLDER).read_text())
+        return f"pid {h['pid']} ({h['command']}) since {h['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return (f"a process that left no {HOLDER} (an older lmforge, or another program: "
+                f"`fuser {root / LOCK}` names it)")
+
+
+def _write_holder(root: Path) -> None:
+    """Say who holds the store: pid, command and start time, written whole (a temporary file renamed into place)."""
+    record = {"pid": os.getpid(), "command": shlex.join(sys.orig_argv)[:300],
+              "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    tmp = root / f".{HOLDER}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, root / HOLDER)
+
+
+def acquire_store(root: Path, wait_s: float) -> IO[str]:
+    """The store's lock, polled for up to `wait_s` seconds; StoreBusy, naming the holder, when it stays held."""
+    f: IO[str] = open(root / LOCK, "a")
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                f.close()
+                raise StoreBusy(str(root), None, f"is held by {_holder_text(root)}; waited {wait_s:g} s "
+                                                 "(the embedded Qdrant engine admits one process at a time)",
+                                "Let that process finish or stop it, raise vectors.lock_wait_s, or run a "
+                                "Qdrant server and set vectors.url") from None
+            time.sleep(POLL_S)
+    _write_holder(root)
+    return f
+
+
+def release_store(root: Path, lock: IO[str]) -> None:
+    """Remove the holder record, then the lock (in that order: the next holder's record is never removed)."""
+    (root / HOLDER).unlink(missing_ok=True)
+    lock.close()   # releases the flock
+
+
 class EdgeCollections:
     """Collections in Qdrant's embedded engine, one shard each under `root`, with QdrantClient's calls.
 
     The methods lmforge calls on a QdrantClient (collection_exists, get_collections,
     create_collection, delete_collection, create_payload_index, upsert, scroll, delete, count,
     query_points, query_batch_points, close) take and return qdrant-client's own model types,
-    so a caller cannot tell the two apart; `optimize` and `vector_size` are extra.
+    so a caller cannot tell the two apart; `optimize`, `vector_size` and `session` are extra.
 
-    A new collection is created in a temporary folder and renamed into place, so a crash
-    never leaves half a shard under its name; each upsert or delete is one engine operation,
-    written to the shard's WAL before it is applied (a crash replays or drops it whole).
+    Each call holds the store for itself unless a `session()` is open, which holds it (and the
+    shards it loads) until it ends; `close()` ends one early. A new collection is created in a
+    temporary folder and renamed into place, so a crash never leaves half a shard under its
+    name, and a collection is a folder under its own name (lmforge's layout, not the engine's);
+    each upsert or delete is one engine operation, written to the shard's WAL before it is
+    applied (a crash replays or drops it whole).
     """
 
     def __init__(self, root: Path, *, m: int = 16, ef_construct: int = 100, hnsw_ef: int = 128,
-                 full_scan_kb: int = FULL_SCAN_KB):
+                 full_scan_kb: int = FULL_SCAN_KB, wait_s: float = 120.0):
         self.root = Path(root)
         self.hnsw = (m, ef_construct, full_scan_kb)
         self.hnsw_ef = hnsw_ef
+        self.wait_s = wait_s
         self.root.mkdir(parents=True, exist_ok=True)
-        self._lock: IO[str] | None = open(self.root / ".lock", "a")  # held for the store's lifetime
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.close()
-            self._lock = None
-            raise _held(self.root) from None
+        self._lock: IO[str] | None = None
+        self._depth = 0
+        self._threads = threading.RLock()   # a flock is per open file: this process's threads take turns first
+        self._shards: dict[str, Any] = {}
+
+    @contextmanager
+    def session(self) -> Iterator[EdgeCollections]:
+        """Hold the store (waiting up to `wait_s` for another process) until the block ends; nested ones share it."""
+        with self._threads:
+            if self._depth == 0:
+                self._lock = acquire_store(self.root, self.wait_s)
+                self._clear_leftovers()
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.close()
+
+    def _clear_leftovers(self) -> None:
         for left in [*self.root.glob(".new-*"), *self.root.glob(".deleted-*")]:   # a killed writer's; the lock is ours
             shutil.rmtree(left, ignore_errors=True)
-        self._shards: dict[str, Any] = {}
 
     # ----- collections
     def collection_exists(self, name: str) -> bool:
-        return (self.root / name / SHARD_CONFIG).is_file()
+        return not name.startswith(".") and (self.root / name).is_dir()
 
     def get_collections(self) -> Any:
         from qdrant_client import models
 
-        names = sorted(p.parent.name for p in self.root.glob(f"*/{SHARD_CONFIG}") if not p.parent.name.startswith("."))
+        names = sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
         return models.CollectionsResponse(collections=[models.CollectionDescription(name=n) for n in names])
 
     def vector_size(self, name: str) -> int | None:
-        """The size the collection's vectors were created with (from the shard's persisted config)."""
-        config = json.loads((self.root / name / SHARD_CONFIG).read_text())
-        return config.get("vectors", {}).get("", {}).get("size")
+        """The size of the collection's stored vectors (one point's, read through the engine); None when it is empty."""
+        import qdrant_edge as qe
+
+        with self.session():
+            page, _ = self._shard(name).scroll(qe.ScrollRequest(limit=1, with_payload=False, with_vector=True))
+        if not page:
+            return None
+        vector = page[0].vector
+        return len(vector.get("", []) if isinstance(vector, dict) else vector)
 
     def create_collection(self, name: str, vectors_config: Any) -> bool:
         import qdrant_edge as qe
@@ -108,34 +196,38 @@ class EdgeCollections:
             vectors=qe.EdgeVectorParams(size=vectors_config.size, distance=_distance(vectors_config.distance)),
             hnsw_config=qe.HnswIndexConfig(m=m, ef_construct=ef_construct, full_scan_threshold=full_scan_kb),
             optimizers=qe.EdgeOptimizersConfig(indexing_threshold=INDEXING_KB, default_segment_number=1))
-        tmp = self.root / f".new-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        qe.EdgeShard.create(str(tmp), config).close()
-        os.rename(tmp, self.root / name)   # fails, rather than merges, if the name appeared meanwhile
+        with self.session():
+            tmp = self.root / f".new-{name}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            qe.EdgeShard.create(str(tmp), config).close()
+            os.rename(tmp, self.root / name)   # fails, rather than merges, if the name appeared meanwhile
         return True
 
     def delete_collection(self, name: str) -> bool:
-        if not self.collection_exists(name):
-            return False
-        shard = self._shards.pop(name, None)
-        if shard is not None:
-            shard.close()
-        gone = self.root / f".deleted-{name}-{os.getpid()}"
-        os.rename(self.root / name, gone)   # the collection disappears at once; the files go after
-        shutil.rmtree(gone)
+        with self.session():
+            if not self.collection_exists(name):
+                return False
+            shard = self._shards.pop(name, None)
+            if shard is not None:
+                shard.close()
+            gone = self.root / f".deleted-{name}-{os.getpid()}"
+            os.rename(self.root / name, gone)   # the collection disappears at once; the files go after
+            shutil.rmtree(gone)
         return True
 
     def create_payload_index(self, name: str, field_name: str, field_schema: Any) -> None:
         import qdrant_edge as qe
 
         schema = getattr(qe.PayloadSchemaType, str(getattr(field_schema, "value", field_schema)).capitalize())
-        self._shard(name).update(qe.UpdateOperation.create_field_index(field_name, schema))
+        with self.session():
+            self._shard(name).update(qe.UpdateOperation.create_field_index(field_name, schema))
 
     def optimize(self, name: str) -> bool:
         """Let the engine merge segments and build the HNSW graph now; True if it changed anything."""
-        shard = self._shard(name)
-        changed = shard.optimize()
-        shard.flush()
+        with self.session():
+            shard = self._shard(name)
+            changed = shard.optimize()
+            shard.flush()
         return changed
 
     # ----- points
@@ -143,21 +235,24 @@ class EdgeCollections:
         import qdrant_edge as qe
 
         batch = [qe.Point(p.id, p.vector, p.payload) for p in points]
-        self._shard(collection_name).update(qe.UpdateOperation.upsert_points(batch))
+        with self.session():
+            self._shard(collection_name).update(qe.UpdateOperation.upsert_points(batch))
 
     def delete(self, collection_name: str, points_selector: Any, wait: bool = True) -> None:
         import qdrant_edge as qe
 
         ids = [str(i) if isinstance(i, uuid.UUID) else i for i in points_selector.points]
-        self._shard(collection_name).update(qe.UpdateOperation.delete_points(ids))
+        with self.session():
+            self._shard(collection_name).update(qe.UpdateOperation.delete_points(ids))
 
     def scroll(self, collection_name: str, limit: int = 10, offset: Any = None, with_payload: bool = True,
                with_vectors: bool = False) -> tuple[list[Any], Any]:
         import qdrant_edge as qe
         from qdrant_client import models
 
-        page, after = self._shard(collection_name).scroll(
-            qe.ScrollRequest(offset=offset, limit=limit, with_payload=with_payload, with_vector=with_vectors))
+        with self.session():
+            page, after = self._shard(collection_name).scroll(
+                qe.ScrollRequest(offset=offset, limit=limit, with_payload=with_payload, with_vector=with_vectors))
         records = [models.Record(id=_id(r.id), payload=r.payload, vector=r.vector) for r in page]
         return records, None if after is None else _id(after)
 
@@ -165,7 +260,8 @@ class EdgeCollections:
         import qdrant_edge as qe
         from qdrant_client import models
 
-        return models.CountResult(count=self._shard(collection_name).count(qe.CountRequest(exact=exact)))
+        with self.session():
+            return models.CountResult(count=self._shard(collection_name).count(qe.CountRequest(exact=exact)))
 
     def query_points(self, collection_name: str, query: Any, limit: int = 10, with_payload: bool = False,
                      query_filter: Any = None, score_threshold: float | None = None, search_params: Any = None) -> Any:
@@ -181,37 +277,46 @@ class EdgeCollections:
         from qdrant_client.http import models as rest
 
         batch = qe.QueryBatchRequest([_edge_request(r, self.hnsw_ef) for r in requests])
-        answers = self._shard(collection_name).query_batch(batch)
+        with self.session():
+            answers = self._shard(collection_name).query_batch(batch)
         return [rest.QueryResponse(points=[rest.ScoredPoint(id=_id(p.id), version=p.version, score=p.score,
                                                             payload=p.payload) for p in hits]) for hits in answers]
 
     def close(self) -> None:
-        while self._shards:
-            _, shard = self._shards.popitem()
-            shard.close()
-        if self._lock is not None:
-            self._lock.close()   # releases the flock
-            self._lock = None
+        """Close the loaded shards and release the store (ending a session early)."""
+        with self._threads:
+            while self._shards:
+                _, shard = self._shards.popitem()
+                shard.close()
+            if self._lock is not None:
+                release_store(self.root, self._lock)
+                self._lock = None
+            self._depth = 0
 
     def _shard(self, name: str) -> Any:
+        """The loaded shard `name`; called inside a session only."""
         import qdrant_edge as qe
 
+        assert self._lock is not None, "a shard is loaded inside a session only"
         if name not in self._shards:
             if not self.collection_exists(name):
                 raise UserError(f"Qdrant collection {name}", self.root / name, "does not exist",
                                 "Index the dataset with these [vectors] settings: lmforge run features")
             try:
                 self._shards[name] = qe.EdgeShard.load(str(self.root / name))
-            except Exception as e:   # the engine raises a bare Exception; its WAL lock says WouldBlock
-                if "WouldBlock" not in str(e):
-                    raise
-                raise _held(self.root) from e
+            except Exception as e:
+                # The engine raises a bare Exception and documents no "locked" answer; lmforge's own
+                # processes never meet its lock (they hold .lock first), so this is another program's
+                # hold or a damaged shard: both are named with the engine's words, not guessed from them.
+                raise UserError(f"Qdrant collection {name}", self.root / name, f"cannot be opened by the engine ({e})",
+                                "If a program other than lmforge has this shard open, stop it; otherwise delete the "
+                                "folder and run `lmforge run features` to rebuild it") from e
         return self._shards[name]
 
 
-def _held(root: Path) -> UserError:
-    return UserError(str(root), None, "is in use by another process (the embedded Qdrant engine allows one at a time)",
-                     "Stop that process (a running lmforge stage or server), or run a Qdrant server and set vectors.url")
+def store_session(client: Any) -> AbstractContextManager[Any]:
+    """`client.session()` for the embedded store: one hold around a batch of calls; nothing for a Qdrant server."""
+    return client.session() if isinstance(client, EdgeCollections) else nullcontext(client)
 
 
 def _id(value: Any) -> Any:
@@ -264,7 +369,8 @@ def _edge_filter(flt: Any) -> Any:
 
 
 def qdrant_client(ws: Workspace, cfg: VectorsConfig) -> Any:
-    """A QdrantClient for vectors.url, or the embedded engine's collections at <ws>/qdrant (one per folder per process)."""
+    """A QdrantClient for vectors.url, or the embedded engine's collections at <ws>/qdrant (one object per folder per
+    process, holding the store only during its calls and sessions)."""
     key = cfg.url or str(ws.qdrant)
     if key in _CLIENTS:
         return _CLIENTS[key]
@@ -273,7 +379,8 @@ def qdrant_client(ws: Workspace, cfg: VectorsConfig) -> Any:
 
         client: Any = QdrantClient(url=cfg.url, api_key=cfg.api_key, timeout=int(cfg.timeout_s))
     else:
-        client = EdgeCollections(ws.qdrant, m=cfg.hnsw_m, ef_construct=cfg.hnsw_ef_construct, hnsw_ef=cfg.hnsw_ef)
+        client = EdgeCollections(ws.qdrant, m=cfg.hnsw_m, ef_construct=cfg.hnsw_ef_construct, hnsw_ef=cfg.hnsw_ef,
+                                 wait_s=cfg.lock_wait_s)
     _CLIENTS[key] = client
     return client
 
@@ -284,7 +391,7 @@ def close_clients() -> None:
         client.close()
 
 
-# Closing at interpreter exit flushes the shards and releases the folder's lock cleanly.
+# Closing at interpreter exit ends a session left open (an exception past a caller that did not use `with`).
 atexit.register(close_clients)
 
 
@@ -306,7 +413,7 @@ def ensure_collection(client: Any, name: str, embedder: Embedder, *, server: boo
 
     if client.collection_exists(name):
         size = vector_size(client, name)
-        if size != embedder.dim:
+        if size is not None and size != embedder.dim:   # None: an empty collection, nothing to mismatch
             where = "on the server (its DELETE /collections/" + name + ")" if server else "(its folder under <workspace>/qdrant/)"
             raise UserError(f"Qdrant collection {name}", None,
                             f"holds vectors of size {size}, but the {embedder.name} embedder makes {embedder.dim}",
@@ -375,39 +482,32 @@ def engine_neighbours(client: Any, name: str, rows: dict[str, int], *, hnsw_ef: 
     return neighbours
 
 
-def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: Embedder | None = None) -> dict[str, Any]:
-    """Embed and upsert the dataset's documents a batch at a time; drop stale points, build the index, report near-duplicates.
-
-    Only the vectors (n x dim float32), ids and splits are kept for the whole corpus, as the
-    near-duplicate search's queries; texts and payloads live one batch at a time.
-    """
-    from qdrant_client.http.exceptions import ResponseHandlingException
-
-    embedder = embedder or make_embedder(cfg)
-    client = qdrant_client(ws, cfg)
-    name = collection_name(cfg, version, embedder)
-    try:
-        created = ensure_collection(client, name, embedder, server=cfg.url is not None)
-    except ResponseHandlingException as e:   # qdrant-client's error when the server cannot be reached at all
-        raise UserError("vectors.url", cfg.url, f"cannot be reached ({e})",
-                        "Start the Qdrant server at that address (check host, port and api_key), "
-                        "or remove vectors.url to index into the workspace with the embedded engine") from e
+def embed_dataset(ws: Workspace, version: str, embedder: Embedder, batch_size: int) -> tuple[list[str], list[str], np.ndarray]:
+    """(ids, splits, vectors) of every kept document, embedded `batch_size` texts at a time; texts are not kept."""
     ids: list[str] = []
     splits: list[str] = []
     chunks: list[np.ndarray] = []
     records = iter_records(ws, version)
-    while batch := list(islice(records, cfg.batch_size)):  # itertools.batched needs Python 3.12
-        vectors = np.asarray(embedder.embed([r.text for _, r in batch]), dtype=np.float32)
-        upsert_points(client, name, batch, vectors)
+    while batch := list(islice(records, batch_size)):  # itertools.batched needs Python 3.12
+        chunks.append(np.asarray(embedder.embed([r.text for _, r in batch]), dtype=np.float32))
         ids += [r.id for _, r in batch]
         splits += [split for split, _ in batch]
-        chunks.append(vectors)
-    vectors = np.concatenate(chunks) if chunks else np.zeros((0, embedder.dim), dtype=np.float32)
-    deleted = delete_stale(client, name, {point_id(i) for i in ids})
-    if isinstance(client, EdgeCollections):
-        client.optimize(name)   # a server builds its HNSW in the background; the embedded engine does it here
-    points = client.count(name, exact=True).count
-    assert points == len(set(ids)), f"{name} holds {points} points for {len(ids)} documents"
+    return ids, splits, np.concatenate(chunks) if chunks else np.zeros((0, embedder.dim), dtype=np.float32)
+
+
+def _ensure(client: Any, name: str, embedder: Embedder, cfg: VectorsConfig) -> bool:
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    try:
+        return ensure_collection(client, name, embedder, server=cfg.url is not None)
+    except ResponseHandlingException as e:   # qdrant-client's error when the server cannot be reached at all
+        raise UserError("vectors.url", cfg.url, f"cannot be reached ({e})",
+                        "Start the Qdrant server at that address (check host, port and api_key), "
+                        "or remove vectors.url to index into the workspace with the embedded engine") from e
+
+
+def _near_duplicates(ws: Workspace, version: str, client: Any, name: str, cfg: VectorsConfig, ids: list[str],
+                     splits: list[str], vectors: np.ndarray) -> dict[str, Any]:
     rows = {point_id(i): n for n, i in enumerate(ids)}
     dups = semantic_near_duplicates(ids, vectors, splits, engine_neighbours(client, name, rows, hnsw_ef=cfg.hnsw_ef),
                                     threshold=cfg.near_dup_threshold, max_pairs=cfg.max_reported_pairs)
@@ -417,6 +517,34 @@ def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: 
     for pair in dups["pairs"]:
         for side in (pair["a"], pair["b"]):
             side.update(details.get(side["id"], {}))
+    return dups
+
+
+def index_dataset(ws: Workspace, version: str, cfg: VectorsConfig, *, embedder: Embedder | None = None) -> dict[str, Any]:
+    """Embed the dataset's documents; then, in one hold of the store, upsert them a batch at a time, drop stale
+    points, build the index and report near-duplicates.
+
+    The embedding (the slow part) runs before the store is held, so another process waits only
+    for the engine's work; within the hold no reader sees a half-written collection. Only the
+    vectors (n x dim float32), ids and splits are kept for the whole corpus, as the
+    near-duplicate search's queries; texts and payloads live one batch at a time.
+    """
+    embedder = embedder or make_embedder(cfg)
+    client = qdrant_client(ws, cfg)
+    name = collection_name(cfg, version, embedder)
+    ids, splits, vectors = embed_dataset(ws, version, embedder, cfg.batch_size)
+    with store_session(client):
+        created = _ensure(client, name, embedder, cfg)
+        records = iter_records(ws, version)
+        for lo in range(0, len(ids), cfg.batch_size):
+            batch = list(islice(records, cfg.batch_size))
+            upsert_points(client, name, batch, vectors[lo:lo + len(batch)])
+        deleted = delete_stale(client, name, {point_id(i) for i in ids})
+        if isinstance(client, EdgeCollections):
+            client.optimize(name)   # a server builds its HNSW in the background; the embedded engine does it here
+        points = client.count(name, exact=True).count
+        assert points == len(set(ids)), f"{name} holds {points} points for {len(ids)} documents"
+        dups = _near_duplicates(ws, version, client, name, cfg, ids, splits, vectors)
     return {"collection": name, "location": cfg.url or str(Path(ws.qdrant)), "embedder": embedder.name,
             "dim": embedder.dim, "points": points, "created": created, "deleted_stale": deleted,
             "engine": "qdrant-server" if cfg.url else "qdrant-edge", "near_duplicates": dups}
