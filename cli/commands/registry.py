@@ -100,26 +100,38 @@ def audit(model: ModelOpt = None, config: ConfigOpt = None, set_: SetOpt = None,
 
 @app.command()
 def claims(as_json: JsonOpt = False) -> None:
-    """Alias claims present in the registry now: a move in flight, or one left by a crashed mover (see claim.py)."""
-    from lmforge.components.registry.claim import HOST, PID, SINCE, WHO, leftover_claims
+    """Alias leases present in the registry now: holder, last beat and ttl (a move in flight, or one left by a crash).
+
+    A lease whose beat is older than its ttl is taken over by the next mover, with a record in the audit trail.
+    """
+    from lmforge.components.registry.claim import BEAT, HOST, PID, SINCE, TOKEN, TTL, WHO, leftover_claims
     from lmforge.components.tracking import registry_client
 
     client = registry_client(Workspace.from_env())
     found = [] if client is None else leftover_claims(client)
-    rows = [{"claim": rm.name, "who": rm.tags.get(WHO), "host": rm.tags.get(HOST), "pid": rm.tags.get(PID),
-             "since": rm.tags.get(SINCE)} for rm in found]
+    rows = [{"claim": rm.name, "kind": "guard" if ".break-" in rm.name else "claim", "who": rm.tags.get(WHO),
+             "host": rm.tags.get(HOST), "pid": rm.tags.get(PID), "since": rm.tags.get(SINCE),
+             "beat": _beat_time(rm.tags.get(BEAT), rm.tags.get(TOKEN)), "ttl_s": rm.tags.get(TTL)} for rm in found]
     if as_json:
         emit_json(rows)
         return
     if not rows:
         console.print("no alias claims held")
         return
-    table = Table(title="alias claims", title_justify="left")
+    table = Table(title="alias leases (taken over by the next mover once a beat is older than the ttl)",
+                  title_justify="left")
     for col in rows[0]:
         table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(*(str(v or "") for v in r.values()))
     console.print(table)
+
+
+def _beat_time(beat: str | None, token: str | None) -> str | None:
+    """When the holder last beat (the tag is `<token>:<nonce>:<ISO time>`); None if it never did."""
+    if not beat or not token or not beat.startswith(f"{token}:"):
+        return None
+    return beat.split(":", 2)[2]
 
 
 @app.command()

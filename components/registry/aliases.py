@@ -11,12 +11,16 @@ A move is written ahead, under the model's alias claim (claim.py): a registered 
 time, across processes, workspaces and hosts. Holding it, the mover reads the holder and
 compares it with `expect` (the holder the caller decided against), appends the move to
 the audit trail as `pending` (audit.py: a JSON-lines artifact of the model's audit run),
-moves the alias, appends it as `done`, and deletes the claim. A crash between the move
+moves the alias, appends it as `done`, and deletes the claim. Each of those records is a
+new artifact of its own, never a rewrite (audit.py), so a late writer adds to the trail
+and cannot erase it; a mover that learns it lost the claim adds one more record, state
+`lost` (its own id, so the pending record is still settled as below), and a mover that
+took over a dead holder's lease records that too (state `lease`). A crash between the move
 and the mark leaves a pending record that the next mover (or `history`) settles against
 the registry under the claim: `done` when the alias holds its target, `aborted` when it
-does not; the crashed mover's claim is broken as claim.py says. Right before each write (the
-pending record, the move, the done mark, each retry of them) the mover verifies it still
-holds the claim (claim.py: fencing); one paused until its claim was broken gets
+does not; the crashed mover's claim is broken as claim.py says. Each write (the
+pending record, the move, the done mark, each retry of them) is made inside the claim's
+fence (claim.py: `fenced`, and on PostgreSQL its database lock); one paused until its claim was broken gets
 ClaimLost and writes nothing more, so the breaker's move is the round's only one
 (tests/integration/test_alias_fencing.py). So no move is ever unrecorded, each move is
 one record, and two deciders that both read holder X cannot both move the alias: the
@@ -36,13 +40,13 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.registry.audit import AuditLog
-from lmforge.components.registry.claim import Claim, claim, holder_label
+from lmforge.components.registry.claim import Claim, ClaimLost, claim, holder_label
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
 RETRY = dict(attempts=12, backoff_s=0.1)
-PENDING, DONE, ABORTED = "pending", "done", "aborted"
+PENDING, DONE, ABORTED, LOST, LEASE = "pending", "done", "aborted", "lost", "lease"
 ANY: Any = object()   # `expect` default: move whatever the holder is
 
 
@@ -60,7 +64,7 @@ class AliasMove:
     why: str
     action: str               # "set", "promote", "rollback", "delete"
     time_ns: int = 0
-    state: str = DONE         # "pending" while the move is in flight; "aborted" if it never happened
+    state: str = DONE         # "pending" while in flight; "aborted" if it never happened; "lost", "lease": see above
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -101,8 +105,10 @@ def _settle(ws: Workspace, log: AuditLog, model_name: str, records: dict[str, Al
             claimed: Claim) -> dict[str, AliasMove]:
     """Decide every pending record (a mover crashed mid-move): done if the alias holds its target, else aborted.
 
-    Only called under the model's alias claim (`claimed`), when no move is in flight.
+    Only called under the model's alias claim (`claimed`), when no move is in flight. The leases this mover took
+    over to get the claim are recorded first.
     """
+    _record_takeovers(log, claimed)
     out = dict(records)
     for key, move in records.items():
         if move.state != PENDING:
@@ -111,8 +117,28 @@ def _settle(ws: Workspace, log: AuditLog, model_name: str, records: dict[str, Al
         out[key] = AliasMove(**{**move.to_dict(), "state": DONE if held else ABORTED})
     settled = [_line(k, m) for k, m in out.items() if m.state != records[k].state]
     if settled:
-        log.append(settled, fence=lambda: claimed.verify("settle the pending moves it found"))
+        log.append(settled, fence=lambda: claimed.fenced("settle the pending moves it found"))
     return out
+
+
+def _record_takeovers(log: AuditLog, claimed: Claim) -> None:
+    """One `lease` record for each claim or break guard this mover took over from a dead or silent holder."""
+    if not claimed.takeovers:
+        return
+    lines = [{"id": f"lease-{uuid.uuid4().hex[:12]}", "when": t["when"], "who": actor(), "alias": "(lease)",
+              "from_version": None, "to_version": None, "action": f"take-over-{t['what']}", "state": LEASE,
+              "time_ns": int(t["time_ns"]),
+              "why": f"took over the {t['what']} {t['name']} of {t['holder']}: {t['why']} (ttl {t['ttl_s']} s)"}
+             for t in claimed.takeovers]
+    log.append(lines, fence=lambda: claimed.fenced("record the leases it took over"))
+    claimed.takeovers.clear()
+
+
+def _record_lost(log: AuditLog, key: str, move: AliasMove, lost: ClaimLost) -> None:
+    """The mover that lost the claim says so, in a record of its own: it adds, and touches no one else's."""
+    line = _line(f"{key}.lost", AliasMove(**{**move.to_dict(), "state": LOST, "time_ns": time.time_ns(),
+                                            "why": f"{move.why} (this mover lost the claim: {lost})"}))
+    log.append([line])
 
 
 def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *, reason: str,
@@ -141,22 +167,33 @@ def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *
                          alias=alias, from_version=before, to_version=None if version is None else str(version),
                          why=reason, action="delete" if version is None else action, time_ns=now, state=PENDING)
         key = f"{now:020d}.{uuid.uuid4().hex[:8]}"
-        # ahead of the move: a crash after it is still recorded
-        log.append([_line(key, move)], fence=lambda: held.verify(f"record its move of {model_name}@{alias} as pending"))
+        try:
+            done = _move(client, log, held, key, move, version)
+        except ClaimLost as e:
+            _record_lost(log, key, move, e)
+            raise
+    return done
 
-        def move_alias() -> None:   # verified on every try: a retry may come after a pause
-            held.verify(f"move {model_name}@{alias} (nothing moved; the next mover settles its pending record)")
+
+def _move(client: Any, log: AuditLog, held: Claim, key: str, move: AliasMove, version: str | None) -> AliasMove:
+    """Record `move` pending, move the alias, record it done: each write inside the claim's fence."""
+    model_name, alias = held.model_name, move.alias
+    # ahead of the move: a crash after it is still recorded
+    log.append([_line(key, move)], fence=lambda: held.fenced(f"record its move of {model_name}@{alias} as pending"))
+
+    def move_alias() -> None:   # fenced on every try: a retry may come after a pause
+        with held.fenced(f"move {model_name}@{alias} (nothing moved; the next mover settles its pending record)"):
             if version is None:
                 client.delete_registered_model_alias(model_name, alias)
             else:
                 client.set_registered_model_alias(model_name, alias, str(version))
 
-        if version is not None or before is not None:
-            with_retries(move_alias, **RETRY)
-        done = AliasMove(**{**move.to_dict(), "state": DONE})
-        log.append([_line(key, done)], fence=lambda: held.verify(
-            f"mark its move of {model_name}@{alias} done (the alias did move; the next move or `lmforge registry "
-            "history` settles its pending record as done)"))
+    if version is not None or move.from_version is not None:
+        with_retries(move_alias, **RETRY)
+    done = AliasMove(**{**move.to_dict(), "state": DONE})
+    log.append([_line(key, done)], fence=lambda: held.fenced(
+        f"mark its move of {model_name}@{alias} done (the alias did move; the next move or `lmforge registry "
+        "history` settles its pending record as done)"))
     return done
 
 

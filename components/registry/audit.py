@@ -1,21 +1,28 @@
-"""The alias audit trail: a JSON-lines artifact of one audit run per registered model.
+"""The alias audit trail: one immutable artifact file per record in the model's audit run, their union in order.
 
     log = AuditLog(client, ws, "lmforge-lm")
-    log.records()                       # {move id: AliasMove}, the last line of each id wins
-    log.append([line], fence=lambda: c.verify("append"))   # only while holding the model's alias claim (claim.py)
-    log.location()                      # "runs:/<run id>/alias-audit.jsonl"
+    log.lines()                         # every record, oldest first (the last state of each move id wins for readers)
+    log.append([line], fence=lambda: c.fenced("append"))   # under the model's alias claim (claim.py)
+    log.append([lost_line])             # no fence: a mover that lost its claim says so, and touches nothing else
+    log.location()                      # "runs:/<run id>/audit/"
 
 The run is in the `registry-audit` experiment, named `audit-<model>` and tagged
 `lmforge.audit_of=<model>`, so the trail sits where MLflow users look for history (the
-run's Artifacts tab) and not in the registered model's tags. Each line is one state of
+run's Artifacts tab) and not in the registered model's tags. Each record is one state of
 one move: `{"id": ..., "when": ..., "who": ..., "alias": ..., "from_version": ...,
 "to_version": ..., "why": ..., "action": ..., "time_ns": ..., "state": ...}`; a move
-is written `pending` before the alias moves and again `done` (or `aborted`) after.
+is written `pending` before the alias moves and again `done` (or `aborted`, or `lost`
+when its mover lost the claim) after, and a lease taken over from a dead holder is a
+record of state `lease`.
 
-Appending rewrites the whole file, which is safe because only the holder of the
-model's alias claim appends, and atomic for readers: the local artifact store writes a
-temporary file and replaces the target, and an S3 PUT replaces an object whole. The
-run itself is created under the claim too, so there is one per model.
+Append-only. Each record is written once, as its own artifact `audit/<seq>-<time_ns>-<who>-<uuid>.json`,
+a name no one else can pick: nothing is ever rewritten, so a holder paused between its
+check of the claim and its write (claim.py: the check-then-act window) adds a late record
+but cannot remove or replace the records others wrote meanwhile. `seq` is one more than
+the largest in the folder when the record is written, so the trail's order (seq, then the
+writer's time_ns, then the name) is the order the claim gave the writes; a stale writer's
+record may share a seq with another's, and both are kept. Trails written before this
+layout, as one `alias-audit.jsonl` artifact, are read first, unchanged.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +43,12 @@ from lmforge.components.tracking import ensure_experiment
 from lmforge.components.workspace import Workspace
 
 EXPERIMENT = "registry-audit"
-ARTIFACT = "alias-audit.jsonl"
+ARTIFACT = "alias-audit.jsonl"   # the former layout: one file rewritten whole; read, never written
+RECORDS = "audit"                # one file per record
 AUDIT_OF = "lmforge.audit_of"
 RETRY = dict(attempts=12, backoff_s=0.1)
 PROGRESS_BAR_ENV = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+_NAME = re.compile(r"^(\d{8})-(\d{20})-[A-Za-z0-9_.@-]*-[0-9a-f]{32}\.json$")
 
 
 @contextlib.contextmanager
@@ -54,11 +66,21 @@ def no_progress_bar() -> Iterator[None]:
             os.environ[PROGRESS_BAR_ENV] = before
 
 
+def record_name(seq: int, entry: dict[str, Any]) -> str:
+    """A name no other writer can pick (a fresh uuid4), that sorts by seq and then by the writer's clock."""
+    who = re.sub(r"[^A-Za-z0-9_.@-]", "_", str(entry.get("who", "")))[:40]
+    return f"{seq:08d}-{int(entry.get('time_ns') or 0):020d}-{who}-{uuid.uuid4().hex}.json"
+
+
+def _order(name: str) -> tuple[int, int, str]:
+    m = _NAME.match(name)
+    return (int(m.group(1)), int(m.group(2)), name) if m else (0, 0, name)
+
+
 class AuditLog:
     def __init__(self, client: Any, ws: Workspace, model_name: str) -> None:
         self.client, self.ws, self.model_name = client, ws, model_name
         self._run_id: str | None = None
-        self._read: list[dict[str, Any]] | None = None   # the trail as last read, which append extends
 
     def run_id(self, *, create: bool) -> str | None:
         if self._run_id is None:
@@ -80,48 +102,52 @@ class AuditLog:
 
     def location(self) -> str | None:
         run_id = self.run_id(create=False)
-        return None if run_id is None else f"runs:/{run_id}/{ARTIFACT}"
+        return None if run_id is None else f"runs:/{run_id}/{RECORDS}/"
 
     def lines(self) -> list[dict[str, Any]]:
-        """Every line of the trail, oldest first ([] when the model has none yet), read from the store now."""
-        self._read = self._fetch()
-        return list(self._read)
-
-    def _fetch(self) -> list[dict[str, Any]]:
+        """Every record of the trail, oldest first ([] when the model has none yet), read from the store now."""
         run_id = self.run_id(create=False)
         if run_id is None:
             return []
-        names = {Path(f.path).name for f in with_retries(lambda: self.client.list_artifacts(run_id), **RETRY)}
-        if ARTIFACT not in names:
-            return []
+        top = {Path(f.path).name for f in with_retries(lambda: self.client.list_artifacts(run_id), **RETRY)}
         with tempfile.TemporaryDirectory() as tmp, no_progress_bar():
-            path = with_retries(lambda: self.client.download_artifacts(run_id, ARTIFACT, tmp), **RETRY)
-            text = Path(path).read_text()
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+            old = self._download(run_id, ARTIFACT, tmp) if ARTIFACT in top else None
+            folder = self._download(run_id, RECORDS, tmp) if RECORDS in top else None
+            legacy = [] if old is None else [json.loads(x) for x in old.read_text().splitlines() if x.strip()]
+            files = [] if folder is None else sorted(folder.glob("*.json"), key=lambda p: _order(p.name))
+            return legacy + [json.loads(p.read_text()) for p in files]
 
-    def append(self, entries: list[dict[str, Any]], *, fence: Callable[[], None] | None = None) -> None:
-        """Add lines at the end; the caller holds the model's alias claim, and has read the trail under it
-        (lines()), so no one else has written since: that read is extended rather than fetched again.
+    def _download(self, run_id: str, path: str, dst: str) -> Path:
+        return Path(with_retries(lambda: self.client.download_artifacts(run_id, path, dst), **RETRY))
 
-        `fence` (the claim's verify) runs before each write, retries included: the file is rewritten whole
-        from that read, so a holder that lost the claim would erase the new holder's lines.
+    def _next_seq(self, run_id: str) -> int:
+        listed = with_retries(lambda: self.client.list_artifacts(run_id, RECORDS), **RETRY)
+        return 1 + max((_order(Path(f.path).name)[0] for f in listed), default=0)
+
+    def append(self, entries: list[dict[str, Any]], *,
+               fence: Callable[[], AbstractContextManager[Any]] | None = None) -> list[str]:
+        """Write each entry once as a new record; the names written ("audit/<name>"), oldest first.
+
+        `fence` (the claim's fenced(), claim.py) wraps each write, retries included: a mover that lost the
+        claim writes nothing under it. A record written without a fence (a mover saying it lost) is still
+        only added: no record of anyone else's is read back, rewritten or removed.
         """
-        base = self._read if self._read is not None else self._fetch()
         if fence is not None and self._run_id is None:
-            fence()   # creating the audit run is a write under the claim too
-        run_id = self.run_id(create=True)
+            with fence():   # creating the audit run is a write under the claim too: one run per model
+                run_id = self.run_id(create=True)
+        else:
+            run_id = self.run_id(create=True)
         assert run_id is not None
-        new = [*base, *entries]
-        text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in new)
-
-        def write() -> None:
-            if fence is not None:
-                fence()
-            self.client.log_artifact(run_id, str(path))
-
+        seq = self._next_seq(run_id)
+        names = [record_name(seq + i, e) for i, e in enumerate(entries)]
         with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / ARTIFACT
-            path.write_text(text)
+            for name, entry in zip(names, entries, strict=True):
+                (Path(tmp) / name).write_text(json.dumps(entry, sort_keys=True) + "\n")
+
+            def write() -> None:   # the same names on every try: a retry after a lost answer writes the same files
+                with fence() if fence is not None else contextlib.nullcontext():
+                    self.client.log_artifacts(run_id, tmp, artifact_path=RECORDS)
+
             with no_progress_bar():
                 with_retries(write, **RETRY)
-        self._read = new
+        return [f"{RECORDS}/{n}" for n in names]

@@ -1,9 +1,11 @@
-"""An exclusive, fenced claim on one registered model's aliases, granted by the shared MLflow store itself.
+"""A lease on one registered model's aliases: exclusive, fenced, expiring, granted by the shared MLflow store itself.
 
-    with claim(client, "lmforge-lm") as c:       # blocks until this mover holds the claim
+    with claim(client, "lmforge-lm") as c:       # blocks until this mover holds the lease
         ...                                      # read the holder, compare
-        c.verify("move the alias")               # ClaimLost unless this mover still holds it; then write at once
+        with c.fenced("move the alias"):         # ClaimLost unless this mover still holds it; then write at once
+            client.set_registered_model_alias(...)
     c.token                                      # this holder's random token
+    c.takeovers                                  # leases this mover took over from dead holders, for the trail
 
 The claim is a registered model named `<model>.alias-claim`. Registered-model names are
 the primary key of MLflow's `registered_models` table (PrimaryKeyConstraint on workspace
@@ -30,9 +32,13 @@ hold: it reads the claim and deletes it only if it still has token T (and, for a
 the beat judged stale). T's claim can only be deleted by that guard's holder, and a new
 claim only exists once it is, so the delete between the read and the write is of T's
 claim, never of a fresh one that replaced it (the race the unguarded release left).
+A guard is held for a few requests and never beats, so one still there (same token) after
+a ttl on the waiter's clock, or left by a process of this host that has exited, was left
+by a breaker that died: the waiter deletes it (if it still has that token) and ends T's
+claim itself. Each claim or guard taken over is kept in `takeovers`, and the mover writes
+it to the audit trail as a `lease` record once it holds the claim (aliases.py).
 
-Fencing. The holder calls verify() immediately before each write it makes under the
-claim (the alias move, each audit append, inside each retry of them). verify() reads the
+Fencing. The holder writes only inside `fenced()`, which first calls verify(): it reads the
 claim from the store and checks that its token is still this holder's. Before that, if
 this holder's last confirmed beat (or its create) was sent ttl/2 or more ago by its own
 clock (it was paused, or its heartbeat could not reach the store), it renews the claim:
@@ -40,29 +46,46 @@ it writes a beat on the claim if that still has its token. If the claim is gone 
 another's, verify() raises ClaimLost and the holder writes nothing more: a holder that
 was paused past the ttl and broken finds out before its next write, not at release.
 
-Limits, which MLflow's API sets: it has no conditional write (no "set this alias only if
-the claim still has token T"), so between verify() and the write it guards is a
-check-then-act window: from verify()'s read to the write reaching the store, about one
-request round trip (milliseconds). A waiter breaks no sooner than ttl after the beat
-was sent, and verify() passes only with a beat under ttl/2 old, so a write lands
-after a break only if the holder stalls inside that window for more than ttl/2 (60 s by
-default); a pause anywhere else is caught by the next verify(). Clock skew between hosts
-does not matter: each side measures intervals on its own clock (CLOCK_BOOTTIME, which
-counts a suspended host, where there is one, else the monotonic clock); only the clocks'
-rates must agree, not their times. A guest whose clock does not count its own VM pause
-keeps the store check but loses the ttl/2 bound. The breaker's read-then-delete has a
-window of the same kind: a beat landing inside it is missed, which costs a live holder
-its claim (its next verify() fails); it does harm only if, besides, the next holder's
-whole move fits inside the old holder's own window. A caller that dies holding a
-`.break-<T>` guard (between its few requests) leaves it behind, and T's claim then stays
-until someone deletes both registered models by hand; `lmforge registry claims` names
-them, and a waiter that times out says so.
+The database lock (PostgreSQL). When the client's store is PostgreSQL opened directly
+(`postgresql://...`, as the scale-out setup's processes may), the holder also holds a
+session advisory lock (`pg_try_advisory_lock`, key: a hash of the claim's name) on a
+connection of its own from before it creates the claim to its release. That session
+has `idle_session_timeout` = ttl, and the heartbeat runs a query on it, so a live holder
+keeps it and a paused one loses it: the server ends its session after a ttl of silence
+(and at once when the process dies), which releases the lock. A waiter that gets the
+lock knows the claim's holder lost it, breaks the claim at once and holds the lock for its
+whole move. fenced() opens a transaction on the lock's session, checks the lock is still
+this session's (`pg_try_advisory_xact_lock`), verifies the claim, and commits after the
+write; a session inside a transaction is not idle-timed out, so a holder paused inside
+the window keeps the lock and no one can break it until it resumes or dies, and a holder
+paused anywhere else finds its session gone and gets ClaimLost from the database, not
+from a tag it reads. So on PostgreSQL no write lands after a break.
+
+What the lease guarantees, and what not. On every store: one holder at a time while
+holders are live; a holder that dies or stops beating is taken over after one ttl (at
+once when it died on this host); a guard left behind is taken over the same way; no
+claim or guard needs deleting by hand; a holder learns that it lost before its next
+fenced write. Without the database lock, MLflow's API has no conditional write (no "set
+this alias only if the claim still has token T"), so between verify() and the write is a
+check-then-act window of about one request round trip: a waiter breaks no sooner than ttl
+after the beat was sent, and verify() passes only with a beat under ttl/2 old, so a write
+lands after a break only if the holder stalls inside that window for more than ttl/2
+(60 s by default). The audit trail is append-only (audit.py), so such a late write adds
+a record and never erases another's; the alias itself can still be moved by it. Clock
+skew between hosts does not matter: each side measures intervals on its own clock
+(CLOCK_BOOTTIME, which counts a suspended host, where there is one, else the monotonic
+clock); only the clocks' rates must agree. A guest whose clock does not count its own VM
+pause keeps the store check but loses the ttl/2 bound. The breaker's read-then-delete
+(of a claim or a guard) has a window of the same kind: a beat landing inside it is missed,
+which costs a live holder its lease (its next verify() fails). A stale holder behind an
+MLflow server (http) gets no database lock: the server's store is out of its reach.
 """
 
 from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import logging
 import os
 import random
@@ -70,7 +93,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -87,8 +110,8 @@ BREAK_INFIX = ".break-"
 CLAIM_TTL_S = 120.0
 HEARTBEAT_S = 10.0
 WAIT_S = 600.0
-TOKEN, WHO, HOST, PID, SINCE, BEAT, TTL = (f"lmforge.claim.{k}" for k in ("token", "who", "host", "pid", "since",
-                                                                          "beat", "ttl_s"))
+TOKEN, WHO, HOST, PID, SINCE, BEAT, TTL, LOCKED = (f"lmforge.claim.{k}" for k in (
+    "token", "who", "host", "pid", "since", "beat", "ttl_s", "db_lock"))
 EXISTS = ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS")
 MISSING = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")
 
@@ -172,8 +195,110 @@ def _beat(tags: dict[str, str]) -> str:
     return beat if beat.startswith(f"{tags.get(TOKEN, '')}:") else ""
 
 
+def _ttl(tags: dict[str, str]) -> float:
+    try:
+        return float(tags.get(TTL, 0.0))
+    except ValueError:
+        return 0.0
+
+
 def _holder(tags: dict[str, str]) -> str:
     return f"{tags.get(WHO, '?')} (pid {tags.get(PID, '?')} on {tags.get(HOST, '?')}, since {tags.get(SINCE, '?')})"
+
+
+def _pg_dsn(uri: str) -> str | None:
+    """The psycopg2 DSN of a PostgreSQL store URI (`postgresql://`, `postgresql+psycopg2://`), else None."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme.split("+")[0] not in ("postgresql", "postgres"):
+        return None
+    return f"postgresql://{rest}"
+
+
+def lock_key(name: str) -> int:
+    """The advisory lock's bigint key for a claim name (the first 8 bytes of its SHA-256)."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+class DatabaseLock:
+    """A session advisory lock on the registry's PostgreSQL that the server takes away after ttl of silence."""
+
+    def __init__(self, dsn: str, name: str, ttl_s: float) -> None:
+        self.dsn, self.name, self.key, self.ttl_s = dsn, name, lock_key(name), ttl_s
+        self.conn: Any = None
+        self._mutex = threading.RLock()   # the heartbeat's query waits while a fenced write holds the session
+
+    def acquire(self, deadline: float, beat: Callable[[], None]) -> bool:
+        """Take the lock, polling until `deadline` (time.monotonic()); False if another session still holds it."""
+        import psycopg2
+
+        self.conn = psycopg2.connect(self.dsn, connect_timeout=10,
+                                     application_name=f"lmforge lease {holder_label()} pid {os.getpid()}"[:63])
+        self.conn.autocommit = True
+        self._query(f"SET idle_session_timeout = {max(1, int(self.ttl_s * 1000))}")
+        pause = 0.02
+        while not self._query("SELECT pg_try_advisory_lock(%s)", (self.key,)):
+            if time.monotonic() > deadline:
+                self.release()
+                return False
+            beat()
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(0.5, pause * 1.5)
+        return True
+
+    def _query(self, sql: str, params: tuple = ()) -> Any:
+        with self._mutex, self.conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchone()[0] if cur.description else None
+
+    def beat(self) -> None:
+        """Keep the session from idling out: a live holder's heartbeat runs this."""
+        self._query("SELECT 1")
+
+    @contextlib.contextmanager
+    def fenced(self, lost: Callable[[str], BaseException]) -> Iterator[None]:
+        """One write inside a transaction of the lock's session that still holds the lock; `lost(why)` if not."""
+        import psycopg2
+
+        with self._mutex:
+            try:
+                self._query("BEGIN")
+                held = self._query("SELECT pg_try_advisory_xact_lock(%s)", (self.key,))
+            except psycopg2.Error as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise lost(f"the server ended its database lock's session ({first}): it ends one that is silent "
+                           f"for the ttl ({self.ttl_s:g} s), so this mover was paused or cut off, and another mover "
+                           "may hold the lease") from e
+            if not held:   # not reachable while the session lives: kept for a server that reassigns it
+                self._query("ROLLBACK")
+                raise lost("another session holds its database lock")
+            try:
+                yield
+            except BaseException:
+                self._query("ROLLBACK")
+                raise
+            self._query("COMMIT")
+
+    def holder(self) -> str:
+        """Who holds the lock now, by the application name its session gave (for an error message)."""
+        sql = ("SELECT a.application_name, a.client_addr::text, a.pid FROM pg_locks l JOIN pg_stat_activity a "
+               "ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s")
+        import psycopg2
+
+        key = self.key & 0xFFFFFFFFFFFFFFFF
+        try:
+            with psycopg2.connect(self.dsn, connect_timeout=10) as conn, conn.cursor() as cur:
+                cur.execute(sql, (key >> 32, key & 0xFFFFFFFF))
+                rows = cur.fetchall()
+        except psycopg2.Error as e:
+            return f"(unknown: {type(e).__name__})"
+        return "; ".join(f"{app or '?'} (session {pid} from {addr or 'local'})" for app, addr, pid in rows) or "none"
+
+    def release(self) -> None:
+        if self.conn is None:
+            return
+        with contextlib.suppress(Exception):
+            self.conn.close()   # ends the session: the server drops its locks with it
+        self.conn = None
 
 
 @dataclass
@@ -182,7 +307,10 @@ class Claim:
     model_name: str
     ttl_s: float = field(default_factory=lambda: CLAIM_TTL_S)
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
-    seen: dict[tuple[str, str], float] = field(default_factory=dict)   # (token, beat) -> when this waiter first saw it
+    # name -> ((token, beat), when this waiter first saw that pair on it), for the claim and the guards it met
+    seen: dict[str, tuple[tuple[str, str], float]] = field(default_factory=dict)
+    takeovers: list[dict[str, str]] = field(default_factory=list)   # leases taken over here, for the audit trail
+    db: DatabaseLock | None = field(default=None, repr=False)
     confirmed: float = 0.0          # _now() when this holder last sent a request that proved it held the claim
     lost: str | None = None         # why this holder no longer holds it, once it knows
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -197,13 +325,41 @@ class Claim:
         return min(HEARTBEAT_S, self.ttl_s / 4)
 
     def _tags(self) -> dict[str, str]:
-        return {TOKEN: self.token, WHO: holder_label(), HOST: socket.gethostname(), PID: str(os.getpid()),
+        tags = {TOKEN: self.token, WHO: holder_label(), HOST: socket.gethostname(), PID: str(os.getpid()),
                 SINCE: datetime.now(timezone.utc).isoformat(), TTL: str(self.ttl_s)}
+        return {**tags, LOCKED: "postgresql"} if self.db is not None else tags
+
+    def _lock_database(self, deadline: float) -> None:
+        """On a PostgreSQL store opened directly, hold the claim's advisory lock first (see the module's doc)."""
+        dsn = _pg_dsn(str(getattr(self.client, "tracking_uri", "") or ""))
+        if dsn is None:
+            return
+        lock = DatabaseLock(dsn, self.name, self.ttl_s)
+        if not lock.acquire(deadline, beat=lambda: None):
+            held = _get(self.client, self.name)
+            raise UserError("alias claim", self.name,
+                            f"is held by {_holder(dict(held.tags)) if held else '?'}, whose database lock (session "
+                            f"{lock.holder()}) was not released within the wait",
+                            "Wait for that mover to finish; if it is paused or gone, PostgreSQL ends its session "
+                            f"after {self.ttl_s:g} s of silence and the next mover takes the lease")
+        self.db = lock
 
     def acquire(self, wait_s: float = WAIT_S) -> None:
         deadline = time.monotonic() + wait_s
+        self._lock_database(deadline)
+        try:
+            self._acquire(deadline, wait_s)
+        except BaseException:
+            if self.db is not None:
+                self.db.release()
+                self.db = None
+            raise
+
+    def _acquire(self, deadline: float, wait_s: float) -> None:
         pause = 0.02
         while True:
+            if self.db is not None:
+                self.db.beat()   # the session must not idle out while this mover waits for a claim or a guard
             sent = _now()
             if _create(self.client, self.name, self._tags()):
                 return self._held(sent)
@@ -217,9 +373,9 @@ class Claim:
             if time.monotonic() > deadline:
                 raise UserError("alias claim", self.name,
                                 f"is held by {_holder(tags)} and was not released within {wait_s:.0f} s",
-                                "If that mover is gone, delete the registered model "
-                                f"'{self.name}' (and any '{self.name}{BREAK_INFIX}*' that `lmforge registry claims` "
-                                "lists) in the MLflow UI and move the alias again")
+                                f"It is a lease: it expires {max(self.ttl_s, _ttl(tags)):g} s after its holder's "
+                                "last beat (`lmforge registry claims` shows it), and the next mover takes it over; "
+                                "wait that long, or raise the wait, and move the alias again")
             time.sleep(pause * (0.5 + random.random()))
             pause = min(0.5, pause * 1.5)
 
@@ -243,6 +399,8 @@ class Claim:
     def _renew(self) -> bool:
         """Write a fresh beat if the claim is still this holder's; False (and `lost` says why) if it is not."""
         sent = _now()
+        if self.db is not None:
+            self.db.beat()
         held = _get(self.client, self.name)
         if held is None or dict(held.tags).get(TOKEN) != self.token:
             self.lost = self._why_lost(held)
@@ -252,17 +410,43 @@ class Claim:
         self.confirmed = max(self.confirmed, sent)
         return True
 
-    def _stale(self, tags: dict[str, str]) -> bool:
+    def _stale(self, tags: dict[str, str], name: str | None = None) -> bool:
+        """The claim (or guard `name`) was left by a dead or silent holder; see the module's doc."""
         if _dead_here(tags):
             return True
-        try:   # the holder's ttl if longer: its verify() relies on no waiter breaking it sooner
-            ttl = max(self.ttl_s, float(tags.get(TTL, 0.0)))
-        except ValueError:
-            ttl = self.ttl_s
+        if self.db is not None and tags.get(LOCKED):   # its holder held the database lock, which this mover holds now
+            return True
+        ttl = max(self.ttl_s, _ttl(tags))   # the holder's ttl if longer: its verify() relies on no one breaking sooner
         key = (str(tags.get(TOKEN, "")), _beat(tags))
-        if key not in self.seen:   # a new holder or a new beat: its ttl starts now (older keys will not return)
-            self.seen = {key: _now()}
-        return _now() - self.seen[key] > ttl
+        name = name or self.name
+        if name not in self.seen or self.seen[name][0] != key:   # a new holder or a new beat: its ttl starts now
+            self.seen[name] = (key, _now())
+        return _now() - self.seen[name][1] > ttl
+
+    def _took_over(self, what: str, name: str, tags: dict[str, str]) -> None:
+        idle = _now() - self.seen[name][1] if name in self.seen else 0.0
+        how = ("its process had exited" if _dead_here(tags) else "its database lock had been released"
+               if self.db is not None and tags.get(LOCKED) else f"it was unchanged for {idle:.1f} s")
+        self.takeovers.append({"what": what, "name": name, "holder": _holder(tags), "token": str(tags.get(TOKEN, "")),
+                               "ttl_s": f"{max(self.ttl_s, _ttl(tags)):g}", "why": how,
+                               "when": datetime.now(timezone.utc).isoformat(), "time_ns": str(time.time_ns())})
+        log.warning("alias claim %s: took over the %s %s of %s (%s)", self.name, what, name, _holder(tags), how)
+
+    def _take_over_guard(self, guard: str) -> None:
+        """Delete a guard left by a breaker that died (or stalled past the ttl) holding it, if it is still that one."""
+        held = _get(self.client, guard)
+        tags = dict(held.tags) if held is not None else {}
+        if held is None or not self._stale(tags, guard):
+            return
+        again = _get(self.client, guard)
+        if again is not None and dict(again.tags).get(TOKEN) == tags.get(TOKEN) and _delete(self.client, guard):
+            self._took_over("guard", guard, tags)
+
+    def _drop_guard(self, guard: str) -> None:
+        """Delete this mover's guard, unless it was taken over meanwhile (this mover stalled past the ttl)."""
+        held = _get(self.client, guard)
+        if held is not None and dict(held.tags).get(TOKEN) == self.token:
+            _delete(self.client, guard)
 
     def _end(self, token: str, *, beat: str | None = None) -> bool:
         """Delete the claim if it still has `token` (and `beat`, when given), holding `token`'s guard.
@@ -272,17 +456,20 @@ class Claim:
         """
         guard = guard_name(self.model_name, token)
         if not _create(self.client, guard, self._tags()):
-            return False   # someone else is ending it
+            self._take_over_guard(guard)   # someone else is ending it, or died doing so: then it expires
+            return False
         try:
             held = _get(self.client, self.name)
             tags = dict(held.tags) if held is not None else {}
             if held is None or tags.get(TOKEN) != token or (beat is not None and _beat(tags) != beat):
                 return False
+            if not _delete(self.client, self.name):
+                return False
             if token != self.token:
-                log.warning("alias claim %s: breaking the stale claim of %s", self.name, _holder(tags))
-            return _delete(self.client, self.name)
+                self._took_over("claim", self.name, tags)
+            return True
         finally:
-            _delete(self.client, guard)
+            self._drop_guard(guard)
 
     def _why_lost(self, held: Any | None) -> str:
         if held is None:
@@ -303,15 +490,40 @@ class Claim:
             if held is None or dict(held.tags).get(TOKEN) != self.token:
                 self.lost = self._why_lost(held)
         if self.lost is not None:
-            raise ClaimLost("alias claim", self.name, f"was lost before this mover could {before}: {self.lost}; "
-                            "it wrote nothing from then on",
-                            "See what happened with `lmforge registry history` and decide the move again "
-                            "(re-run the command) if it is still wanted")
+            raise self._refuse(before, self.lost)
+
+    @contextlib.contextmanager
+    def fenced(self, before: str) -> Iterator[None]:
+        """Make one write under the claim: verified first and, on PostgreSQL, inside the database lock's fence."""
+        if self.db is None:
+            self.verify(before)
+            yield
+            return
+        with self.db.fenced(lambda why: self._refuse(before, why)):
+            self.verify(before)
+            yield
+
+    def _refuse(self, before: str, why: str) -> ClaimLost:
+        self.lost = self.lost or why
+        return ClaimLost("alias claim", self.name, f"was lost before this mover could {before}: {self.lost}; "
+                         "it wrote nothing from then on",
+                         "See what happened with `lmforge registry history` and decide the move again "
+                         "(re-run the command) if it is still wanted")
 
     def release(self) -> None:
         self._stop.set()
         if self._beater is not None:
             self._beater.join(timeout=5)
+        try:
+            self._release()
+        finally:
+            if self.db is not None:
+                self.db.release()
+                self.db = None
+
+    def _release(self) -> None:
+        if self.lost is not None and self.db is not None:
+            return   # its session is gone: the claim may be another's lease by now, and it is not this mover's to end
         if not self._end(self.token) and self.lost is None:   # a holder that knew raised ClaimLost already
             log.warning("alias claim %s: was broken while this mover (token %s) held it; its writes were verified "
                         "before each one, so any it made came before: check `lmforge registry audit`",

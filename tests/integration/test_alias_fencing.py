@@ -6,8 +6,8 @@ v1 -> v2 and stops itself with SIGSTOP, every thread of it, the claim's heartbea
 claim: right after it read the holder ("decided"), or right after it wrote its pending audit record ("pending").
 This process then moves `champion` v1 -> v3: it waits out the ttl (lowered to TTL_S here and in the child) without
 a beat, breaks the claim and moves. Resumed, the child must exit with ClaimLost; the alias is v3, the round has one
-move (the breaker's) in the history and the audit trail, and no claim is left. Without fencing the resumed child
-moves the alias to v2 and rewrites the trail from its stale read, erasing the breaker's record.
+move (the breaker's) in the history and the audit trail, and no claim is left; the child adds a record that it
+lost. Without fencing the resumed child moves the alias to v2.
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def test_a_holder_paused_past_the_ttl_is_refused_and_the_breaker_moves_once(serv
     done = [line for line in lines if line["state"] == "done"]
     assert [(d["to_version"], d["why"]) for d in done] == [(v1, "start"), (v3, "breaker")]
     paused = [(line["to_version"], line["state"]) for line in lines if line["who"] == "A"]
-    # stopped before its pending record: none; after it: the breaker found it pending and settled it aborted
-    assert paused == ([] if where == "decided" else [(v2, "pending"), (v2, "aborted")])
+    # stopped before its pending record: only its own record that it lost; after it: the breaker found it pending
+    # and settled it aborted, and the resumed mover added that it lost
+    assert paused == ([(v2, "lost")] if where == "decided" else [(v2, "pending"), (v2, "aborted"), (v2, "lost")])
     assert claims.leftover_claims(client) == []
