@@ -52,7 +52,7 @@ def indexed(ws) -> str:
 
 def test_another_process_gets_the_store_after_a_call_while_the_first_lives_on(ws):
     name = indexed(ws)
-    first = child(f"n = EdgeCollections(Path({str(ws.qdrant)!r})).count({name!r}).count; "
+    first = child(f"s = EdgeCollections(Path({str(ws.qdrant)!r})); n = s.count({name!r}).count; "   # s lives on
                   "print('ready', flush=True); time.sleep(60)")
     try:
         store = EdgeCollections(ws.qdrant, wait_s=0)   # no waiting: the first let go when its call returned
