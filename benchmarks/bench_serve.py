@@ -17,10 +17,11 @@ static batches of 32, the baseline: a batch runs to its longest row.
 Mixed traffic: `--sampled FRACTION [FRACTION ...]` runs every point once per fraction, that share of its
 requests sampled (temperature 0.8, top_p 0.95, no seed: the batch's random stream) and the rest greedy
 (temperature 0). Which requests sample is a seeded choice (MIX_SEED), the same in every run; the
-prompts and lengths are the same for every fraction. With `--rounds N` the fractions alternate N times
-at each concurrency (0, 0.5, 0, 0.5, ...), so a change in the machine's load hits both alike. Each
-mixed point is compared with the all-greedy (0) point of the same round: its throughput ratio (target
->= 0.8x) and its greedy requests' TPOT p99 over the all-greedy run's (target <= 1.5x, issue 41).
+prompts and lengths are the same for every fraction. With `--rounds N` the fractions run N times at
+each concurrency in ABBA order (0, 0.5, 0.5, 0, ...), so a load that rises or falls through the run
+favours neither. Each mixed point is compared with the all-greedy (0) point of the same round: its
+throughput ratio (target >= 0.8x) and its greedy requests' TPOT p99 over the all-greedy run's (target
+<= 1.5x, issue 41); with several rounds, also the median of each ratio.
 
 Reported per point: output tokens/s, TTFT and TPOT p50/p99 (from the client's send, so queueing
 counts), TPOT p50/p99 of the greedy and of the sampled requests apart, errors; and the ratio of the
@@ -252,14 +253,15 @@ def serve_points(model_dir: Path, tmp: Path, args: argparse.Namespace, engine: s
 
 
 def sender_points(name: str, send: Send, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Every concurrency, and at each the sampled shares in turn, `rounds` times (alternating), after an unrecorded
-    warm-up point (2 requests a client, the largest share) that brings the batch up to this concurrency."""
+    """Every concurrency, and at each the sampled shares in turn, `rounds` times, in ABBA order (even rounds reversed,
+    so a load that rises or falls through the run favours neither share), after an unrecorded warm-up point (2
+    requests a client, the largest share) that brings the batch up to this concurrency."""
     points = []
     for c in args.concurrency:
         warm = run_point(send, c, 2 * c, max(args.sampled))
         print(f"warm-up at c={c}: {warm['tokens_per_s']:.0f} tok/s, {warm['errors']} errors (not recorded)", flush=True)
         for r in range(args.rounds):
-            for share in args.sampled:
+            for share in (args.sampled if r % 2 == 0 else args.sampled[::-1]):
                 point = {"config": name, "round": r + 1, **run_point(send, c, args.requests, share)}
                 print(point, flush=True)
                 points.append(point)
