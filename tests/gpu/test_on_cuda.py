@@ -8,7 +8,7 @@ is checked against an independent figure: torch's FlopCounterMode on one forward
 the same model and micro-batch, over the logged step time, against the datasheet peak. The logged
 step time itself is checked against a clock the rank does not own: the test times the same model's
 training step (forward, backward, fused AdamW, compiled, same precision and micro-batch) with CUDA
-events, and the rank's step can be no faster than that bare step, nor slower by orders of magnitude.
+events, and the rank's step can be no faster than that bare step, nor more than twice as slow.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.integration.train_support import make_ws, run_training, tiny_training
 pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
+STEP_OVER_BARE = 2.0   # a rank's logged step is at most this many bare steps
 STRATEGIES = {
     "ddp": {"strategy": "ddp"},
     "zero1": {"strategy": "zero1"},
@@ -146,11 +147,12 @@ def test_strategy_trains_on_one_gpu_and_exports(ws, name, monkeypatch, bare_step
         assert e["memory"][0]["device_peak"] > 0
     # The logged step time against the bare step timed above with CUDA events (not the rank's own clock): a
     # rank step does that work and more (ZeRO bookkeeping, the engine's clipping, data, logging), so it is no
-    # faster (a step_s counted too small would report an MFU no run reaches), and a step a thousand times
-    # slower would be a unit or window error. Steps 1-2 compile; their times are not compared.
+    # faster (a step_s counted too small would report an MFU no run reaches), and no more than twice as slow (a
+    # window counted twice, or the engine's overhead grown to the size of the step, fails; issue 44: the bound was
+    # 1000x, which no such error reaches). Steps 1-2 compile; their times are not compared.
     bare = bare_step_s
     for e in events[2:]:
-        assert bare * 0.9 <= e["step_s"] <= bare * 1000, (e["step_s"], bare)
+        assert bare * 0.9 <= e["step_s"] <= bare * STEP_OVER_BARE, (e["step_s"], bare)
         assert e["mfu"] <= counted * tokens_per_step / bare / peak * 1.1, (e, bare)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "export").eval()
     probe = load_file(str(run_dir / "probe.safetensors"))

@@ -39,7 +39,10 @@ def fake_stages(monkeypatch, workspace):
 
         def fake(cfg, _name=name, **kwargs):
             calls.append((_name, kwargs))
-            return results.get(_name, {"summary": f"{_name} ran"})
+            result = results.get(_name, {"summary": f"{_name} ran"})
+            if isinstance(result, Exception):
+                raise result
+            return result
 
         monkeypatch.setattr(sys.modules[flow.fn.__module__], flow.fn.__name__, fake)
     monkeypatch.setattr(pipeline, "missing_model", lambda ws, cfg, stage: None)
@@ -73,11 +76,50 @@ def test_the_pipeline_skips_compress_when_the_gate_declined(fake_stages, tiny_co
     assert out["stages"]["compress"]["result"]["summary"].startswith("skipped: the gate declined v4")
 
 
-def test_retrain_runs_a_chain_of_the_stages():
-    from lmforge.flows.retrain import STAGES as RETRAIN
+@pytest.fixture
+def fake_retrain(fake_stages, monkeypatch):
+    """retrain_flow over the fake stage flows: a served version, its corpus and the registry stubbed out."""
+    from types import SimpleNamespace
 
-    assert RETRAIN == ("corpus", "data", "train", "evaluate", "compress", "deploy")
-    assert [name for name in STAGES if name in RETRAIN] == list(RETRAIN[1:])
+    from lmforge.components import registry
+    from lmforge.flows import retrain
+    from lmforge.monitoring import served
+
+    calls, results = fake_stages
+    results["evaluate"] = {"summary": "evaluate ran", "version": "2", "decision": {"promote": True, "reason": "better"}}
+    monkeypatch.setattr(served, "served_model", lambda ws, cfg: SimpleNamespace(
+        records=Path("records"), dataset_version="d1", source="here", version="1"))
+    monkeypatch.setattr(retrain, "retrain_corpus", lambda *args: {"path": "corpus.jsonl", "old": 1, "new": 1})
+    monkeypatch.setattr(retrain, "retrain_base", lambda *args: None)
+    monkeypatch.setattr(registry, "current", lambda *args: "2")
+    return retrain, calls, results
+
+
+def test_retrain_runs_the_pipelines_stages_in_the_tables_order_and_reports_each(fake_retrain, tiny_config):
+    """What a retrain runs is a chain of the stage table (STAGES, in its order, each once), and its result names the
+    stages it ran, as retrain.STAGES says (the failure reason reads that list)."""
+    retrain, calls, _ = fake_retrain
+    out = retrain.retrain_flow.fn(tiny_config)
+    ran = [name for name, _ in calls]
+    assert out["outcome"] == retrain.SERVING, out
+    assert ran == [name for name in STAGES if name in ran] and len(set(ran)) == len(ran) >= 4
+    assert ran[0] == "data" and ran[-1] == "deploy"
+    assert list(out["stages"]) == ["corpus", *ran] == list(retrain.STAGES)
+
+
+@pytest.mark.parametrize("failing", ["data", "train", "evaluate", "deploy"])
+def test_a_failed_retrain_names_the_stage_that_failed(fake_retrain, tiny_config, failing):
+    import json
+
+    from lmforge.components.workspace import Workspace
+
+    retrain, _, results = fake_retrain
+    results[failing] = RuntimeError("planted")
+    with pytest.raises(RuntimeError, match="planted"):
+        retrain.retrain_flow.fn(tiny_config)
+    journal = (Workspace.from_env().monitoring / retrain.JOURNAL).read_text().splitlines()
+    last = json.loads(journal[-1])
+    assert last["outcome"] == retrain.FAILED and last["reason"].startswith(f"{failing} failed: RuntimeError: planted")
 
 
 def test_the_run_summary_has_a_headline_per_stage():

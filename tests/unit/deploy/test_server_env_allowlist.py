@@ -1,7 +1,9 @@
 """Triton's environment is an allowlist (deploy/server.py): a credential in any variable's value never reaches it.
 
-The real server's /proc/<pid>/environ, and its model stubs', are checked in
-tests/integration/test_deploy_triton.py; this is the allowlist itself, without starting anything.
+That no credential reaches a real server is checked where it lives: credentials planted in the caller's environment
+are looked for in the running Triton server's and its model stubs' /proc/<pid>/environ by
+tests/integration/test_deploy_triton.py. Here, the allowlist's output for a planted environment; a test that restated
+the lists' names (issue 44) is gone.
 """
 
 from __future__ import annotations
@@ -42,11 +44,6 @@ def test_the_allowlist_keeps_what_serving_needs_and_drops_every_credential_whate
     env = server.allowed_env({**CREDENTIAL_VALUES, **CREDENTIAL_NAMES, **NEEDED})
     assert env == NEEDED
     assert PASSWORD not in "\n".join(f"{k}={v}" for k, v in env.items())
-
-
-@pytest.mark.parametrize("name", sorted(CREDENTIAL_VALUES) + sorted(CREDENTIAL_NAMES))
-def test_no_listed_name_or_prefix_lets_a_credential_through(name):
-    assert name not in server.SERVER_ENV_NAMES and not name.startswith(server.SERVER_ENV_PREFIXES)
 
 
 def test_the_server_env_is_the_allowlist_plus_the_serving_venv(monkeypatch):

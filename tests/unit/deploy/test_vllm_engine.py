@@ -1,4 +1,8 @@
-"""deploy/vllm_engine.py without vLLM: the server's command, the request body, the KV cache size, a missing venv."""
+"""deploy/vllm_engine.py without vLLM: the request body, the KV cache size, a missing venv, the watchdog.
+
+That the server runs the model folder with the step's batch and a KV budget is checked on a real vLLM in
+tests/integration/test_vllm_engine.py (skipped, naming `make vllm`, where .venv-vllm is not built); a restatement of
+the command line it builds was here and is gone (issue 44): it passed whatever vLLM made of the flags."""
 
 from __future__ import annotations
 
@@ -14,17 +18,6 @@ from lmforge.deploy.vllm_engine import VllmEngine, VllmSettings, kv_cache_gib
 
 def engine(**settings) -> VllmEngine:
     return VllmEngine("/m", None, EngineConfig(max_requests_per_step=16), VllmSettings(python="/v/bin/python", **settings))
-
-
-def test_the_server_runs_the_model_folder_with_the_steps_batch_and_a_kv_budget():
-    e = engine(kv_cache_gib=3)
-    cmd = e.command()
-    assert cmd[:3] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert cmd[cmd.index("--model") + 1] == "/m" and cmd[cmd.index("--max-num-seqs") + 1] == "16"
-    assert cmd[cmd.index("--dtype") + 1] == "float32" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert e.environment()["VLLM_CPU_KVCACHE_SPACE"] == "3"
-    gpu = engine(device="cuda:1", dtype="auto")
-    assert gpu.environment()["CUDA_VISIBLE_DEVICES"] == "1" and "--gpu-memory-utilization" in gpu.command()
 
 
 def test_a_request_is_its_token_ids_streamed_greedy_or_with_its_seeded_sampling():
