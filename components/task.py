@@ -271,13 +271,12 @@ def shapes_kind(shapes: dict[str, int]) -> str:
 def misfit(kind: str, shapes: dict[str, int]) -> str | None:
     """Why a task of `kind` cannot use records of these counted shapes, in words; None when it fits.
 
-    A chat task needs chats (the others have no turns to render); a docstring or completion task cannot render a
-    chat's messages; the docstring preset needs a prompt in every record (a document has none)."""
+    A chat task needs chats (the others have no turns to render; a mix is a chat dataset, as infer_kind says); a
+    docstring or completion task cannot render a chat's messages; the docstring preset needs records with a prompt
+    (a document has none: a corpus of only documents gives it nothing to learn or score)."""
     held = {s: n for s, n in shapes.items() if n}
-    if not held:
-        return None
     unusable = [s for s in held if s not in USES[kind]]
-    if kind == "chat" and "chat" in held or not unusable:
+    if not held or not unusable or "chat" not in unusable and any(s in USES[kind] for s in held):
         return None
     said = ", ".join(f"{n} {SHAPES[s]}" for s, n in sorted(held.items()))
     why = "needs chats (messages)" if kind == "chat" else "cannot render " + " or ".join(

@@ -34,7 +34,7 @@ def _shapes(tmp_path, *records: Record):
     ("docstring", [CHAT, CHAT], "2 chats", 'task.kind = "chat"'),
     ("completion", [CHAT, DOCUMENT], "1 chats", 'task.kind = "chat"'),
     ("chat", [PAIR, DOCUMENT], "1 prompt/completion pairs", 'task.kind = "completion"'),
-    ("docstring", [DOCUMENT, DOCSTRING], "1 documents", 'task.kind = "completion"'),
+    ("docstring", [DOCUMENT, DOCUMENT], "2 documents", 'task.kind = "completion"'),
 ])
 def test_a_declared_kind_that_does_not_fit_the_records_is_refused(tmp_path, kind, records, held, fix):
     with pytest.raises(UserError) as e:
@@ -45,7 +45,7 @@ def test_a_declared_kind_that_does_not_fit_the_records_is_refused(tmp_path, kind
 
 
 @pytest.mark.parametrize("kind, records", [
-    ("chat", [CHAT, DOCUMENT]), ("docstring", [DOCSTRING, PAIR]), ("completion", [DOCSTRING, PAIR, DOCUMENT]),
+    ("chat", [CHAT, DOCUMENT]), ("docstring", [DOCSTRING, PAIR]), ("docstring", [PAIR, DOCUMENT]), ("completion", [DOCSTRING, PAIR, DOCUMENT]),
     ("auto", [CHAT, PAIR, DOCUMENT]),
 ])
 def test_a_kind_that_fits_passes(tmp_path, kind, records):
