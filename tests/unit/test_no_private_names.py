@@ -4,7 +4,10 @@ Read with `ast` over every source folder (tests excepted: a unit test may reach 
 - an import of a private name or through a private module (`from x import _y`, `import x._y`, `from x._y import z`);
 - a private attribute of an imported name (`torch._foo(...)`, `AutoModelForCausalLM._model_mapping`);
 - a private attribute of any object but `self`/`cls` (`client._client`, `getattr(client, "_client")`), unless it
-  is one of the few named below, each with the reason the library offers no public way.
+  is one of the few named below, each with the reason the library offers no public way;
+- an attribute set on an imported library (`datasets.config.HF_HUB_OFFLINE = True`, `setattr(torch, "x", v)`), and
+  a method of another object replaced at run time by a function of ours (`engine.step = step`): each that remains
+  is named below (SETTABLE, REPLACED) with its reason, and a name no source uses any more is an error too.
 """
 
 from __future__ import annotations
@@ -34,6 +37,28 @@ KNOWN = {
     "_grid": "DeepSpeed's PipelineModule process grid, needed before the engine (which exposes .grid) exists",
     "_prepare_schedule_with_comms": "torch.distributed.pipelining's lowering of a flat action list into sends/recvs",
     "_type": "a TorchScript ScriptObject's type: the only way to name a custom module's packed params",
+}
+
+# Attributes set on an imported library, as written: each the library's documented switch, or one it reads only once.
+SETTABLE = {
+    "torch.backends.cuda.matmul.allow_tf32": "PyTorch's documented TF32 switch (torch.backends, 'TensorFloat-32')",
+    "torch.backends.cudnn.allow_tf32": "PyTorch's documented TF32 switch for cuDNN convolutions (torch.backends)",
+    "warnings.showwarning": "the Python library reference: 'You may replace this function with any callable by "
+                            "assigning to warnings.showwarning' (flows/quiet.py puts the original back)",
+    "hub_constants.HF_HUB_OFFLINE": "huggingface_hub reads HF_HUB_OFFLINE once, at import, into this constant; "
+                                    "vectors.embed.hf_offline sets it for a block and puts it back",
+    "ds_config.HF_HUB_OFFLINE": "datasets reads it once, at import (datasets.config); hf_offline sets and restores it",
+    "ds_config.HF_DATASETS_OFFLINE": "datasets reads it once, at import (datasets.config); hf_offline sets and "
+                                     "restores it",
+}
+# Methods of a library's object replaced by a function of ours at run time.
+REPLACED = {
+    "clip_fp32_gradients": "training/assemble.py keep_grad_norm: DeepSpeed's engine calls clip_fp32_gradients for "
+                           "fp32 without ZeRO and drops the norm it computes, so get_global_grad_norm() is None "
+                           "there; DeepSpeed has no public hook to keep it (its ZeRO and bf16 optimizers keep theirs). "
+                           "The replacement calls DeepSpeed's own public clip_grad_norm_ with the engine's settings; "
+                           "the public way round, gradient_clipping = 0 and clipping in the loop, would move the "
+                           "clip out of engine.step for this one path",
 }
 
 
@@ -91,12 +116,60 @@ def attribute_findings(tree: ast.Module, bound: set[str]) -> list[tuple[int, str
     return found
 
 
+def assigned_attributes(tree: ast.Module) -> list[tuple[ast.AST, ast.Attribute | None, str, ast.AST | None]]:
+    """(node, target, name, value) of each attribute assignment: `a.b = v`, `a.b += v`, `a.b: T = v`, and
+    `setattr(a, "b", v)` (target None: the name is setattr's constant)."""
+    out: list[tuple[ast.AST, ast.Attribute | None, str, ast.AST | None]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in (e for each in targets for e in (each.elts if isinstance(each, ast.Tuple) else [each])):
+                if isinstance(t, ast.Attribute):
+                    out.append((node, t, t.attr, node.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
+                and len(node.args) == 3 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+            out.append((node, None, node.args[1].value, node.args[2]))
+    return out
+
+
+def root(node: ast.AST) -> ast.AST:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+def assignment_findings(tree: ast.Module, bound: set[str]) -> list[tuple[int, str]]:
+    """Attributes set on an imported library, and another object's method replaced by a function of ours."""
+    ours = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    owners = {"self", "cls", *(n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef))}   # our own classes
+    found = []
+    for node, target, name, value in assigned_attributes(tree):
+        base = target.value if target is not None else node.args[0]
+        shown = ast.unparse(target) if target is not None else f"{ast.unparse(base)}.{name}"
+        if isinstance(root(base), ast.Name) and root(base).id in bound and shown not in SETTABLE:
+            found.append((node.lineno, f"{shown} = ... (sets an attribute of an imported library)"))
+        elif (isinstance(value, ast.Lambda) or isinstance(value, ast.Name) and value.id in ours) \
+                and not (isinstance(root(base), ast.Name) and root(base).id in owners) \
+                and name not in REPLACED and name not in KNOWN:   # a KNOWN private name has its reason there
+            found.append((node.lineno, f"{shown} = {ast.unparse(value)} (replaces another object's method at run time)"))
+    return found
+
+
+def used_exceptions() -> set[str]:
+    """The SETTABLE targets and REPLACED names some source still sets."""
+    used = set()
+    for path in sources():
+        for _, target, name, _ in assigned_attributes(ast.parse(path.read_text(encoding="utf-8"))):
+            used.update({name, ast.unparse(target)} if target is not None else {name})
+    return used
+
+
 def findings() -> list[str]:
     out = []
     for path in sources():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         imports, bound = import_findings(tree)
-        for line, what in imports + attribute_findings(tree, bound):
+        for line, what in imports + attribute_findings(tree, bound) + assignment_findings(tree, bound):
             out.append(f"{path.relative_to(ROOT)}:{line}: {what}")
     return out
 
@@ -105,17 +178,35 @@ def test_no_source_file_uses_a_private_name_of_another_library():
     assert findings() == [], "use the library's public API (or name the reason in KNOWN):\n" + "\n".join(findings())
 
 
+def test_each_named_exception_is_still_used():
+    stale = (set(SETTABLE) | set(REPLACED)) - used_exceptions()
+    assert not stale, f"no source sets these any more; remove them from SETTABLE / REPLACED: {sorted(stale)}"
+
+
 @pytest.mark.parametrize("code, why", [
     ("from torch.utils.cpp_extension import _get_build_directory\n", "import _get_build_directory"),
     ("from torch._utils import flatten\n", "from torch._utils import"),
     ("import torch\nq = torch._make_per_tensor_quantized_tensor\n", "imported library"),
     ("def f(client):\n    return client._client.collections\n", "another object"),
     ("def f(client):\n    return getattr(client, '_client', None)\n", "another object"),
+    ("import datasets.config\ndatasets.config.HF_DATASETS_OFFLINE = True\n", "attribute of an imported library"),
+    ("import torch\nsetattr(torch, 'manual_seed', print)\n", "attribute of an imported library"),
+    ("import huggingface_hub.constants as c\nc.HF_HUB_OFFLINE, x = True, 1\n", "attribute of an imported library"),
+    ("def f(engine):\n    def step():\n        pass\n    engine.step = step\n", "replaces another object's method"),
+    ("def f(engine):\n    engine.backward = lambda loss: None\n", "replaces another object's method"),
 ])
 def test_each_kind_of_private_use_is_found(code, why):
     tree = ast.parse(code)
     imports, bound = import_findings(tree)
-    assert any(why in what for _, what in imports + attribute_findings(tree, bound))
+    assert any(why in what for _, what in imports + attribute_findings(tree, bound) + assignment_findings(tree, bound))
+
+
+def test_setting_our_own_objects_or_a_librarys_documented_config_is_not_a_finding():
+    code = ("from transformers import AutoConfig\nclass A:\n    def f(self, model):\n        self.g = self.f\n"
+            "        model.config.use_cache = False\n        cfg = AutoConfig()\n        cfg.dtype = 'x'\n")
+    tree = ast.parse(code)
+    _, bound = import_findings(tree)
+    assert assignment_findings(tree, bound) == []
 
 
 def test_a_class_may_use_its_own_private_names():
