@@ -35,7 +35,7 @@ from lmforge.components.evaluation.baseline import UnigramModel
 from lmforge.components.evaluation.bpc import bits_per_character
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import summarize
-from lmforge.components.evaluation.rag import Rag, store_busy
+from lmforge.components.evaluation.rag import Rag, held, store_busy
 from lmforge.components.evaluation.text_metrics import score_texts
 from lmforge.components.registry.loading import load_causal_lm
 from lmforge.components.sections.evaluation import EvaluationConfig
@@ -200,7 +200,8 @@ def _run_rag(rag: Rag | Callable[[str], str] | None, model: Any, tokenizer: Any,
     if augment is None:
         return {"status": "skipped", "reason": rag.reason}, [], []  # type: ignore[union-attr]
     try:
-        rag_prompts = [augment(task.plain(p)) for p in prompts]
+        with held():   # one hold of the store for the batch, not one shard load per prompt
+            rag_prompts = [augment(task.plain(p)) for p in prompts]
     except Exception as e:  # a store that breaks mid-run is reported, never scored as RAG; a held one is an error
         if store_busy(e):
             raise

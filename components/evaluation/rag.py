@@ -16,6 +16,7 @@ is not such a reason: retrieval waits for it (vectors.lock_wait_s), then its err
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,15 @@ def store_busy(e: BaseException) -> bool:
     except ImportError:
         return False
     return isinstance(e, StoreBusy)
+
+
+def held() -> AbstractContextManager[Any]:
+    """The vector store held across a batch of retrievals (one shard load for all of them), when retrieval is here."""
+    try:
+        from lmforge.components.vectors.index import stores_held
+    except ImportError:
+        return nullcontext()
+    return stores_held()
 
 
 def release() -> None:

@@ -16,7 +16,14 @@ from lmforge.components.evaluation.rag import build_rag
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
-from lmforge.components.vectors.index import HOLDER, EdgeCollections, StoreBusy, close_clients, index_dataset
+from lmforge.components.vectors.index import (
+    HOLDER,
+    EdgeCollections,
+    StoreBusy,
+    close_clients,
+    index_dataset,
+    stores_held,
+)
 from tests.integration.evalreg_support import make_eval_dataset
 from tests.unit.features.fakedata import make_dataset
 
@@ -100,13 +107,19 @@ def test_the_holder_record_is_there_while_held_and_gone_after(tmp_path):
     assert not (tmp_path / "q" / HOLDER).exists()
 
 
-def test_a_session_loads_each_shard_once_and_a_bare_call_loads_it_for_itself(ws, monkeypatch):
+def counted_loads(monkeypatch) -> list[str]:
+    """The paths the engine loads shards from, one entry per load."""
     import qdrant_edge
 
-    name = indexed(ws)
-    loads = []
+    loads: list[str] = []
     real = qdrant_edge.EdgeShard.load
     monkeypatch.setattr(qdrant_edge.EdgeShard, "load", lambda path, *a: loads.append(path) or real(path, *a))
+    return loads
+
+
+def test_a_session_loads_each_shard_once_and_a_bare_call_loads_it_for_itself(ws, monkeypatch):
+    name = indexed(ws)
+    loads = counted_loads(monkeypatch)
     store = EdgeCollections(ws.qdrant)
     for _ in range(3):
         store.query_points(name, query=[1.0] * 32, limit=2)
@@ -145,3 +158,25 @@ def test_a_store_held_mid_evaluation_fails_the_evaluation_instead_of_skipping_ra
     cfg = EvaluationConfig(max_examples=2, max_new_tokens=4, batch_size=2, bpc_max_docs=2)
     with pytest.raises(StoreBusy, match="pid 1"):
         evaluate_model_dir(tiny_model_dir, ws.dataset_dir(version), cfg, rag=augment)
+
+
+def test_rag_holds_the_store_once_for_all_its_prompts(ws, tiny_model_dir, monkeypatch):
+    version = make_eval_dataset(ws, per_module=4)
+    index_dataset(ws, version, HASHING)
+    close_clients()
+    loads = counted_loads(monkeypatch)
+    rag = build_rag(ws, HASHING, FeaturesConfig(enabled=False), k=2, dataset_version=version)
+    cfg = EvaluationConfig(max_examples=4, max_new_tokens=4, batch_size=4, bpc_max_docs=2)
+    result = evaluate_model_dir(tiny_model_dir, ws.dataset_dir(version), cfg, rag=rag)
+    assert result.rag["status"] == "ok" and len(result.examples) == 4
+    assert len(loads) == 2   # the probe's, then one for the four prompts (not one per prompt)
+    assert not (ws.qdrant / HOLDER).exists()   # and released after
+    with stores_held():
+        store = EdgeCollections(ws.qdrant)
+        store.count(rag_collection(ws, version))
+        assert (ws.qdrant / HOLDER).exists()   # held between calls, until the block ends
+    assert not (ws.qdrant / HOLDER).exists()
+
+
+def rag_collection(ws, version: str) -> str:
+    return next(p.name for p in ws.qdrant.iterdir() if version in p.name)
