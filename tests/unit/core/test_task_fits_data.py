@@ -45,7 +45,8 @@ def test_a_declared_kind_that_does_not_fit_the_records_is_refused(tmp_path, kind
 
 
 @pytest.mark.parametrize("kind, records", [
-    ("chat", [CHAT, DOCUMENT]), ("docstring", [DOCSTRING, PAIR]), ("docstring", [PAIR, DOCUMENT]), ("completion", [DOCSTRING, PAIR, DOCUMENT]),
+    ("chat", [CHAT, DOCUMENT]), ("docstring", [DOCSTRING, PAIR]), ("docstring", [PAIR, DOCUMENT]),
+    ("completion", [DOCSTRING, PAIR, DOCUMENT]),
     ("auto", [CHAT, PAIR, DOCUMENT]),
 ])
 def test_a_kind_that_fits_passes(tmp_path, kind, records):
