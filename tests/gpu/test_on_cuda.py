@@ -150,9 +150,12 @@ def test_strategy_trains_on_one_gpu_and_exports(ws, name, monkeypatch, bare_step
     # faster (a step_s counted too small would report an MFU no run reaches), and no more than twice as slow (a
     # window counted twice, or the engine's overhead grown to the size of the step, fails; issue 44: the bound was
     # 1000x, which no such error reaches). Steps 1-2 compile; their times are not compared.
+    # With the optimizer offloaded, its step runs on the CPU (DeepSpeedCPUAdam, after a copy of every gradient to
+    # the host), work the bare GPU step does not do: that run is held to the lower bound only.
     bare = bare_step_s
+    over = math.inf if STRATEGIES[name].get("offload_optimizer") else STEP_OVER_BARE
     for e in events[2:]:
-        assert bare * 0.9 <= e["step_s"] <= bare * STEP_OVER_BARE, (e["step_s"], bare)
+        assert bare * 0.9 <= e["step_s"] <= bare * over, (e["step_s"], bare)
         assert e["mfu"] <= counted * tokens_per_step / bare / peak * 1.1, (e, bare)
     model = AutoModelForCausalLM.from_pretrained(run_dir / "export").eval()
     probe = load_file(str(run_dir / "probe.safetensors"))
