@@ -108,3 +108,40 @@ def test_ending_a_claim_is_guarded_so_a_late_release_cannot_delete_a_fresh_claim
     fresh.verify("write")
     fresh.release()
     assert claims.leftover_claims(client) == []
+
+
+def test_a_guard_left_by_a_breaker_that_died_expires_after_its_ttl_and_is_recorded(client):
+    """A `.break-<T>` guard that stays unchanged for a ttl was left by a breaker that died holding it (one on another
+    host: its pid cannot be checked): the next mover deletes it, then breaks T's stale claim, and says so in
+    `takeovers` for the trail. Before the lease, the guard blocked every later claim until deleted by hand."""
+    client.create_registered_model(claims.claim_name("orphan"), tags={
+        claims.TOKEN: "gone", claims.HOST: "another-host", claims.PID: "1", claims.WHO: "vanished"})
+    guard = claims.guard_name("orphan", "gone")
+    client.create_registered_model(guard, tags={claims.TOKEN: "breaker", claims.HOST: "another-host",
+                                                claims.PID: "2", claims.WHO: "dead-breaker"})
+    start = time.monotonic()
+    with claims.claim(client, "orphan", ttl_s=1.0, wait_s=20) as c:
+        assert time.monotonic() - start >= 2.0   # the claim's ttl, then the guard's: each observed for a ttl
+        assert [(t["what"], t["name"]) for t in c.takeovers] == [("guard", guard), ("claim", c.name)]
+        assert "dead-breaker" in c.takeovers[0]["holder"] and "vanished" in c.takeovers[1]["holder"]
+    assert claims.leftover_claims(client) == []
+
+
+def test_a_breaker_whose_guard_was_taken_over_does_not_delete_the_new_one(client):
+    """A breaker that stalled past the ttl holding its guard comes back: the guard is another's now, and stays."""
+    stalled = claims.Claim(client, "reguarded", ttl_s=60)
+    guard = claims.guard_name("reguarded", "T")
+    assert claims._create(client, guard, {claims.TOKEN: "the-one-who-took-it-over"})
+    stalled._drop_guard(guard)
+    assert client.get_registered_model(guard).tags[claims.TOKEN] == "the-one-who-took-it-over"
+    assert claims._delete(client, guard)
+
+
+@pytest.mark.parametrize("uri, dsn", [
+    ("postgresql://u@h:5432/db", "postgresql://u@h:5432/db"),
+    ("postgresql+psycopg2://u@h/db", "postgresql://u@h/db"),
+    ("sqlite:///x/mlflow.db", None),
+    ("http://127.0.0.1:5000", None),
+])
+def test_only_a_postgresql_store_opened_directly_gets_the_database_lock(uri, dsn):
+    assert claims._pg_dsn(uri) == dsn
