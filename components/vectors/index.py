@@ -152,7 +152,11 @@ class EdgeCollections:
     @contextmanager
     def session(self) -> Iterator[EdgeCollections]:
         """Hold the store (waiting up to `wait_s` for another process) until the block ends; nested ones share it."""
+        if not self._threads.acquire(timeout=self.wait_s):
+            raise StoreBusy(str(self.root), None, f"is held by another thread of this process (pid {os.getpid()}); "
+                                                  f"waited {self.wait_s:g} s", "Raise vectors.lock_wait_s")
         with self._threads:
+            self._threads.release()   # held once, by the `with`
             if self._depth == 0:
                 self._lock = acquire_store(self.root, self.wait_s)
                 self._clear_leftovers()

@@ -180,3 +180,28 @@ def test_rag_holds_the_store_once_for_all_its_prompts(ws, tiny_model_dir, monkey
 
 def rag_collection(ws, version: str) -> str:
     return next(p.name for p in ws.qdrant.iterdir() if version in p.name)
+
+
+def test_another_thread_of_the_process_waits_its_turn_within_the_bound(tmp_path):
+    import threading
+
+    store = EdgeCollections(tmp_path / "q", wait_s=0.5)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with store.session():
+            holding.set()
+            done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(10)
+    try:
+        with pytest.raises(StoreBusy, match=f"another thread of this process \\(pid {os.getpid()}\\)"):
+            with store.session():
+                pass
+    finally:
+        done.set()
+        thread.join(10)
+    with store.session():   # its turn, once the other thread let go
+        assert json.loads((tmp_path / "q" / HOLDER).read_text())["pid"] == os.getpid()
