@@ -3,7 +3,7 @@
     move = set_alias(ws, "lmforge-lm", "production", "4", reason="passed validation")
     move = set_alias(ws, "lmforge-lm", "champion", "5", reason="gate", expect="4")  # AliasConflict if no longer "4"
     history(ws, "lmforge-lm")                  # every move, oldest first: who, when, alias, from, to, why
-    audit_trail(ws, "lmforge-lm")              # ("runs:/<id>/alias-audit.jsonl", every line, pending ones too)
+    audit_trail(ws, "lmforge-lm")              # ("runs:/<id>/audit/", every record, pending ones too)
     rollback(ws, "lmforge-lm", reason="bad outputs in prod")   # champion back to its previous holder
 
 A move is written ahead, under the model's alias claim (claim.py): a registered model
