@@ -234,7 +234,14 @@ class DatabaseLock:
         self.conn = psycopg2.connect(self.dsn, connect_timeout=10,
                                      application_name=f"lmforge lease {holder_label()} pid {os.getpid()}"[:63])
         self.conn.autocommit = True
-        self._query(f"SET idle_session_timeout = {max(1, int(self.ttl_s * 1000))}")
+        try:   # the server ends a silent holder's session: what makes the lock a lease (PostgreSQL 14+)
+            self._query(f"SET idle_session_timeout = {max(1, int(self.ttl_s * 1000))}")
+        except psycopg2.Error as e:
+            self.release()
+            raise UserError("registry store", self.dsn.split("@")[-1], f"cannot end a silent session ({e}".strip()
+                            + "), which the alias lease's database lock needs",
+                            "Use PostgreSQL 14 or newer for the registry, or reach it through an MLflow server "
+                            "(the lease then has no database lock: see docs/concepts/registry.md)") from e
         pause = 0.02
         while not self._query("SELECT pg_try_advisory_lock(%s)", (self.key,)):
             if time.monotonic() > deadline:

@@ -145,3 +145,22 @@ def test_a_breaker_whose_guard_was_taken_over_does_not_delete_the_new_one(client
 ])
 def test_only_a_postgresql_store_opened_directly_gets_the_database_lock(uri, dsn):
     assert claims._pg_dsn(uri) == dsn
+
+
+def test_registry_claims_shows_each_lease_with_its_holder_beat_and_ttl(client):
+    import json
+
+    from typer.testing import CliRunner
+
+    from lmforge.cli.commands.registry import app
+
+    with claims.claim(client, "shown", ttl_s=2.0) as held:
+        deadline = time.monotonic() + 10
+        while not client.get_registered_model(held.name).tags.get(claims.BEAT):   # the first beat, at ttl/4
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        listed = CliRunner().invoke(app, ["claims", "--json"])
+    assert listed.exit_code == 0, listed.output
+    (row,) = json.loads(listed.stdout)
+    assert (row["claim"], row["kind"], row["ttl_s"]) == ("shown.alias-claim", "claim", "2.0")
+    assert row["who"] == claims.holder_label() and row["beat"].startswith("20")   # the beat's ISO time
