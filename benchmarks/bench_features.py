@@ -161,25 +161,26 @@ def bench_vectors(sizes: list[int], queries: int, dim: int, root: Path, *, m: in
     for n in sizes:
         vecs, qs = clustered(n, dim, rng, centres), clustered(queries, dim, rng, centres)
         store = EdgeCollections(root / f"qdrant-{n}", m=m, ef_construct=ef_construct, hnsw_ef=ef)
-        store.create_collection("bench", vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE))
-        t0 = time.perf_counter()
-        for s in range(0, n, 2000):
-            store.upsert("bench", [models.PointStruct(id=i, vector=vecs[i].tolist()) for i in range(s, min(s + 2000, n))])
-        t_up = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        store.optimize("bench")   # merge the segments and build the HNSW graph, as index_dataset does
-        t_index = time.perf_counter() - t0
-        q_t, np_t, recall = [], [], []
-        for q in qs:
+        with store.session():   # one hold for the whole run: a bare call would load the shard each time
+            store.create_collection("bench", vectors_config=models.VectorParams(size=dim, distance=models.Distance.COSINE))
             t0 = time.perf_counter()
-            hits = store.query_points("bench", query=q.tolist(), limit=10).points
-            q_t.append(time.perf_counter() - t0)
+            for s in range(0, n, 2000):
+                store.upsert("bench", [models.PointStruct(id=i, vector=vecs[i].tolist()) for i in range(s, min(s + 2000, n))])
+            t_up = time.perf_counter() - t0
             t0 = time.perf_counter()
-            sims = vecs @ q
-            top = np.argpartition(-sims, 10)[:10]
-            top = top[np.argsort(-sims[top])]
-            np_t.append(time.perf_counter() - t0)
-            recall.append(len({h.id for h in hits} & set(top.tolist())) / 10)
+            store.optimize("bench")   # merge the segments and build the HNSW graph, as index_dataset does
+            t_index = time.perf_counter() - t0
+            q_t, np_t, recall = [], [], []
+            for q in qs:
+                t0 = time.perf_counter()
+                hits = store.query_points("bench", query=q.tolist(), limit=10).points
+                q_t.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                sims = vecs @ q
+                top = np.argpartition(-sims, 10)[:10]
+                top = top[np.argsort(-sims[top])]
+                np_t.append(time.perf_counter() - t0)
+                recall.append(len({h.id for h in hits} & set(top.tolist())) / 10)
         store.close()
         engine, brute = pct(q_t), pct(np_t)
         out[n] = {"upsert_s": round(t_up, 2), "index_s": round(t_index, 2), "engine_ms": engine, "numpy_ms": brute,
