@@ -32,6 +32,7 @@ rolling back twice walks back two holders instead of swapping between the last t
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -46,6 +47,7 @@ from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
 RETRY = dict(attempts=12, backoff_s=0.1)
+log_ = logging.getLogger(__name__)
 PENDING, DONE, ABORTED, LOST, LEASE = "pending", "done", "aborted", "lost", "lease"
 ANY: Any = object()   # `expect` default: move whatever the holder is
 
@@ -138,7 +140,10 @@ def _record_lost(log: AuditLog, key: str, move: AliasMove, lost: ClaimLost) -> N
     """The mover that lost the claim says so, in a record of its own: it adds, and touches no one else's."""
     line = _line(f"{key}.lost", AliasMove(**{**move.to_dict(), "state": LOST, "time_ns": time.time_ns(),
                                             "why": f"{move.why} (this mover lost the claim: {lost})"}))
-    log.append([line])
+    try:
+        log.append([line])
+    except Exception as e:   # the ClaimLost is what the caller must see; the record is a courtesy
+        log_.warning("could not add the record that this mover lost the claim of %s: %s", key, e)
 
 
 def set_alias(ws: Workspace, model_name: str, alias: str, version: str | None, *, reason: str,

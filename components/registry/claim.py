@@ -281,9 +281,13 @@ class DatabaseLock:
             try:
                 yield
             except BaseException:
-                self._query("ROLLBACK")
+                with contextlib.suppress(psycopg2.Error):
+                    self._query("ROLLBACK")
                 raise
-            self._query("COMMIT")
+            try:
+                self._query("COMMIT")
+            except psycopg2.Error as e:   # the write was made; the lease may be over since: this mover stops here
+                raise lost(f"its database lock's session ended right after a write ({type(e).__name__})") from e
 
     def holder(self) -> str:
         """Who holds the lock now, by the application name its session gave (for an error message)."""
