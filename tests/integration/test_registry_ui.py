@@ -102,7 +102,7 @@ def test_model_page_shows_readable_tags_and_no_audit_or_metric_tags(tmp_path, ti
         out = CliRunner().invoke(app, ["audit", "--model", MODEL, "--json"])
         assert out.exit_code == 0, out.output
         trail = json.loads(out.stdout)
-        assert trail["artifact"].startswith("runs:/") and trail["artifact"].endswith("/alias-audit.jsonl")
+        assert trail["artifact"].startswith("runs:/") and trail["artifact"].endswith("/audit/")
         done = [(e["action"], e["from_version"], e["to_version"]) for e in trail["lines"]
                 if e["state"] == "done" and e["alias"] == "champion"]
         assert done == [("promote", None, v1), ("promote", v1, v2), ("rollback", v2, v1), ("promote", v1, v2)]
