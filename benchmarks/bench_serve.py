@@ -34,6 +34,7 @@ from .venv-vllm, `make vllm`). Writes benchmarks/results/serve.json and .md.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -352,6 +353,7 @@ def main() -> None:
         ap.error("--sampled takes fractions in [0, 1]")
     command = "python benchmarks/bench_serve.py " + " ".join(sys.argv[1:])
 
+    load_start = os.getloadavg()[0]   # the cores are shared: the load beside this run is part of its conditions
     tmp = Path(tempfile.mkdtemp(prefix="bench_serve-"))
     try:
         model_dir = args.model or build_model(tmp / "model")
@@ -366,7 +368,8 @@ def main() -> None:
     mix += mix_medians(mix)
     results: dict[str, Any] = {"model": str(args.model) if args.model else "random LlamaForCausalLM, hidden 256, "
                                "4 layers", "sampled_settings": SAMPLED, "targets": TARGETS, "baseline": baseline,
-                               "points": points, "mix": mix, "ratios": {}}
+                               "points": points, "mix": mix, "ratios": {},
+                               "load_1min": {"start": load_start, "end": os.getloadavg()[0]}}
     for p in points:
         if p["concurrency"] == top:
             key = f"{p['config']}, sampled {p['sampled_share']}, round {p['round']}"
@@ -374,7 +377,9 @@ def main() -> None:
     write_results("serve", results, ["config", "concurrency", "sampled share", "round", "requests", "output tok/s",
                                      "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "greedy TPOT p50 ms",
                                      "greedy TPOT p99 ms", "sampled TPOT p50 ms", "sampled TPOT p99 ms", "errors"],
-                  point_rows(baseline, points, top), command=command, notes=mix_notes(mix))
+                  point_rows(baseline, points, top), command=command,
+                  notes=f"{mix_notes(mix)}\n\n1-minute load average: {results['load_1min']['start']:.2f} at the start, "
+                        f"{results['load_1min']['end']:.2f} at the end.")
 
 if __name__ == "__main__":
     main()
