@@ -191,14 +191,17 @@ def test_a_cancelled_stream_stops_its_generation_and_is_logged_once(dep, tiny_mo
     from lmforge.components.model import modelload
 
     model, tok = modelload.load_model(tiny_model_dir), modelload.load_tokenizer(tiny_model_dir)
-    # A prompt whose greedy answer runs the whole 1000 tokens (no eos), so only the cancellation can end it early.
-    prompt = next(p for p in SIGNATURES
-                  if generation.generate(model, tok, [DEMO.encode(tok, p)], max_new_tokens=1000)[0].tokens == 1000)
+    # A prompt whose greedy answer runs to the end of the model's context (no eos), so only the cancellation can end
+    # it early.
+    context = model.config.max_position_embeddings
+    budget = {p: context - len(DEMO.encode(tok, p)) for p in SIGNATURES}
+    prompt = next(p for p in SIGNATURES if generation.generate(model, tok, [DEMO.encode(tok, p)],
+                                                               max_new_tokens=budget[p])[0].tokens == budget[p])
     before = len(RequestLog(dep.requests).read()[0])
     got: queuelib.Queue = queuelib.Queue()
     c = grpcclient.InferenceServerClient(dep.info.grpc_url)
     c.start_stream(callback=lambda result, error: got.put((result, error)))
-    c.async_stream_infer(dep.cfg.model_name, client.grpc_inputs(prompt, params=client.Params(max_tokens=1000),
+    c.async_stream_infer(dep.cfg.model_name, client.grpc_inputs(prompt, params=client.Params(max_tokens=budget[prompt]),
                                                                 stream=True))
     result, error = got.get(timeout=60)       # the first piece has arrived: the request is decoding
     assert error is None and client.response_text(result)
@@ -208,7 +211,7 @@ def test_a_cancelled_stream_stops_its_generation_and_is_logged_once(dep, tiny_mo
     while not (rows := RequestLog(dep.requests).read()[0][before:]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [r["status"] for r in rows] == ["cancelled"] and rows[0]["finish_reason"] == "cancelled"
-    assert rows[0]["output_tokens"] < 1000
+    assert rows[0]["output_tokens"] < budget[prompt]
     assert client.generate(dep.info.url, ["def foo(x):"])[0].output_tokens >= 1
 
 
@@ -224,7 +227,7 @@ def test_beyond_max_queue_a_request_is_refused_at_once_and_the_server_stays_read
     info = server.start_server(tmp_path / "repo", cfg, log_path=tmp_path / "server.log")   # its own: a small queue
     try:
         server.wait_ready(info, timeout=120)
-        body = {"text_input": SIGNATURES[1], "max_tokens": 400}
+        body = {"text_input": SIGNATURES[1], "max_tokens": 200}   # within the tiny model's 256-token context
 
         def send(_: int) -> tuple[str, float]:
             start = time.perf_counter()
