@@ -224,7 +224,7 @@ def static_baseline(model_dir: Path, n: int) -> dict[str, Any]:
 
 
 def serve_points(model_dir: Path, tmp: Path, args: argparse.Namespace, engine: str) -> list[dict[str, Any]]:
-    cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, max_new_tokens=64, readiness_timeout_s=600,
+    cfg = DeployConfig(http_port=0, grpc_port=0, metrics_port=0, openai_port=0, max_new_tokens=64, readiness_timeout_s=600,
                        max_requests_per_step=args.max_requests_per_step, max_queue=max(256, max(args.concurrency)),
                        engine=engine)
     repo = tmp / "repo"
