@@ -308,13 +308,15 @@ def served_revision(url: str, model: str) -> str | None:
 
 
 def wait_versions(url: str, model: str, versions: list[int], *, revision: str | None,
-                  timeout: float) -> dict[int, str]:
+                  timeout: float, draining_ok: bool = False) -> dict[int, str]:
     """Wait until the server has picked up config.pbtxt `revision`, exactly `versions` are ready and nothing else is
     still loading or unloading; {version: state}.
 
     Triton polls the repository and loads the new config in the background; the versions
     serving until then keep serving (a failed load leaves them as they were). RequestFailed
-    when a version fails to load (with Triton's reason), or when `timeout` s pass first.
+    when a version fails to load (with Triton's reason), or when `timeout` s pass first. `draining_ok`: a dropped
+    version still UNLOADING is fine (it takes no new request; Triton 2.51 can keep a version that refused malformed
+    requests UNLOADING until the model is loaded again).
     """
     want = set(versions)
     before = _index(url, model)
@@ -330,7 +332,8 @@ def wait_versions(url: str, model: str, versions: list[int], *, revision: str | 
             revision is None or served_revision(url, model) == revision
         ready = {v for v, state in states.items() if state == "READY"}
         # UNLOADING too: until a dropped version's stub has exited, strict readiness says the server is not ready.
-        if applied and ready == want and not any(s in ("LOADING", "UNLOADING") for s in states.values()):
+        busy = ("LOADING",) if draining_ok else ("LOADING", "UNLOADING")
+        if applied and ready == want and not any(s in busy for s in states.values()):
             return states
         for v, (state, reason) in index.items():
             # A failure counts only once it is this load's: seen loading since the call, or not what it was before.

@@ -214,8 +214,9 @@ class _Gate:
         self.result.phases[name] = round(now - self._mark, 2)
         self._mark = now
 
-    def _wait(self, model: str, versions: list[int], revision: str | None) -> None:
-        client.wait_versions(self.url, model, versions, revision=revision, timeout=self.cfg.readiness_timeout_s)
+    def _wait(self, model: str, versions: list[int], revision: str | None, *, draining_ok: bool = False) -> None:
+        client.wait_versions(self.url, model, versions, revision=revision, timeout=self.cfg.readiness_timeout_s,
+                             draining_ok=draining_ok)
 
     def prepare(self, build: Callable[[], Path] | None) -> list[str]:
         """Build (or find) the version's folder and pre-flight it; leave it in the staging area; its prompts."""
@@ -289,8 +290,8 @@ class _Gate:
         if self.both == [self.version]:   # nothing served before: the config already names it alone
             return
         revision = write_config(self.repo, self.cfg, versions=[self.version], request_log=self.request_log)
-        try:
-            self._wait(self.cfg.model_name, [self.version], revision)
+        try:   # the old version may still be draining: it takes no new request
+            self._wait(self.cfg.model_name, [self.version], revision, draining_ok=True)
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}") from None
         self._phase("retire")
