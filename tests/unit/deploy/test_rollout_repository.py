@@ -25,7 +25,7 @@ class FakeTriton:
         self.repo, self.waits, self.validated, self.loaded = repo, [], [], {}
         self.problems: list[str] = []
 
-    def wait_versions(self, url, model, versions, *, revision, timeout):
+    def wait_versions(self, url, model, versions, *, revision, timeout, draining_ok=False):
         # A removed model's unload is not seen through the server's readiness (a failed load keeps it false).
         assert versions, "a removed model is waited for with client.wait_unloaded"
         self._record(model, versions, revision)
