@@ -76,6 +76,8 @@ from lmforge.deploy.repository import (
     write_config,
 )
 
+DRAIN_WAIT_S = 30.0   # how long the last step waits for the old version to finish unloading before it goes on
+
 
 class RolloutRefused(UserError):
     """The candidate failed the gate; the previously serving version still serves."""
@@ -290,10 +292,15 @@ class _Gate:
         if self.both == [self.version]:   # nothing served before: the config already names it alone
             return
         revision = write_config(self.repo, self.cfg, versions=[self.version], request_log=self.request_log)
-        try:   # the old version may still be draining: it takes no new request
+        try:   # the new version alone serves; the old one may still be draining (it takes no new request)
             self._wait(self.cfg.model_name, [self.version], revision, draining_ok=True)
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}") from None
+        try:   # then, bounded, until it has unloaded (Triton 2.51 can keep one UNLOADING after malformed requests)
+            client.wait_versions(self.url, self.cfg.model_name, [self.version], revision=revision,
+                                 timeout=min(DRAIN_WAIT_S, self.cfg.readiness_timeout_s))
+        except (client.RequestFailed, OSError) as e:
+            self.result.checks.append({"old_version_still_unloading": str(e).splitlines()[0][:200]})
         self._phase("retire")
 
     def promote(self, promote: Callable[[int], None]) -> RolloutResult:

@@ -28,10 +28,10 @@ class FakeTriton:
     def wait_versions(self, url, model, versions, *, revision, timeout, draining_ok=False):
         # A removed model's unload is not seen through the server's readiness (a failed load keeps it false).
         assert versions, "a removed model is waited for with client.wait_unloaded"
-        self._record(model, versions, revision)
+        self._record(model, versions, revision, draining_ok)
 
-    def _record(self, model, versions, revision):
-        self.waits.append({"model": model, "versions": list(versions), "revision": revision,
+    def _record(self, model, versions, revision, draining_ok=False):
+        self.waits.append({"model": model, "versions": list(versions), "revision": revision, "draining_ok": draining_ok,
                            "main": self.main(), "candidate": repository.built_versions(self.repo, CANDIDATE)})
         self.loaded[model] = list(versions)
         return {v: "READY" for v in versions}
@@ -112,8 +112,10 @@ def test_the_candidate_is_validated_under_its_own_model_and_the_served_one_chang
     assert triton.steps() == [(CANDIDATE, [2]),      # loaded under the candidate's name
                               (CANDIDATE, []),       # passed: unloaded before the second copy loads
                               (MAIN, [1, 2]),        # the switch: from here a request naming no version gets 2
-                              (MAIN, [2])]           # the old one unloads once it has answered what it holds
-    loading, unloading, switching, retiring = triton.waits
+                              (MAIN, [2]),           # 2 alone serves (1 may still be draining)
+                              (MAIN, [2])]           # then, bounded, until 1 has unloaded
+    loading, unloading, switching, retiring, drained = triton.waits
+    assert retiring["draining_ok"] and not drained["draining_ok"]
     before = loading["main"]
     assert before["served"] == [1] and before["built"] == [1] and loading["candidate"] == [2]
     # What the gateway's task-kind lookup reads is still version 1's (which records none) while 2 is validated.
@@ -191,7 +193,7 @@ def test_a_rollback_validates_a_copy_of_the_kept_folder(tmp_path, tiny_model_dir
     triton.waits.clear()
     back = run(tmp_path, cfg, 1, None)
     assert back.ok and back.serving == [1]
-    assert triton.steps() == [(CANDIDATE, [1]), (CANDIDATE, []), (MAIN, [1, 2]), (MAIN, [1])]
+    assert triton.steps() == [(CANDIDATE, [1]), (CANDIDATE, []), (MAIN, [1, 2]), (MAIN, [1]), (MAIN, [1])]
     assert triton.waits[0]["main"]["built"] == [1, 2]   # the copy, not the kept folder, went to the candidate
     assert (repository.version_dir(repo, MAIN, 1) / "model.py").is_file()
     assert not (repo / CANDIDATE).exists()
