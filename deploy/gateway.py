@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -35,7 +34,7 @@ from typing import Any
 from lmforge.components.errors import UserError
 from lmforge.components.requestlog import now_iso
 from lmforge.components.runtime import service, supervisor
-from lmforge.components.runtime.ports import free_port
+from lmforge.components.runtime.ports import free_port, port_in_use
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.deploy.server import allowed_env
 
@@ -72,18 +71,6 @@ def gateway_env() -> dict[str, str]:
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """True when `port` on `host` cannot be bound (as uvicorn binds it: SO_REUSEADDR, so a closed port's TIME_WAIT
-    does not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 def port_taken(host: str, port: int) -> UserError:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -40,7 +39,7 @@ from typing import Any
 from lmforge.components.errors import UserError
 from lmforge.components.requestlog import now_iso
 from lmforge.components.runtime import service, supervisor
-from lmforge.components.runtime.ports import free_port
+from lmforge.components.runtime.ports import free_port, port_in_use
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace, atomic_write_json
 
@@ -144,7 +143,7 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, wait: float |
     ports = [cfg.http_port or free_port(cfg.host), cfg.grpc_port or free_port(cfg.host),
              cfg.metrics_port or free_port(cfg.host)]
     for port, key in zip(ports, ("http_port", "grpc_port", "metrics_port")):
-        if _port_taken(cfg.host, port):
+        if port_in_use(cfg.host, port):
             raise UserError(f"deploy.{key}", port, f"is already in use on {cfg.host}",
                             f"Stop what listens there (lmforge deploy stop) or choose another with --set deploy.{key}=0")
     from lmforge.deploy.repository import private_repository
@@ -254,11 +253,3 @@ def running_server(ws: Workspace) -> ServerInfo | None:
     return info if is_running(info) and is_live(info) else None
 
 
-def _port_taken(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
