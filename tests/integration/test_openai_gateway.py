@@ -30,9 +30,10 @@ import pytest
 from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace
-from lmforge.deploy import client, gateway, repository, server
+from lmforge.deploy import gateway, server
 from lmforge.deploy import service as deploy_service
 from tests.conftest import build_tiny_model
+from tests.integration.servers import triton_with_gateways
 
 openai = pytest.importorskip("openai")
 
@@ -92,23 +93,8 @@ def served(tmp_path_factory, tiny_model_dir):
     slow = build_tiny_model(root / "slow", hidden=384, layers=12, seed=2)
     folders = {"tiny": tiny_model_dir, "tinychat": chat_model(slow, root / "chat"),
                "tinytext": text_model(tiny_model_dir, root / "text")}
-    for name, cfg in cfgs.items():   # config.pbtxt before the server starts: it loads what the repository holds
-        repository.build_version(repo, cfg, version=1, model_dir=folders[name])
-        repository.write_config(repo, cfg, versions=[1], request_log=root / "requests")
-    info = server.start_server(repo, cfgs["tiny"], log_path=root / "server.log")
-    gateways: dict[str, gateway.GatewayInfo] = {}
-    try:
-        server.wait_ready(info, timeout=120)
-        for name, cfg in cfgs.items():
-            client.wait_versions(info.url, name, [1], revision=repository.config_revision(repo, name), timeout=120)
-            gateways[name] = gateway.start_gateway(repo, cfg, triton_grpc=info.grpc_url,
-                                                   log_path=root / f"gateway-{name}.log", wait=60)
+    with triton_with_gateways(root, folders, cfgs) as (info, gateways):
         yield Served(root, repo, info, cfgs, gateways, folders)
-    finally:
-        for gw in gateways.values():
-            gateway.stop_gateway(gw)
-        server.stop_server(info)
-        assert not server.is_running(info)
 
 
 def sse_lines(base_url: str, path: str, body: dict) -> list[str]:
