@@ -48,12 +48,12 @@ from lmforge.components.compression.build import build_variant  # noqa: E402
 from lmforge.components.compression.finetune import Finetuner  # noqa: E402
 from lmforge.components.compression.modules import count_params, linear_weight_bytes  # noqa: E402
 from lmforge.components.compression.variant import load_variant  # noqa: E402
-from lmforge.components.data.records import Record, generation_prompt  # noqa: E402
 from lmforge.components.data.shards import write_shards  # noqa: E402
 from lmforge.components.evaluation.bpc import bits_per_character  # noqa: E402
 from lmforge.components.evaluation.generation import generate  # noqa: E402
 from lmforge.components.sections.compression import CompressionConfig, FinetuneConfig  # noqa: E402
-from lmforge.components.task import Task  # noqa: E402
+from lmforge.components.serving.records import Record, generation_prompt  # noqa: E402
+from lmforge.components.serving.task import Task  # noqa: E402
 
 # The prompts are already templated (generation_prompt): encoded as given, with no stop string, every row
 # generates its whole new-token budget, so the timings compare like with like.

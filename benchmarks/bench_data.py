@@ -51,8 +51,8 @@ BASELINE_COMMIT = "5af8a09"  # the last commit with the whole-corpus, JSONL-per-
 def extract_corpus(out: Path, seed: int) -> dict[str, Any]:
     """Every stdlib + site-packages docstring, shuffled with the seed, as a JSONL corpus in the user format."""
     from lmforge.components.data.ingest import iter_corpus
-    from lmforge.components.data.records import first_sentence, lm_text, stable_id
     from lmforge.components.sections.data import DataConfig
+    from lmforge.components.serving.records import first_sentence, lm_text, stable_id
 
     report: dict[str, Any] = {}
     start = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The serving engine in process: continuous batching (deploy/engine.py) against static batch-32 `generate`.
+"""The serving engine in process: continuous batching (components/serving/engine.py) against static batch-32 `generate`.
 
     .venv/bin/python benchmarks/bench_engine.py                     # ~2 min on 2 cores
     .venv/bin/python benchmarks/bench_engine.py --model .lmforge/runs/<run>/export --requests 128
@@ -32,10 +32,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
 from benchmarks.bench_serve import PROMPTS, build_model  # noqa: E402
-from lmforge.components import generation  # noqa: E402
-from lmforge.components.model import modelload  # noqa: E402
-from lmforge.components.task import Task  # noqa: E402
-from lmforge.deploy.engine import Delta, Engine, EngineConfig, Final  # noqa: E402
+from lmforge.components.serving import generation, modelload  # noqa: E402
+from lmforge.components.serving.engine import Delta, Engine, EngineConfig, Final  # noqa: E402
+from lmforge.components.serving.task import Task  # noqa: E402
 
 STATIC_BATCH = 32
 

@@ -32,10 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from lmforge.components.data.records import generation_prompt  # noqa: E402
 from lmforge.components.evaluation.generation import generate  # noqa: E402
 from lmforge.components.registry.loading import load_causal_lm  # noqa: E402
-from lmforge.components.task import Task  # noqa: E402
+from lmforge.components.serving.records import generation_prompt  # noqa: E402
+from lmforge.components.serving.task import Task  # noqa: E402
 
 # The prompts are already templated (generation_prompt): encoded as given, with no stop string, every row
 # generates its whole new-token budget, so the timings compare like with like.

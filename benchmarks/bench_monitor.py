@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/bench_monitor.py --rows 200000 --windows 1000
 
 1. Profiling: rows/s of a whylogs profile of request-log rows (every column of
-   components/requestlog.py but the timestamp) against `DataFrame.describe(include="all")`
+   components/serving/requestlog.py but the timestamp) against `DataFrame.describe(include="all")`
    on the same rows, in the same run; ratio = whylogs rows/s / pandas rows/s.
 2. Calibration on real prompts: standard-library signatures parsed from this Python's
    stdlib, split by module 80/10/10 (train/validation/test) as the data stage does, and
@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from lmforge.components.requestlog import COLUMNS  # noqa: E402
 from lmforge.components.sections.monitoring import MonitoringConfig  # noqa: E402
+from lmforge.components.serving.requestlog import COLUMNS  # noqa: E402
 from lmforge.monitoring.calibration import calibrate  # noqa: E402
 from lmforge.monitoring.drift import DRIFT, decide  # noqa: E402
 from lmforge.monitoring.profiles import build_reference, profile, reference_rows  # noqa: E402
@@ -47,7 +47,7 @@ from lmforge.monitoring.traffic import _signature  # noqa: E402
 
 
 def request_rows(n: int, seed: int) -> pd.DataFrame:
-    """n request-log rows with realistic value ranges (the schema of components/requestlog.py, minus ts)."""
+    """n request-log rows with realistic value ranges (the schema of components/serving/requestlog.py, minus ts)."""
     rng = np.random.default_rng(seed)
     chars = np.maximum(3, rng.lognormal(3.4, 0.6, n)).astype(int)
     frame = pd.DataFrame({

@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/bench_onnx_serve.py --model .lmforge/registry/<name>/<v>/hf --rounds 3
 
 One tritonserver serves the same model twice, as two Triton models built by deploy/repository.py
-from the same DeployConfig: `torch` (the safetensors folder: deploy/model.py runs
+from the same DeployConfig: `torch` (the safetensors folder: components/serving/triton_model.py runs
 transformers' generate) and `onnx` (its export by components/onnx_export.py, checked against
-torch first: deploy/model.py runs the graph in onnxruntime through generation.decode). Both
+torch first: components/serving/triton_model.py runs the graph in onnxruntime through generation.decode). Both
 are python-backend models; nvidia-pytriton's tritonserver has no onnxruntime backend. The model
 is by default a random LlamaForCausalLM of the demo's shape (bench_serve.build_model).
 
@@ -42,7 +42,7 @@ from benchmarks._report import write_results  # noqa: E402
 from benchmarks.bench_serve import PROMPTS, build_model, run_point, triton_sender  # noqa: E402
 from lmforge.components.onnx_export import export_onnx  # noqa: E402
 from lmforge.components.sections.deploy import DeployConfig  # noqa: E402
-from lmforge.components.task import DEMO  # noqa: E402
+from lmforge.components.serving.task import DEMO  # noqa: E402
 from lmforge.deploy import client, repository, server  # noqa: E402
 
 MODELS = ("torch", "onnx")
@@ -57,9 +57,8 @@ def in_process(model_dir: Path, onnx_dir: Path, new_tokens: int, rounds: int, th
 
     import torch
 
-    from lmforge.components import generation
-    from lmforge.components.model import modelload
-    from lmforge.components.model.onnxrun import OnnxForward
+    from lmforge.components.serving import generation, modelload
+    from lmforge.components.serving.onnxrun import OnnxForward
 
     torch.set_num_threads(threads)
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)

@@ -7,7 +7,7 @@ OpenAI-compatible endpoint in front of it) against in-process static batch-32 `g
 
 The model is by default a random-weight LlamaForCausalLM of the demo's shape (hidden 256, 4 layers,
 8 heads, MLP 688, a byte-level BPE tokenizer built here), served by the real tritonserver with
-deploy/model.py (decoupled, continuous batching, one instance). Each point runs `concurrency`
+components/serving/triton_model.py (decoupled, continuous batching, one instance). Each point runs `concurrency`
 closed-loop clients: a client streams one request (gRPC `stream: true`), reads its pieces as they
 arrive, and sends the next when its final response comes. Requests ask for mixed output lengths
 (8 to 64 tokens, a fixed sequence), and every point sends `--requests` requests (at least 2 per
@@ -53,7 +53,7 @@ from benchmarks._report import markdown_table, write_results  # noqa: E402
 from lmforge.components.sections.deploy import DeployConfig  # noqa: E402
 from lmforge.deploy import client, repository, server  # noqa: E402
 
-# Signatures in the style of the demo corpus; the model below is trained on the docstring task (components/task.py).
+# Signatures in the style of the demo corpus; the model below is trained on the docstring task (components/serving/task.py).
 PROMPTS = [
     "def dumps(obj, *, skipkeys=False, ensure_ascii=True, indent=None):",
     "def join(a, *p):",
@@ -204,9 +204,8 @@ def point_stats(done: list[tuple[bool, int, float, float]], elapsed: float) -> d
 
 def static_baseline(model_dir: Path, n: int) -> dict[str, Any]:
     """The same workload in this process: `generation.generate` on consecutive batches of 32."""
-    from lmforge.components import generation
-    from lmforge.components.model import modelload
-    from lmforge.components.task import Task
+    from lmforge.components.serving import generation, modelload
+    from lmforge.components.serving.task import Task
 
     tok, model = modelload.load_tokenizer(model_dir), modelload.load_model(model_dir)
     task = Task.load(model_dir)
@@ -231,7 +230,7 @@ def serve_points(model_dir: Path, tmp: Path, args: argparse.Namespace, engine: s
     repository.build_version(repo, cfg, version=1, model_dir=model_dir)
     repository.write_config(repo, cfg, versions=[1], request_log=tmp / "requests")
     info = server.start_server(repo, cfg, log_path=tmp / "server.log")
-    points, gw = [], None
+    points, gw = [],
     try:
         server.wait_ready(info, timeout=300)
         senders = {f"triton gRPC stream, {engine}": triton_sender(info.grpc_url, cfg.model_name)}

@@ -7,7 +7,7 @@
 The graph comes from `torch.onnx.export(..., dynamo=True)` (torch.export, then onnxscript) of a
 wrapper around the causal LM that takes and returns the KV cache as flat tensors: inputs
 `input_ids`, `attention_mask`, `position_ids`, `past_key_<i>`/`past_value_<i>` per layer; outputs
-`logits` and `present_key_<i>`/`present_value_<i>` (components/model/onnxrun.py runs it). Batch,
+`logits` and `present_key_<i>`/`present_value_<i>` (components/serving/onnxrun.py runs it). Batch,
 sequence and past lengths are dynamic, so one graph serves the prefill (past of length 0) and
 every decoding step (sequence 1). The model is exported in fp32.
 
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.model.modelload import cache_shape
-from lmforge.components.model.onnxrun import GRAPH_FILE, INPUTS, OnnxForward, cache_names
+from lmforge.components.serving.modelload import cache_shape
+from lmforge.components.serving.onnxrun import GRAPH_FILE, INPUTS, OnnxForward, cache_names
 from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_tree
 
 ONNX_FILE = GRAPH_FILE
@@ -109,7 +109,7 @@ def check_logits(model: Any, graph: Any, *, tolerance: float = DEFAULT_TOLERANCE
     """
     import torch
 
-    from lmforge.components.generation import torch_forward
+    from lmforge.components.serving.generation import torch_forward
 
     reference = torch_forward(model)
     gen = torch.Generator().manual_seed(seed)
@@ -161,8 +161,8 @@ def export_onnx(model_dir: Path, out_dir: Path, *, tolerance: float = DEFAULT_TO
     import torch
     import transformers
 
-    from lmforge.components.model import modelload
     from lmforge.components.registry.loading import check_model_dir
+    from lmforge.components.serving import modelload
 
     model_dir = check_model_dir(Path(model_dir))
     kind = modelload.read_meta(model_dir).get("load", {}).get("kind", "hf")

@@ -1,7 +1,7 @@
 """A dataset's task: the configured one or the one its records imply, checked against a tokenizer, and its
 held-out prompts.
 
-    task = dataset_task(cfg.task, ws.dataset_dir(version))   # components/task.py Task; saved in the export's lmforge.json
+    task = dataset_task(cfg.task, ws.dataset_dir(version))   # components/serving/task.py Task; saved in the export's lmforge.json
     configured_task(cfg.task)                                # the task [task] names, or None for "auto"
     check_task(task, tokenizer)                              # UserError: a chat task on a tokenizer with no chat template
     check_fit(cfg.task, record_shapes(paths), base=recorded_task(base_dir), base_name=init)   # UserError: kind vs data
@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
 from lmforge.components.sections.task import TaskConfig
-from lmforge.components.task import META_FILE, Task, TaskError, infer_kind, misfit, record_shape, shapes_kind
+from lmforge.components.serving.records import read_records
+from lmforge.components.serving.task import META_FILE, Task, TaskError, infer_kind, misfit, record_shape, shapes_kind
 
 
 def configured_task(cfg: TaskConfig) -> Task | None:

@@ -12,7 +12,7 @@
     wait_versions("127.0.0.1:8000", "lmforge", [2, 3], revision=rev, timeout=180)   # after write_config
     wait_unloaded("127.0.0.1:8000", "lmforge-candidate", repo / "lmforge-candidate", timeout=180)   # after its removal
 
-The served model is decoupled and speaks vLLM's Triton contract (deploy/model.py): one prompt per
+The served model is decoupled and speaks vLLM's Triton contract (components/serving/triton_model.py): one prompt per
 request, `text_input` in, `text_output` out, settings as `sampling_parameters` JSON or one input
 each; streamed, each response holds the new text and the last is flagged final. Triton's HTTP
 `infer` refuses decoupled models, so HTTP goes through the generate extension and gRPC through a

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.requestlog import now_iso
 from lmforge.components.runtime import service, supervisor
 from lmforge.components.runtime.ports import free_port, port_in_use
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving.requestlog import now_iso
 from lmforge.deploy.server import allowed_env
 
 NAME = "openai gateway"

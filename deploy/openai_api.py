@@ -13,8 +13,8 @@
                                 prompt and generated tokens, requests running (Metrics; vLLM's names, `lmforge:`)
     GET  /health                200 while the process answers, with the id it was started with (gateway.py's probe)
 
-Each request is one request of the model's vLLM-style contract (deploy/model.py): text_input (a chat's messages as
-a JSON list), stream, sampling_parameters JSON; a setting left out takes the served model's default (greedy,
+Each request is one request of the model's vLLM-style contract (components/serving/triton_model.py): text_input
+(a chat's messages as a JSON list), stream, sampling_parameters JSON; a setting left out takes the served model's default (greedy,
 deploy.max_new_tokens). `logprobs: k` asks the model for each generated token's log-prob and its top k
 alternatives (sampling_parameters.logprobs); `echo` with `logprobs` asks for the prompt's too (prompt_logprobs),
 answered in OpenAI's shape (choices[0].logprobs: tokens, token_logprobs, top_logprobs, text_offset). `stream: true`
@@ -320,7 +320,7 @@ def triton_inputs(text: str, settings: dict[str, Any], *, stream: bool) -> list[
     return inputs
 
 
-LOGPROB_OUTPUTS = ("logprobs", "prompt_logprobs")   # BYTES, JSON: one entry per token (deploy/model.py)
+LOGPROB_OUTPUTS = ("logprobs", "prompt_logprobs")   # BYTES, JSON: one entry per token (components/serving/triton_model.py)
 
 
 def to_reply(result: Any) -> Reply:

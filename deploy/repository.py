@@ -9,12 +9,11 @@
 Layout (the standard one, so the same folder runs in the NGC tritonserver container):
 
     <repo>/<model>/config.pbtxt             python backend, decoupled, instances, the engine's settings, the LLM
-                                            convention's tensors (text_input -> text_output, deploy/model.py),
+                                            convention's tensors (text_input -> text_output, components/serving/triton_model.py),
                                             version policy
-    <repo>/<model>/<version>/model.py       deploy/model.py
-    <repo>/<model>/<version>/lmforge_runtime/  generation.py, engine.py, modelload.py (torch + transformers), processing.py,
-                                            records.py, requestlog.py (stdlib), onnxrun.py (onnxruntime):
-                                            no lmforge install needed
+    <repo>/<model>/<version>/model.py       three lines: TritonPythonModel from lmforge_serving/triton_model.py
+    <repo>/<model>/<version>/lmforge_serving/  the serving package (components/serving), copied whole: no lmforge
+                                            install needed
     <repo>/<model>/<version>/model/         the model folder (safetensors, tokenizer, lmforge.json), or its ONNX
                                             export (model.onnx, tokenizer, onnx.json): model.py then runs onnxruntime
     <repo>/<model>/<version>/rare_tokens.json, validation_prompts.json, meta.json
@@ -59,25 +58,30 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.components import requestlog as requestlog_module
+from lmforge.components import serving
 from lmforge.components.errors import UserError
-from lmforge.components.model import onnxrun as onnxrun_module
 from lmforge.components.onnx_export import check_onnx_dir, is_onnx_dir
-from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir, write_runtime
+from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.task import Task
+from lmforge.components.serving.processing import RARE_TOKENS_FILE, VALIDATION_FILE
+from lmforge.components.serving.task import Task
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
-from lmforge.deploy import engine as engine_module
-from lmforge.deploy import processing as processing_module
-from lmforge.deploy import vllm_engine as vllm_engine_module
-from lmforge.deploy.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 
 ENV_VLLM_VENV = "LMFORGE_VLLM_VENV"
 VLLM_VENV_NAME = ".venv-vllm"
-MODEL_PY = Path(__file__).resolve().parent / "model.py"  # imports triton_python_backend_utils: server-side only
+# The version folder's model.py, which Triton's python backend loads: the model is the serving package beside it.
+ENTRY_PY = f'''"""Triton's python backend loads this file; the model is {serving.COPY_NAME}/triton_model.py beside it."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from {serving.COPY_NAME}.triton_model import TritonPythonModel  # noqa: E402,F401
+'''
 # Triton's LLM convention: the tensors of NVIDIA's vllm_backend (text_input, stream, sampling_parameters,
-# exclude_input_in_output, return_*), and the individual sampling inputs of its TensorRT-LLM backend; deploy/model.py
-# says what each holds. max_batch_size 0: no batch dimension, one prompt per request (the engine batches).
+# exclude_input_in_output, return_*), and the individual sampling inputs of its TensorRT-LLM backend;
+# components/serving/triton_model.py says what each holds. max_batch_size 0: no batch dimension, one prompt per
+# request (the engine batches).
 INPUTS = (("text_input", "TYPE_STRING", "[ 1 ]", False), ("stream", "TYPE_BOOL", "[ 1 ]", True),
           ("sampling_parameters", "TYPE_STRING", "[ 1 ]", True), ("exclude_input_in_output", "TYPE_BOOL", "[ 1 ]", True),
           ("return_finish_reason", "TYPE_BOOL", "[ 1 ]", True), ("return_num_input_tokens", "TYPE_BOOL", "[ 1 ]", True),
@@ -247,9 +251,8 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     private_repository(repo)
     tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.{version}."))
     try:
-        shutil.copy2(MODEL_PY, tmp / "model.py")
-        write_runtime(tmp / "lmforge_runtime", extra=(processing_module, engine_module, vllm_engine_module,
-                                                            requestlog_module, onnxrun_module))
+        (tmp / "model.py").write_text(ENTRY_PY)
+        serving.copy_whole(tmp)
         shutil.copytree(model_dir, tmp / "model", ignore=_skip_unsafe)
         rare = rare_ids_from(shard_dir, cfg.rare_token_min_count) if shard_dir else None
         atomic_write_json(tmp / RARE_TOKENS_FILE, {
@@ -351,7 +354,7 @@ def discard_staged(repo: Path, staged: Path) -> None:
 def _block_bytecode(folder: Path) -> None:
     """Put a plain file named __pycache__ beside every .py file, so that Python cannot write bytecode there.
 
-    The python backend's stub imports model.py and lmforge_runtime from the version folder
+    The python backend's stub imports model.py and lmforge_serving from the version folder
     and would write __pycache__/ into it; Triton polls that folder, takes the write for a
     change and reloads the model, racing lmforge's next change. The stub's interpreter
     ignores PYTHONDONTWRITEBYTECODE (it runs with -E semantics), and Python silently skips

@@ -58,9 +58,10 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.onnx_export import ONNX_FILE, is_onnx_dir
-from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import client, processing
+from lmforge.components.serving import processing
+from lmforge.components.serving.requestlog import now_iso
+from lmforge.deploy import client
 from lmforge.deploy.repository import (
     candidate_model,
     discard_staged,
@@ -103,14 +104,13 @@ def preflight(folder: Path, *, prompt: str) -> str | None:
     import torch
 
     from lmforge.components.registry.loading import load_causal_lm
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
 
     try:
         task = Task.load(folder / "model")
         if is_onnx_dir(folder / "model"):  # an ONNX export: onnxruntime through the loop model.py runs it with
-            from lmforge.components import generation
-            from lmforge.components.model import modelload
-            from lmforge.components.model.onnxrun import OnnxForward
+            from lmforge.components.serving import generation, modelload
+            from lmforge.components.serving.onnxrun import OnnxForward
 
             tok = modelload.load_tokenizer(folder / "model")
             # The graph must load and run the prefill and a cached step (an eos first ends sooner: a valid answer).

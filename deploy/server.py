@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.requestlog import now_iso
 from lmforge.components.runtime import service, supervisor
 from lmforge.components.runtime.ports import free_port, port_in_use
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving.requestlog import now_iso
 from lmforge.components.workspace import Workspace, atomic_write_json
 
 ENV_SERVE_VENV = "LMFORGE_SERVE_VENV"
@@ -50,8 +50,8 @@ POLL_SECS = 1  # how often Triton looks at the repository: a rollout step waits 
 # The only variables tritonserver gets from the caller's environment. Every python-backend stub inherits them, and
 # its model code is whatever the repository's writer put there: a variable not listed here (MLFLOW_TRACKING_URI with
 # a database password in it, a DSN, a Redis URL, a token) never reaches it, whatever its name. lmforge's serving
-# code (deploy/model.py and the lmforge_runtime modules beside it) reads no variable of its own: its settings come
-# from config.pbtxt parameters.
+# code (the serving package, components/serving, copied into each version folder) reads no variable of its own: its
+# settings come from config.pbtxt parameters.
 SERVER_ENV_NAMES = (
     "PATH", "HOME", "USER", "LOGNAME",                  # the process basics (PATH gets the serving venv's bin first)
     "LANG", "LANGUAGE", "TZ",                           # locale and time zone (text decoding, log times)
@@ -189,7 +189,7 @@ ENGINE_READY = re.compile(r'^lmforge_engine_ready\{(?P<labels>[^}]*)\}\s+(?P<val
 
 def engine_health(host: str, metrics_port: int, *, timeout: float = 2.0) -> dict[str, bool]:
     """{"<model> v<version> (<instance>)": engine ready} from the server's metrics endpoint (the lmforge_engine_ready
-    gauge each model instance sets: deploy/model.py); {} when the endpoint does not answer."""
+    gauge each model instance sets: components/serving/triton_model.py); {} when the endpoint does not answer."""
     import urllib.error
     import urllib.request
 

@@ -26,8 +26,8 @@ from typing import Any
 from lmforge.components.errors import UserError
 from lmforge.components.registry.gate import production_alias
 from lmforge.components.registry.travel import COUNTS_FILE
-from lmforge.components.requestlog import now_iso
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving.requestlog import now_iso
 from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.deploy import client, gateway
 from lmforge.deploy.repository import (
@@ -115,7 +115,7 @@ def shards_for(ws: Workspace, model_dir: Path, registry_model: str | None = None
 
 def validation_prompts(ws: Workspace, model_dir: Path, n: int) -> list[str]:
     """Held-out prompts of the model's own task from its dataset, when this workspace has the dataset's records."""
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
     from lmforge.components.taskdata import heldout_prompts
 
     dataset = dataset_of(model_dir)

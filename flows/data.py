@@ -60,7 +60,7 @@ from lmforge.components.data.stepref import (
 from lmforge.components.errors import UserError
 from lmforge.components.runtime.cpus import usable_cpus
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
-from lmforge.components.task import Task
+from lmforge.components.serving.task import Task
 from lmforge.components.taskdata import check_fit, record_shapes, recorded_task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json

@@ -28,11 +28,11 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
-from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.monitoring import MonitoringConfig
-from lmforge.components.task import Task
+from lmforge.components.serving.records import read_records
+from lmforge.components.serving.requestlog import RequestLog
+from lmforge.components.serving.task import Task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, atomic_write_text, sha256_tree
 from lmforge.flows import prefect_env

@@ -18,8 +18,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.components.serving.requestlog import RequestLog
 from lmforge.monitoring.calibration import Calibration, cached_calibration, calibration_rows
 from lmforge.monitoring.drift import INSUFFICIENT, DriftResult, decide, rows_in
 from lmforge.monitoring.profiles import Reference, profile, read_windows, rollup, save_window, window_start

@@ -8,7 +8,7 @@
     merged = rollup(views.values())                     # whylogs profiles merge, so windows roll up
 
 `featurize(signatures) -> [{"prompt_chars", "prompt_tokens", "rare_token_rate"}, ...]` is handed
-in by the caller (flows/monitor.py builds it from deploy/processing.py and the served
+in by the caller (flows/monitor.py builds it from components/serving/processing.py and the served
 model's own tokenizer), so the reference and the request log measure prompts the same way.
 """
 
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from lmforge.components.requestlog import COLUMNS, RequestLog
-from lmforge.components.requestlog import NUMERIC as NUMERIC_REQUEST_COLUMNS
 from lmforge.components.sections.monitoring import NUMERIC_COLUMNS, MonitoringConfig
+from lmforge.components.serving.requestlog import COLUMNS, RequestLog
+from lmforge.components.serving.requestlog import NUMERIC as NUMERIC_REQUEST_COLUMNS
 from lmforge.components.workspace import atomic_dir
 
 if TYPE_CHECKING:

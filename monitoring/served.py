@@ -23,10 +23,10 @@ from lmforge.components.workspace import Workspace
 
 
 def serving_featurizer(tokenizer_dir: Path, rare_ids: frozenset[int]) -> Any:
-    """Request features of signatures, computed as deploy/model.py computes them for the request log."""
+    """Request features of signatures, computed as components/serving/triton_model.py computes them for the request log."""
     from transformers import AutoTokenizer
 
-    from lmforge.deploy import processing
+    from lmforge.components.serving import processing
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
-from lmforge.components.task import DEMO, Task
+from lmforge.components.serving.records import read_records
+from lmforge.components.serving.task import DEMO, Task
 
 # Third-party packages whose signatures make the "unfamiliar code" part of the shifted traffic.
 THIRD_PARTY = ("pydantic", "rich", "typer", "click", "requests", "pyarrow", "sqlalchemy", "fastapi", "mlflow",

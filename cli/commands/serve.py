@@ -167,7 +167,7 @@ def generate(
 
 def _prompt_text(prompt: str | None, messages: Path | None) -> str:
     """The text_input: the prompt, or the messages file's list as JSON (a chat task reads it as the chat)."""
-    from lmforge.components.task import is_messages
+    from lmforge.components.serving.task import is_messages
 
     if (prompt is None) == (messages is None):
         raise UserError("lmforge generate", None, "needs a prompt or --messages, not both and not neither",

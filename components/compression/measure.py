@@ -30,10 +30,10 @@ from lmforge.components.evaluation.evaluate import read_split, sample_records, t
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import summarize
 from lmforge.components.evaluation.text_metrics import score_texts
-from lmforge.components.model.modelload import load_tokenizer
 from lmforge.components.runtime.accelerator import runnable_device
 from lmforge.components.sections.evaluation import EvaluationConfig
-from lmforge.components.task import Task
+from lmforge.components.serving.modelload import load_tokenizer
+from lmforge.components.serving.task import Task
 
 
 def evaluate_variant(model_dir: Path, dataset_dir: Path, cfg: EvaluationConfig) -> dict[str, Any]:

@@ -5,7 +5,7 @@
     quantize_int8(model, skip=["lm_head"])                  # torch.ao dynamic int8 Linear layers
     linear_layers(model)                                     # name -> Linear or Conv1D (components/model/projections.py walks)
 
-LowRankLinear, apply_lowrank and set_module live in components/model/modelload.py, the loader
+LowRankLinear, apply_lowrank and set_module live in components/serving/modelload.py, the loader
 the server and the MLflow pyfunc carry, and are re-exported here. Only these structural
 edits are ever applied when a variant is loaded, and each is driven by plain data (names
 and ranks) in the variant's lmforge.json: loading never executes stored code or
@@ -19,8 +19,8 @@ import warnings
 import torch
 from torch import nn
 
-from lmforge.components.model.modelload import LowRankLinear, apply_lowrank, set_module  # the loader's own layers
 from lmforge.components.model.projections import is_projection, linearize, projections, require_projections, select
+from lmforge.components.serving.modelload import LowRankLinear, apply_lowrank, set_module  # the loader's own layers
 
 __all__ = ["LowRankLinear", "apply_lowrank", "count_params", "is_int8_linear", "linear_layers", "linear_weight_bytes",
            "quantize_int8", "require_linear", "select", "set_module", "weight_bytes"]

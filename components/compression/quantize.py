@@ -11,7 +11,7 @@ transposed), and the logits on a few tokens are checked unchanged before quantiz
 head tied to the input embedding stays in float with the embedding (recipe `skipped`
 says so). The folder stores what the quantized model holds: each quantized Linear's int8
 weight, its per-tensor scale and its float bias, in model.safetensors
-(components/model/modelload.py `save_int8`); the loader that Triton and the MLflow pyfunc carry
+(components/serving/modelload.py `save_int8`); the loader that Triton and the MLflow pyfunc carry
 rebuilds exactly those layers, so every consumer runs the int8 model measured here.
 config.json is marked `lmforge_int8`, so a plain `from_pretrained` refuses the folder
 instead of loading int8 numbers as floats.

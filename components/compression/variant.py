@@ -7,7 +7,7 @@
 
 lmforge.json records `technique`, `recipe` (the config section it was built with plus
 what it decided, e.g. the rank of each layer), `load` (how to rebuild it) and `parent`
-(the parent's folder and its own lmforge.json). `load` is one of (components/model/modelload.py
+(the parent's folder and its own lmforge.json). `load` is one of (components/serving/modelload.py
 reads it: the same loader runs in evaluation, in the MLflow pyfunc and in Triton):
 
 - `hf`: `from_pretrained` is the whole story (pruned, distilled, merged-LoRA, cast).
@@ -34,7 +34,7 @@ from torch import nn
 from lmforge.components.compression.modules import count_params, linear_weight_bytes, weight_bytes
 from lmforge.components.errors import UserError
 from lmforge.components.model.basemodel import copy_tokenizer
-from lmforge.components.model.modelload import DTYPES, MARKED_TYPES, META, WEIGHTS, load_model, read_meta, save_int8
+from lmforge.components.serving.modelload import DTYPES, MARKED_TYPES, META, WEIGHTS, load_model, read_meta, save_int8
 from lmforge.components.workspace import atomic_dir, atomic_write_json
 
 __all__ = ["DTYPES", "META", "WEIGHTS", "disk_bytes", "load_parent", "load_variant", "read_meta", "save_variant",
@@ -97,7 +97,7 @@ def save_variant(model: nn.Module, out_dir: Path, *, parent_dir: Path, technique
             "parent": {"path": str(parent_dir), "meta": parent_meta},
             # The lineage a downstream stage reads without walking up the parents.
             "dataset_version": parent_meta.get("dataset_version"),
-            "task": parent_meta.get("task"),  # how it renders, stops and scores: the parent's (components/task.py)
+            "task": parent_meta.get("task"),  # how it renders, stops and scores: the parent's (components/serving/task.py)
             **(extra or {}),
         }
         atomic_write_json(tmp / META, meta)

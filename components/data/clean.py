@@ -18,8 +18,8 @@ import unicodedata
 from dataclasses import replace
 
 from lmforge.components.data.quarantine import Quarantined, encode_raw, fields_bytes
-from lmforge.components.data.records import Record, first_sentence, lm_text
 from lmforge.components.data.validate import Derived, Kept
+from lmforge.components.serving.records import Record, first_sentence, lm_text
 
 EMPTIED = "nothing left after whitespace cleaning"
 

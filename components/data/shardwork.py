@@ -31,13 +31,13 @@ from lmforge.components.data.featurize import document_features
 from lmforge.components.data.minhash import signatures
 from lmforge.components.data.quarantine import Quarantined, quarantine_entry, write_quarantine
 from lmforge.components.data.readers import read_shard
-from lmforge.components.data.records import FIELDS, stored
 from lmforge.components.data.shards import dtype_for
 from lmforge.components.data.split import SPLITS
 from lmforge.components.data.stepref import FinishRef, IngestRef, NearRef, RecordsRef, SelectRef, SplitRef, StepRef, TokenizerRef
 from lmforge.components.data.tokenizer import encode_flat, eos_id_of, load_tokenizer
 from lmforge.components.data.validate import judge_for_cleaning
 from lmforge.components.sections.data import DataConfig
+from lmforge.components.serving.records import FIELDS, stored
 from lmforge.components.workspace import atomic_dir
 
 ROWS = "rows.parquet"

@@ -44,8 +44,8 @@ from typing import Any
 
 from lmforge.components.data.ingest import RawItem
 from lmforge.components.data.quarantine import Quarantined, quarantine_entry
-from lmforge.components.data.records import Record, first_sentence, lm_text, stable_id
 from lmforge.components.sections.data import ValidationConfig
+from lmforge.components.serving.records import Record, first_sentence, lm_text, stable_id
 
 REASONS = ("invalid_utf8", "invalid_json", "control_chars", "empty", "too_long", "missing_field", "wrong_type", "duplicate_id",
            "blank_line", "column_count", "invalid_csv", "unparseable_file")

@@ -11,7 +11,7 @@
     table(suite.results)   # the harness's own markdown table
 
 The scoring is the harness's (`lm_eval.simple_evaluate`), never a copy. The model folder is loaded by
-lmforge (components/model/modelload.py), so an int8 variant is scored as int8, on the device
+lmforge (components/serving/modelload.py), so an int8 variant is scored as int8, on the device
 components/runtime/accelerator.py picks for it, and handed to the harness's `HFLM` as a model object.
 Tasks come from lmforge's shipped folder (`components/evaluation/tasks/`: `lmforge_heldout`), then the
 user's `include_path`, then the harness's own (GLUE, SuperGLUE, ...; indexed only when a name needs them).
@@ -34,7 +34,7 @@ from typing import Any
 
 from lmforge.components.errors import UserError
 from lmforge.components.sections.evaluation import BenchmarkConfig
-from lmforge.components.task import Task
+from lmforge.components.serving.task import Task
 from lmforge.components.vectors.embed import hf_offline
 
 SHIPPED = Path(__file__).with_name("tasks")   # lmforge's own task YAMLs (package data)

@@ -9,7 +9,7 @@ Metrics (all floats): bpc, perplexity (bpc.py, on up to `bpc_max_docs` documents
 split), unigram_bpc (the trivial baseline of baseline.py, on the same tokens),
 rouge1/rouge2/rougeL/bleu/exact_match (text_metrics.py, on up to `max_examples` held-out
 prompt→reference examples of the task; `gen_examples` says how many were scored),
-ttft_ms/tpot_ms/tokens_per_s (latency.py). The task (components/task.py) is the one saved with
+ttft_ms/tpot_ms/tokens_per_s (latency.py). The task (components/serving/task.py) is the one saved with
 the model (its lmforge.json), or for a folder that records none (a base model) `default_task`, else
 the one the dataset implies: it renders the prompts,
 stops the generations and says what of each is scored. A split whose records give the task no
@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
 from lmforge.components.evaluation import benchmarks
 from lmforge.components.evaluation.baseline import UnigramModel
@@ -39,7 +38,8 @@ from lmforge.components.evaluation.rag import Rag, held, store_busy
 from lmforge.components.evaluation.text_metrics import score_texts
 from lmforge.components.registry.loading import load_causal_lm
 from lmforge.components.sections.evaluation import EvaluationConfig
-from lmforge.components.task import Task, TaskError, infer_kind
+from lmforge.components.serving.records import Record
+from lmforge.components.serving.task import Task, TaskError, infer_kind
 
 GEN_METRICS = ("rouge1", "rouge2", "rougeL", "bleu", "exact_match")
 

@@ -1,9 +1,9 @@
-"""Generation for evaluation: components/generation.py (what Triton and the pyfunc run), in batches, timed.
+"""Generation for evaluation: components/serving/generation.py (what Triton and the pyfunc run), in batches, timed.
 
     gens, wall_s = generate(model, tokenizer, prompts, task, max_new_tokens=48, batch_size=8, max_prompt_tokens=200)
     gens[0].text, gens[0].tokens, gens[0].timing.ttft_s
 
-Each prompt (a string, or a chat's messages) is encoded by the task (components/task.py) and cut
+Each prompt (a string, or a chat's messages) is encoded by the task (components/serving/task.py) and cut
 from the left to `max_prompt_tokens`; decoding and the task's stop rule are those of the served
 model, so what is scored here is what is served. Greedy by default; seeded sampling with
 `temperature > 0`.
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmforge.components import generation as shared
 from lmforge.components.evaluation.latency import RowTiming
-from lmforge.components.task import Prompt, Task
+from lmforge.components.serving import generation as shared
+from lmforge.components.serving.task import Prompt, Task
 
 
 @dataclass(frozen=True)

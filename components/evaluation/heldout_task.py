@@ -3,7 +3,7 @@ this prompt? Multiple choice, scored by the harness on the model's log-likelihoo
 
     load(dataset_dir=".../datasets/<v>", split="test", task={"kind": "docstring"}, tokenizer_dir=".../export")
 
-Built from any task's held-out split (components/task.py `Task.example`): the prompt is rendered as the model
+Built from any task's held-out split (components/serving/task.py `Task.example`): the prompt is rendered as the model
 reads it (its chat template, or an eos then the prompt, as lmforge serves it), the choices are the record's own
 reference and three others drawn from the split with `seed`. No data leaves the machine or comes into it. The
 harness calls this through the YAML's `custom_dataset` with the task's metadata (benchmarks.HeldOut.metadata).
@@ -15,9 +15,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from lmforge.components.data.records import read_records
 from lmforge.components.errors import UserError
-from lmforge.components.task import Task
+from lmforge.components.serving.records import read_records
+from lmforge.components.serving.task import Task
 
 CHOICES = 4
 
@@ -27,7 +27,7 @@ def load(*, dataset_dir: str | None = None, split: str = "test", task: dict[str,
     """A datasets.DatasetDict with one split, "test": rows of {context, choices, gold}."""
     import datasets
 
-    from lmforge.components.model.modelload import load_tokenizer
+    from lmforge.components.serving.modelload import load_tokenizer
 
     if not dataset_dir or not tokenizer_dir or not task:
         raise UserError("benchmark task", "lmforge_heldout", "is built from a workspace's held-out split and runs "

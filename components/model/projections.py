@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from lmforge.components.errors import UserError
-from lmforge.components.model.modelload import projection_dims, set_module
+from lmforge.components.serving.modelload import projection_dims, set_module
 
 __all__ = ["TIED", "Chosen", "Projection", "as_linear", "choose_targets", "decoder_blocks", "is_projection",
            "linearize", "projections", "require_projections", "select"]

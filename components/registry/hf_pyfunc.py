@@ -2,7 +2,7 @@
 
 MLflow stores this file's source beside the model and runs it on `mlflow.pyfunc.load_model`;
 the weights are the registered model folder (artifact "hf"), read from safetensors, and
-the code that loads and runs them is the model's own `lmforge_runtime/` (code_paths):
+the code that loads and runs them is the model's own `lmforge_serving/` (code_paths):
 
     m = mlflow.pyfunc.load_model("models:/lmforge-lm@champion")
     m.predict(["Once upon a time"])                               # the continuations, under the model's task
@@ -11,8 +11,8 @@ the code that loads and runs them is the model's own `lmforge_runtime/` (code_pa
     m.predict(["def add(a, b):"], params={"output": "scored"})    # what evaluation scores (the preset: a summary)
     m.predict(["def add(a, b):"], params={"output": "token_ids"})   # ["17 402 9", ...]: the generated ids
 
-A prompt is rendered, stopped and scored by the model's task (components/task.py, recorded in
-its lmforge.json). Loading and generation are lmforge_runtime's modelload.py, task.py and
+A prompt is rendered, stopped and scored by the model's task (components/serving/task.py, recorded in
+its lmforge.json). Loading and generation are lmforge_serving's modelload.py, task.py and
 generation.py, the same code Triton's model runs and evaluation calls, so an int8 or low-rank
 variant loads as what it is and the three give the same tokens. Greedy unless `temperature > 0`;
 sampling with a `seed` (>= 0) is repeatable; the default seed -1 samples from torch's running random
@@ -34,10 +34,9 @@ PARAMS = {"max_new_tokens": 32, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "s
 def _runtime() -> tuple[Any, Any, Any]:
     """(modelload, generation, task): the copy stored with the model first, lmforge's own when there is none."""
     try:
-        from lmforge_runtime import generation, modelload, task  # type: ignore[import-not-found]
+        from lmforge_serving import generation, modelload, task  # type: ignore[import-not-found]
     except ImportError:
-        from lmforge.components import generation, task
-        from lmforge.components.model import modelload
+        from lmforge.components.serving import generation, modelload, task
     return modelload, generation, task
 
 

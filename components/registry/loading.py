@@ -1,9 +1,8 @@
 """Load a Hugging Face model folder from safetensors only: no stored pickle is ever executed.
 
     model, tokenizer = load_causal_lm(path)          # eval mode, CPU, the stored dtype (fp32 for an export)
-    write_runtime(folder / "lmforge_runtime")       # the loader and generation code a server or pyfunc imports
 
-Any lmforge folder loads as what it is (components/model/modelload.py): a plain export or a
+Any lmforge folder loads as what it is (components/serving/modelload.py): a plain export or a
 cast with `from_pretrained`, an int8 variant as int8, a low-rank variant with its factors.
 
 A folder is accepted only when its weights are safetensors (`model.safetensors` or a
@@ -15,7 +14,6 @@ pickle nor imports code shipped inside the folder.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +46,7 @@ def check_model_dir(model_dir: Path) -> Path:
 
 def load_causal_lm(model_dir: Path, *, dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) of any lmforge model folder, as the server and the pyfunc load it."""
-    from lmforge.components.model import modelload
+    from lmforge.components.serving import modelload
 
     d = check_model_dir(model_dir)
     return modelload.load_model(d, dtype=dtype), modelload.load_tokenizer(d)
-
-
-def write_runtime(dest: Path, *, extra: tuple[Any, ...] = ()) -> Path:
-    """Copy the stdlib+torch+transformers modules a serving process needs into the package `dest`:
-    generation.py, modelload.py, task.py and records.py, plus `extra` modules (deploy/processing.py, ...)."""
-    from lmforge.components import generation, task
-    from lmforge.components.data import records
-    from lmforge.components.model import modelload
-
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "__init__.py").write_text('"""lmforge serving helpers, copied from the lmforge source tree."""\n')
-    for module in (generation, modelload, task, records, *extra):
-        shutil.copy2(module.__file__, dest / Path(module.__file__).name)
-    return dest

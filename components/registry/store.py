@@ -9,7 +9,7 @@ The folder is logged as an MLflow pyfunc "model from code" (hf_pyfunc.py): MLflo
 the folder as it is (safetensors weights, config, tokenizer, lmforge.json) to the
 artifact `hf` (`artifacts/<folder name>/` in the model), with a string-to-string signature
 (params `max_new_tokens`, `output`) and an input example, and stores no pickle. The
-loader and generation code go with it as `code/lmforge_runtime/` (loading.write_runtime),
+loader and generation code go with it as `code/lmforge_serving/` (serving.copy_whole: the serving package, whole),
 so the pyfunc loads int8 and low-rank variants and generates exactly as Triton does.
 `save_pyfunc` writes the same MLflow model to a local folder (to check it before
 registering). (The transformers flavor cannot log a local folder with
@@ -41,8 +41,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from lmforge.components import serving
 from lmforge.components.errors import UserError
-from lmforge.components.registry.loading import check_model_dir, pickle_files, write_runtime
+from lmforge.components.registry.loading import check_model_dir, pickle_files
 from lmforge.components.registry.retry import with_retries
 from lmforge.components.sections._base import NAME_PATTERN, NAME_RULE
 from lmforge.components.sections.registry import RegistryConfig
@@ -137,9 +138,9 @@ def pyfunc_args(model_dir: Path, code_dir: Path) -> dict[str, Any]:
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
 
-    runtime = write_runtime(Path(code_dir) / "lmforge_runtime")
+    runtime = serving.copy_whole(Path(code_dir))
     signature = ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
                                params=ParamSchema([ParamSpec("max_new_tokens", "long", 32),
                                                    ParamSpec("temperature", "double", 0.0),

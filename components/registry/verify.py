@@ -7,9 +7,9 @@
 Three loads of the same folder generate greedily for the same fixed prompts:
 1. lmforge itself (components/registry/loading.py), as evaluation scores it;
 2. the MLflow model `register_model` would log, saved to a temporary folder and loaded
-   with `mlflow.pyfunc.load_model` (its own stored `lmforge_runtime/`);
+   with `mlflow.pyfunc.load_model` (its own stored `lmforge_serving/`);
 3. the serving environment's Python (.venv-serve: Triton's interpreter, numpy<2) running
-   the `lmforge_runtime/` package Triton's model.py imports, without lmforge installed.
+   the `lmforge_serving/` package Triton's model.py imports, without lmforge installed.
 The folder passes when all three load and give token-identical outputs; otherwise the
 first problem is returned, in one line, for the caller to record.
 """
@@ -28,7 +28,7 @@ PROMPTS = ("def dumps(obj, *, skipkeys=False, ensure_ascii=True, indent=None):",
 _SERVE_SCRIPT = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from lmforge_runtime import generation, modelload, task
+from lmforge_serving import generation, modelload, task
 assert not [m for m in sys.modules if m.startswith("lmforge.")], "lmforge itself must not be needed"
 model, tok, t = modelload.load_model(sys.argv[2]), modelload.load_tokenizer(sys.argv[2]), task.Task.load(sys.argv[2])
 prompts = json.loads(sys.argv[3])
@@ -42,9 +42,10 @@ print(json.dumps([list(o.token_ids) for o in outs]))
 def verify_servable(model_dir: Path, *, serve_python: Path | None, prompts: Sequence[str] = PROMPTS,
                     max_new_tokens: int = 8, timeout_s: float = 300.0) -> str | None:
     """None when lmforge, the MLflow pyfunc and the serving runtime load `model_dir` and agree; else why not."""
-    from lmforge.components import generation
-    from lmforge.components.registry.loading import load_causal_lm, write_runtime
-    from lmforge.components.task import Task
+    from lmforge.components import serving
+    from lmforge.components.registry.loading import load_causal_lm
+    from lmforge.components.serving import generation
+    from lmforge.components.serving.task import Task
 
     model_dir = Path(model_dir).resolve()
     try:
@@ -65,11 +66,11 @@ def verify_servable(model_dir: Path, *, serve_python: Path | None, prompts: Sequ
         return f"MLflow pyfunc tokens differ from lmforge's: {pyfunc[0][:8]} vs {expected[0][:8]}"
 
     if serve_python is None:
-        return None
+        return
     if not Path(serve_python).is_file():
         return f"serving runtime: no Python at {serve_python} (run scripts/bootstrap.sh or set LMFORGE_SERVE_VENV)"
     with tempfile.TemporaryDirectory() as tmp:
-        write_runtime(Path(tmp) / "lmforge_runtime")
+        serving.copy_whole(Path(tmp))
         try:
             done = subprocess.run([str(serve_python), "-I", "-c", _SERVE_SCRIPT, tmp, str(model_dir), json.dumps(list(prompts)),
                                    str(max_new_tokens)], capture_output=True, text=True, timeout=timeout_s)
@@ -81,7 +82,7 @@ def verify_servable(model_dir: Path, *, serve_python: Path | None, prompts: Sequ
     served = json.loads(done.stdout.strip().splitlines()[-1])
     if served != expected:
         return f"serving runtime tokens differ from lmforge's: {served[0][:8]} vs {expected[0][:8]}"
-    return None
+    return
 
 
 def _pyfunc_tokens(model_dir: Path, prompts: Sequence[str], max_new_tokens: int) -> list[list[int]] | str:

@@ -13,7 +13,7 @@ distillation) takes it from here, so placement is decided in one place.
 A model goes where its kernels exist: `runnable_device(model, wanted)` is `wanted` (default: the
 host's pick) unless the model holds modules whose kernels are CPU-only, torch's quantized layers
 (an int8 variant's dynamic `Linear` runs `quantized::linear_dynamic`, fbgemm/qnnpack, CPU only);
-then it is the CPU, with that reason. `cpu_only_kernels` lives in components/model/modelload.py, which
+then it is the CPU, with that reason. `cpu_only_kernels` lives in components/serving/modelload.py, which
 the Triton model repository carries, so the served model asks the same function.
 
 `precision = "auto"` picks bf16 only where it is really faster: on CUDA where the GPU has native
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 
 from lmforge.components.errors import UserError
-from lmforge.components.model.modelload import cpu_only_kernels
 from lmforge.components.runtime import machine
 from lmforge.components.runtime.machine import machine_cache_dir
+from lmforge.components.serving.modelload import cpu_only_kernels
 
 CACHE_ENV = machine.CACHE_ENV  # ~/.cache/lmforge unless set (components/runtime/machine.py)
 BF16_MIN_SPEEDUP = 1.1  # bf16 must beat fp32 by this much to be worth its rounding

@@ -43,11 +43,12 @@ class DeployConfig(Section):
                              description="the OpenAI gateway's port, kept across restarts and rollouts so that the base "
                                          "URL stays http://<host>:<port>/v1; 0 = a free port at every start")
 
-    # The model configuration (config.pbtxt) and its engine (deploy/engine.py).
+    # The model configuration (config.pbtxt) and its engine (components/serving/engine.py).
     engine: Literal["transformers", "vllm"] = Field(
         "transformers", description="what generates inside each instance: transformers' continuous batching "
                                     "(a request joins the running batch at the next step and streams its tokens), "
-                                    "or vLLM's (its server in .venv-vllm, built by `make vllm`; deploy/vllm_engine.py)")
+                                    "or vLLM's (its async engine inside the Triton model, in .venv-vllm, built by "
+                                    "`make vllm`; components/serving/vllm_engine.py)")
     max_requests_per_step: int = Field(32, ge=1, le=1024, description="requests an instance decodes together in one "
                                                                       "step")
     kv_cache_tokens: int = Field(16384, ge=64, le=16_777_216,

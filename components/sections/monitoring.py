@@ -22,7 +22,7 @@ from ._base import NAME_PATTERN, NAME_RULE, Section
 
 DriftTest = Literal["ks", "chi-square", "hellinger"]
 
-# The request-log columns a test may watch, by kind (see components/requestlog.py).
+# The request-log columns a test may watch, by kind (see components/serving/requestlog.py).
 NUMERIC_COLUMNS = ("prompt_chars", "prompt_tokens", "rare_token_rate")
 CATEGORICAL_COLUMNS = ("status",)
 

@@ -1,4 +1,4 @@
-"""The [task] table: how a prompt is rendered, when generation stops and what is scored (components/task.py).
+"""The [task] table: how a prompt is rendered, when generation stops and what is scored (components/serving/task.py).
 
     [task]
     kind = "chat"            # "completion", "chat", the demo's "docstring", or "auto" (default): what the data holds

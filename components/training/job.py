@@ -32,7 +32,7 @@ from lmforge.components.errors import UserError
 from lmforge.components.model.basemodel import BaseCheckpoint, check_base, tokenizer_hash
 from lmforge.components.runtime.accelerator import Precision, choose_precision, cpu_model, pick_device, visible_gpus
 from lmforge.components.sections.training import TrainingConfig
-from lmforge.components.task import DEMO, Task
+from lmforge.components.serving.task import DEMO, Task
 from lmforge.components.taskdata import check_task
 from lmforge.components.training import checkpoint as ckpt
 from lmforge.components.training.launcher import LaunchRequest
@@ -154,7 +154,7 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
                 meta: dict[str, Any], timeout_s: float | None = None, base: BaseCheckpoint | None = None,
                 records: Path | None = None, task: Task = DEMO) -> Job:
     """The checked job. `records`: the dataset's records folder, which objective = "sft" reads (default: beside
-    the tokenizer, as the data stage writes a dataset); `task` renders its examples (components/task.py) and must
+    the tokenizer, as the data stage writes a dataset); `task` renders its examples (components/serving/task.py) and must
     fit the tokenizer (a chat task needs a chat template)."""
     tok = load_tokenizer(tokenizer)
     check_task(task, tok)

@@ -238,7 +238,7 @@ def hf_train_flops_per_token(config: Any, *, seq_len: int) -> float:
     QKᵀ and AV over the full seq_len × seq_len matrix, as SDPA computes them. Not discounted: a
     sliding window shorter than seq_len, so for such a model the MFU reads high.
     """
-    from lmforge.components.model.modelload import projection_dims  # the one test of "a linear-like layer"
+    from lmforge.components.serving.modelload import projection_dims  # the one test of "a linear-like layer"
 
     model = meta_model(config)
     n = sum(m.weight.numel() for m in model.modules() if projection_dims(m) is not None)
@@ -253,7 +253,7 @@ def active_expert_weights(model: torch.nn.Module, config: Any) -> int:
     """Matmul weights of transformers' fused MoE layers that one token uses: top_k of the E experts held as 3D
     parameters [E, out, in] of an `experts` module (Qwen3-MoE, Mixtral in transformers 5; no nn.Linear, so the
     projections walk misses them), plus each router's [E, hidden] weight. 0 for a dense model."""
-    from lmforge.components.model.modelload import projection_dims
+    from lmforge.components.serving.modelload import projection_dims
 
     top_k = getattr(config.get_text_config(), "num_experts_per_tok", None)
     if not top_k:

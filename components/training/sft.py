@@ -5,7 +5,7 @@
     for inputs, labels in batches.micro_batches(step, dp_rank=0, dp_size=2, micro=8, accum=1):
         loss = lm_loss(model(**inputs).logits, labels)      # labels are IGNORE on prompt tokens and padding
 
-An example is what the task (components/task.py) gives the model at generation time, then the
+An example is what the task (components/serving/task.py) gives the model at generation time, then the
 answer: `task.encode(tokenizer, prompt)` (eos and the prompt as given; the docstring preset's
 template; or the tokenizer's chat template around a chat's messages), then `task.answer`: the
 record's reference (a pair's completion; the preset: the docstring's summary and its close) and eos, or the template's
@@ -39,9 +39,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lmforge.components.data.records import Record, read_records
 from lmforge.components.errors import UserError
-from lmforge.components.task import Task, TaskError
+from lmforge.components.serving.records import Record, read_records
+from lmforge.components.serving.task import Task, TaskError
 from lmforge.components.training.data import epoch_order
 from lmforge.components.workspace import atomic_dir, atomic_write_json
 

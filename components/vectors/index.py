@@ -50,9 +50,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
 from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.serving.records import Record
 from lmforge.components.vectors.embed import Embedder, make_embedder
 from lmforge.components.vectors.near_dups import Neighbours, semantic_near_duplicates
 from lmforge.components.workspace import Workspace

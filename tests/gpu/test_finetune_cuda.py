@@ -36,7 +36,7 @@ def test_sft_lora_on_cuda(strategy, batching, sft_dataset, monkeypatch):
 
     from lmforge.components.config import load_config
     from lmforge.components.evaluation.evaluate import evaluate_model_dir
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
     from lmforge.flows.train import train_flow
 
     ws, version, base, _ = sft_dataset

@@ -2,8 +2,8 @@
 
     pytest -m gpu tests/gpu/test_generation_cuda.py      # skipped (not failed) where CUDA is missing
 
-What Triton's model runs on a GPU instance (deploy/model.py: generation.generate_rows): greedy rows batched with
-left padding give transformers' own greedy tokens for each prompt alone; a seeded sampled row gives the same
+What Triton's model runs on a GPU instance (components/serving/triton_model.py: generation.generate_rows): greedy
+rows batched with left padding give transformers' own greedy tokens for each prompt alone; a seeded sampled row gives the same
 tokens alone and beside other requests; a chat task renders through the tokenizer's template on the GPU as well.
 """
 
@@ -20,9 +20,9 @@ CHAT = ("{% for m in messages %}<bos>{{ m.role }}\n{{ m.content }}<eos>{% endfor
 
 
 def test_greedy_and_seeded_rows_on_cuda(tiny_model_dir):
-    from lmforge.components import generation
     from lmforge.components.registry.loading import load_causal_lm
-    from lmforge.components.task import Task
+    from lmforge.components.serving import generation
+    from lmforge.components.serving.task import Task
 
     model, tok = load_causal_lm(tiny_model_dir)
     model = model.to("cuda")

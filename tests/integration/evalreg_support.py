@@ -15,7 +15,7 @@ import shutil
 import sysconfig
 from pathlib import Path
 
-from lmforge.components.data.records import Record
+from lmforge.components.serving.records import Record
 from lmforge.components.workspace import Workspace, atomic_write_json, sha256_json
 
 TRAIN = ["json/__init__.py", "textwrap.py", "shutil.py"]

@@ -35,7 +35,7 @@ def pretrained_base(random_base: Path, out: Path) -> Path:
 
     tok = AutoTokenizer.from_pretrained(random_base)
     model = AutoModelForCausalLM.from_pretrained(random_base)
-    from lmforge.components.data.records import lm_text
+    from lmforge.components.serving.records import lm_text
 
     texts = [tok.eos_token + lm_text(f"def {n}_info(self):", f"Describe the {n}.") for n in NOUNS]
     texts += [tok.eos_token + lm_text(f"def show_{n}(self, other):", f"Show the {n} of the other object.") for n in NOUNS]

@@ -114,7 +114,7 @@ def test_any_task_is_trained_scored_registered_and_served_the_same_way(served):
     from mlflow import MlflowClient
 
     from lmforge.components.registry import current, download_model
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
     from lmforge.components.tracking import use_workspace
     from lmforge.deploy import client
     from lmforge.deploy.server import running_server

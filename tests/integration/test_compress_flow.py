@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _records():
-    from lmforge.components.data.records import Record
+    from lmforge.components.serving.records import Record
 
     out = []
     for mod in (textwrap, json, shutil):

@@ -34,7 +34,7 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
     from lmforge.components.registry import current, set_alias
     from lmforge.components.registry.gate import production_alias, read_decision
     from lmforge.components.registry.travel import fetch_dataset_bundle
-    from lmforge.components.requestlog import RequestLog
+    from lmforge.components.serving.requestlog import RequestLog
     from lmforge.components.workspace import Workspace
     from lmforge.flows.data import data_flow
     from lmforge.flows.evaluate import evaluate_flow

@@ -16,7 +16,7 @@ import pytest
 from lmforge.components.config import load_config
 from lmforge.components.data.manifest import verify_manifest
 from lmforge.components.data.quarantine import raw_bytes, read_quarantine, write_quarantine
-from lmforge.components.data.records import read_records
+from lmforge.components.serving.records import read_records
 from tests.conftest import REPO, TINY_CONFIG
 from tests.unit.data.corpus import BAD_LINES, write_mixed_jsonl
 

@@ -23,10 +23,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.task import DEMO
-from lmforge.deploy import client, processing, repository, server
+from lmforge.components.serving import processing
+from lmforge.components.serving.requestlog import RequestLog
+from lmforge.components.serving.task import DEMO
+from lmforge.deploy import client, repository, server
 from lmforge.deploy.rollout import RolloutRefused, rollout
 from tests.conftest import build_tiny_model
 
@@ -158,8 +159,7 @@ def test_a_streamed_answer_comes_in_pieces_that_concatenate_to_the_evaluated_ans
 def test_128_concurrent_streams_each_get_their_solo_answer(dep, tiny_model_dir):
     """Requests of mixed lengths joining and leaving one running batch: each streamed answer is token for token
     what generating that prompt alone gives (fp32)."""
-    from lmforge.components import generation
-    from lmforge.components.model import modelload
+    from lmforge.components.serving import generation, modelload
 
     model, tok = modelload.load_model(tiny_model_dir), modelload.load_tokenizer(tiny_model_dir)
     prompts = [f"{SIGNATURES[i % len(SIGNATURES)][:-1]}  # {i}:" for i in range(128)]
@@ -187,8 +187,7 @@ def test_a_cancelled_stream_stops_its_generation_and_is_logged_once(dep, tiny_mo
 
     import tritonclient.grpc as grpcclient
 
-    from lmforge.components import generation
-    from lmforge.components.model import modelload
+    from lmforge.components.serving import generation, modelload
 
     model, tok = modelload.load_model(tiny_model_dir), modelload.load_tokenizer(tiny_model_dir)
     # A prompt whose greedy answer runs to the end of the model's context (no eos), so only the cancellation can end

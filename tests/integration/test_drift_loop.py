@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from lmforge.components.config import load_config
-from lmforge.components.data.records import Record
+from lmforge.components.serving.records import Record
 from tests.conftest import REPO, TINY_CONFIG
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -49,7 +49,7 @@ def loglikelihood(model, tok, context: str, continuation: str) -> float:
 
 def write_task(folder: Path, model_dir: Path, chars: list[str], n: int = 40) -> Path:
     """The task YAML and its JSONL: gold = the choice the model in `model_dir` prefers by a clear margin."""
-    from lmforge.components.model import modelload
+    from lmforge.components.serving import modelload
 
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)
     rng, rows = random.Random(0), []
@@ -86,7 +86,7 @@ def shuffled_embeddings(src: Path, dest: Path, ids: set[int]) -> Path:
 
     import torch
 
-    from lmforge.components.model import modelload
+    from lmforge.components.serving import modelload
 
     shutil.copytree(src, dest, dirs_exist_ok=True)
     model = modelload.load_model(src)
@@ -104,8 +104,8 @@ def test_benchmarks_are_logged_and_a_stricter_gate_refuses_the_candidate_that_re
     from mlflow import MlflowClient
 
     from lmforge.components.config import load_config
-    from lmforge.components.model import modelload
     from lmforge.components.registry import set_alias
+    from lmforge.components.serving import modelload
     from lmforge.flows.evaluate import evaluate_flow
 
     version = make_eval_dataset(workspace, per_module=8)

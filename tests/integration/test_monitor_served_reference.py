@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from lmforge.components.config import load_config
-from lmforge.components.requestlog import RequestLog, RequestRecord
+from lmforge.components.serving.requestlog import RequestLog, RequestRecord
 from lmforge.monitoring.traffic import normal_prompts, shifted_prompts
 from tests.conftest import TINY_CONFIG, build_tiny_model
 from tests.unit.monitoring.dataset import make_dataset, serve, signatures, write_requests

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from lmforge.components.config import load_config
-from lmforge.components.requestlog import RequestLog
+from lmforge.components.serving.requestlog import RequestLog
 from lmforge.monitoring.traffic import shifted_prompts
 from tests.conftest import TINY_CONFIG
 from tests.unit.monitoring.dataset import make_dataset, serve, signatures, write_requests

@@ -27,8 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving.requestlog import RequestLog
 from lmforge.components.workspace import Workspace
 from lmforge.deploy import gateway, server
 from lmforge.deploy import service as deploy_service
@@ -299,7 +299,7 @@ def test_a_harness_task_scores_the_same_on_the_folder_and_through_the_gateway(se
 
     from lmforge.components.evaluation import benchmarks
     from lmforge.components.sections.evaluation import BenchmarkConfig
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
 
     eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token
     assert Task.load(tiny_model_dir).kind == "docstring"   # what the server renders `tiny`'s prompts with
@@ -340,7 +340,7 @@ FUNCTIONS = [("def add(a, b):", "Return the sum of a and b."), ("def join(a, *p)
 
 def heldout_dataset(folder: Path) -> Path:
     """A dataset folder whose test split holds FUNCTIONS as records (records/test.jsonl), as the data stage writes."""
-    from lmforge.components.data.records import Record
+    from lmforge.components.serving.records import Record
 
     records = [Record.from_parts(source="test", module="m", qualname=sig.split("(")[0][4:], signature=sig,
                                  docstring=doc) for sig, doc in FUNCTIONS]
@@ -357,7 +357,7 @@ def test_lmforge_heldout_scores_the_same_through_the_gateway(served, name, tmp_p
     same acc and acc_norm, from the served model's answers."""
     from lmforge.components.evaluation import benchmarks
     from lmforge.components.sections.evaluation import BenchmarkConfig
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
 
     folder = served.folders[name]
     held = benchmarks.HeldOut(heldout_dataset(tmp_path / "data"), "test", Task.load(folder))
@@ -401,7 +401,7 @@ def test_the_documented_lm_eval_command_scores_what_the_folder_scores(served, tm
     command line, offline), against the gateway: lmforge_heldout's acc is the folder's."""
     from lmforge.components.evaluation import benchmarks
     from lmforge.components.sections.evaluation import BenchmarkConfig
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
 
     folder = served.folders["tinytext"]
     held = benchmarks.HeldOut(heldout_dataset(tmp_path / "data"), "test", Task.load(folder))

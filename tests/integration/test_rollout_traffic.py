@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving.requestlog import RequestLog
 from lmforge.deploy import client, gateway, repository, server
 from lmforge.deploy.rollout import RolloutRefused, rollout
 from tests.conftest import build_tiny_model

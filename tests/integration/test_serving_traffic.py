@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.components import generation
-from lmforge.components.model import modelload
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.task import Task
+from lmforge.components.serving import generation, modelload
+from lmforge.components.serving.task import Task
 from lmforge.deploy import client, gateway, server
 from tests.integration.servers import triton_with_gateways
 from tests.integration.test_openai_gateway import chat_model

@@ -34,7 +34,7 @@ def test_sft_with_lora_trains_adapters_only_exports_base_plus_adapter_and_beats_
 
     from lmforge.components.config import load_config
     from lmforge.components.evaluation.evaluate import evaluate_model_dir
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
     from lmforge.flows.train import train_flow
 
     ws, version, base, _ = sft_dataset

@@ -29,7 +29,7 @@ def test_a_chat_jsonl_under_the_docstring_task_exits_2_naming_the_kind_the_recor
 
 def test_the_same_chats_under_auto_train_the_chat_task(tmp_path, checkpoint, monkeypatch):
     from lmforge.components.config import load_config
-    from lmforge.components.task import Task
+    from lmforge.components.serving.task import Task
     from lmforge.flows.data import data_flow
     from lmforge.flows.train import train_flow
 

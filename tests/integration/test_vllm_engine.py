@@ -1,5 +1,5 @@
 """[deploy] engine = "vllm" through a real Triton server: the instance starts vLLM's server from .venv-vllm and
-streams its tokens through lmforge's stopping rule (deploy/vllm_engine.py).
+streams its tokens through lmforge's stopping rule (components/serving/vllm_engine.py).
 
 Skipped where .venv-vllm is not built (`make vllm`; ~2 GB, a few minutes): vLLM pins its own torch and
 transformers. vLLM takes a minute or two to start on 2 cores, so the module shares one server.
@@ -14,9 +14,9 @@ import time
 import pytest
 
 from lmforge.components.errors import UserError
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.task import DEMO
+from lmforge.components.serving.requestlog import RequestLog
+from lmforge.components.serving.task import DEMO
 from lmforge.deploy import client, repository, server
 from tests.conftest import build_tiny_model
 
@@ -91,8 +91,7 @@ def in_groups(groups: set[int]) -> list[str]:
 
 
 def solo(model_dir, prompts: list[str], limits: list[int]):
-    from lmforge.components import generation
-    from lmforge.components.model import modelload
+    from lmforge.components.serving import generation, modelload
 
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)
     return [generation.generate(model, tok, [DEMO.encode(tok, p)], max_new_tokens=n, stop_strings=DEMO.stop_strings)[0]

@@ -13,8 +13,8 @@ import ast
 import json
 from pathlib import Path
 
-from lmforge.components.data.records import Record
 from lmforge.components.data.shards import write_shards
+from lmforge.components.serving.records import Record
 from lmforge.components.workspace import Workspace, atomic_write_json
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]

@@ -18,10 +18,10 @@ from lmforge.components.compression.tradeoff import tradeoff_markdown, tradeoff_
 from lmforge.components.compression.variant import load_variant
 from lmforge.components.evaluation import evaluate_model_dir
 from lmforge.components.evaluation.bpc import bits_per_character
-from lmforge.components.model.modelload import load_tokenizer
 from lmforge.components.runtime import accelerator
 from lmforge.components.sections.compression import CompressionConfig, QuantizeConfig
 from lmforge.components.sections.evaluation import EvaluationConfig
+from lmforge.components.serving.modelload import load_tokenizer
 from tests.integration.evalreg_support import make_eval_dataset
 
 CFG = EvaluationConfig(max_examples=2, max_new_tokens=4, batch_size=2, bpc_max_docs=3)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from lmforge.components.config import load_config
-from lmforge.components.data.records import Record
 from lmforge.components.data.validate import validate_lines
+from lmforge.components.serving.records import Record
 from lmforge.flows.retrain import retrain_corpus
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from lmforge.components.data.records import DOC_CLOSE, Record, generation_prompt
-from lmforge.components.task import DEMO, Task, TaskError, infer_kind, split_document
+from lmforge.components.serving.records import DOC_CLOSE, Record, generation_prompt
+from lmforge.components.serving.task import DEMO, Task, TaskError, infer_kind, split_document
 
 CHAT = ("{% for m in messages %}<bos>{{ m.role }}\n{{ m.content }}<eos>{% endfor %}"
         "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
@@ -109,7 +109,7 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_
 
 
 def test_a_chat_stops_at_its_templates_end_of_turn_as_text_or_as_a_special_token(tok):
-    from lmforge.components.generation import RowText
+    from lmforge.components.serving.generation import RowText
 
     chat = Task("chat")
     assert Task("completion").stops(tok) == ((), ())

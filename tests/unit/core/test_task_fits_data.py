@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
 from lmforge.components.sections.task import TaskConfig
-from lmforge.components.task import Task
+from lmforge.components.serving.records import Record
+from lmforge.components.serving.task import Task
 from lmforge.components.taskdata import check_fit, dataset_task, record_shapes, recorded_task
 
 TURNS = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]

@@ -1,6 +1,6 @@
 from lmforge.components.data.clean import clean_all, clean_record, clean_text
-from lmforge.components.data.records import Record
 from lmforge.components.data.validate import Kept
+from lmforge.components.serving.records import Record
 
 
 def test_clean_text_nfc_and_whitespace():

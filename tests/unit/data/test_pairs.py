@@ -51,7 +51,7 @@ def test_chat_with_several_turns_renders_each_as_role_and_content():
     (kept,) = one({"id": "c2", "messages": messages}).clean
     prompt = "system: Be brief.\nuser: Hi\nassistant: Hello.\nuser: 2+2?"
     assert (kept.record.signature, kept.record.docstring, kept.record.text) == (prompt, "4.", prompt + "\n4.")
-    assert kept.record.turns == messages   # the chat itself, for a chat task's template (components/task.py)
+    assert kept.record.turns == messages   # the chat itself, for a chat task's template (components/serving/task.py)
     # a system turn and one user turn: still rendered with roles (only a lone user turn is taken as is)
     (sys_user,) = one({"messages": chat(("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello."))}).clean
     assert sys_user.record.signature == "system: Be brief.\nuser: Hi"

@@ -180,9 +180,10 @@ def test_select_decides_ids_then_texts_in_corpus_order_across_shards(tmp_path):
 
 
 def test_ingest_cleans_each_text_once_and_derives_each_summary_once(tmp_path, monkeypatch):
-    from lmforge.components.data import clean, records, validate
+    from lmforge.components.data import clean, validate
     from lmforge.components.data.clean import clean_record
     from lmforge.components.data.validate import judge
+    from lmforge.components.serving import records
 
     from .corpus import good_rows
 

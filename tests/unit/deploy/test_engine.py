@@ -1,4 +1,4 @@
-"""The serving engine (deploy/engine.py): continuous batching that streams, on the tiny model, in process.
+"""The serving engine (components/serving/engine.py): continuous batching that streams, on the tiny model, in process.
 
 Every greedy answer must be the one generation path's (generation.generate, what evaluation scores)
 token for token, alone or among many concurrent requests of different lengths; its deltas must
@@ -12,11 +12,10 @@ import threading
 
 import pytest
 
-from lmforge.components import generation
-from lmforge.components.generation import GREEDY, Row, Sampling, stable_prefix
-from lmforge.components.model import modelload
-from lmforge.components.task import Task
-from lmforge.deploy.engine import Busy, Delta, Engine, EngineConfig, EngineFailed, Final
+from lmforge.components.serving import generation, modelload
+from lmforge.components.serving.engine import Busy, Delta, Engine, EngineConfig, EngineFailed, Final
+from lmforge.components.serving.generation import GREEDY, Row, Sampling, stable_prefix
+from lmforge.components.serving.task import Task
 
 
 class Collector:

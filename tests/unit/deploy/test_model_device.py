@@ -1,7 +1,7 @@
 """Where the Triton model puts the model it serves: a GPU instance, but an int8 variant stays on the CPU.
 
-deploy/model.py runs inside tritonserver's Python, where lmforge is not installed; the check it
-uses, `cpu_only_kernels`, lives in components/model/modelload.py, which the repository carries, and
+components/serving/triton_model.py runs inside tritonserver's Python, where lmforge is not installed; the check it
+uses, `cpu_only_kernels`, lives in components/serving/modelload.py, which the repository carries, and
 evaluation asks the same function. No server and no GPU: the version folder is built for real,
 `triton_python_backend_utils` is faked, CUDA is made to look present and `Module.to` onto CUDA
 is recorded and refused (`HandedCuda`), never done.
@@ -19,10 +19,11 @@ import torch
 from lmforge.components.compression.lowrank import lowrank_variant
 from lmforge.components.compression.quantize import quantize_int8_variant
 from lmforge.components.compression.variant import load_variant
-from lmforge.components.model.modelload import cpu_only_kernels
 from lmforge.components.sections.compression import LowRankConfig, QuantizeConfig
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import processing, repository
+from lmforge.components.serving import processing
+from lmforge.components.serving.modelload import cpu_only_kernels
+from lmforge.deploy import repository
 from tests.unit.deploy import fake_triton
 
 INT8_REASON = "quantized::linear_dynamic is CPU-only"
@@ -86,12 +87,14 @@ def triton_model(monkeypatch, tmp_path):
     threads = torch.get_num_threads()
 
     def start(model_dir, *, kind="GPU", device_id="0", engine=False, **limits):
-        for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_runtime"]:
+        for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_serving"]:
             monkeypatch.delitem(sys.modules, name)  # each version folder imports its own copy
         folder = repository.build_version(tmp_path / "repo", DeployConfig(), version=1, model_dir=model_dir)
         spec = importlib.util.spec_from_file_location("lmforge_triton_model_under_test", folder / "model.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        entry = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(entry)   # what Triton loads: it imports the version folder's serving package
+        module = sys.modules["lmforge_serving.triton_model"]
+        assert module.TritonPythonModel is entry.TritonPythonModel
         # Where CUDA is faked, the engine's manager must not start (it would reach for CUDA); the integration
         # tests start it for real (tests/integration/test_deploy_triton.py), and so does `engine=True` on a CPU.
         if not engine:
@@ -112,7 +115,7 @@ def triton_model(monkeypatch, tmp_path):
     for served in started:
         served.finalize()
     torch.set_num_threads(threads)
-    for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_runtime"]:
+    for name in [n for n in sys.modules if n.split(".")[0] == "lmforge_serving"]:
         del sys.modules[name]
 
 

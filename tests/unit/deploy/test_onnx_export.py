@@ -13,10 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from lmforge.components import generation
 from lmforge.components.errors import UserError
-from lmforge.components.model import modelload
-from lmforge.components.model.onnxrun import OnnxForward
 from lmforge.components.onnx_export import (
     LogitsMismatch,
     check_logits,
@@ -25,7 +22,9 @@ from lmforge.components.onnx_export import (
     read_report,
 )
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.task import DEMO
+from lmforge.components.serving import generation, modelload
+from lmforge.components.serving.onnxrun import OnnxForward
+from lmforge.components.serving.task import DEMO
 from lmforge.deploy import repository
 from lmforge.deploy.service import check_format
 from tests.conftest import build_tiny_model
@@ -125,7 +124,7 @@ def test_an_onnx_version_folder_runs_the_graph_and_carries_onnxrun(exported, tmp
     folder, _ = exported
     repo = tmp_path / "repo"
     built = repository.build_version(repo, DeployConfig(), version=2, model_dir=folder)
-    assert (built / "model" / "model.onnx").is_file() and (built / "lmforge_runtime" / "onnxrun.py").is_file()
+    assert (built / "model" / "model.onnx").is_file() and (built / "lmforge_serving" / "onnxrun.py").is_file()
     assert not list((built / "model").glob("*.safetensors"))
     assert '"format": "onnx"' in (built / "meta.json").read_text()
     half = Path(shutil.copytree(folder, tmp_path / "half"))

@@ -391,7 +391,7 @@ def test_requests_in_flight_are_a_gauge(tmp_path):
 # --- log-probabilities ------------------------------------------------------------------------------
 
 def entry(token: str, logprob: float, *top: tuple[str, float], id: int = 1) -> dict:
-    """One token as the model reports it (deploy/model.py's contract): id, text, log-prob, top alternatives."""
+    """One token as the model reports it (components/serving/triton_model.py's contract): id, text, log-prob, top alternatives."""
     return {"id": id, "token": token, "logprob": logprob, "top": [list(t) for t in top]}
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lmforge.components.generation import Sampling
-from lmforge.deploy import processing
-from lmforge.deploy.processing import BadRequest, Limits
+from lmforge.components.serving import processing
+from lmforge.components.serving.generation import Sampling
+from lmforge.components.serving.processing import BadRequest, Limits
 
 LIMITS = Limits(context=64, max_new_tokens=8, max_prompt_chars=40, max_prompt_tokens=10, max_new_tokens_limit=16)
 MODEL = Limits(context=4096, max_new_tokens=32, max_prompt_chars=100_000)   # no operator caps: the context decides
@@ -144,14 +144,13 @@ def test_validation_prompts_come_from_the_version_folder_and_cycle(tmp_path):
 
 def test_the_runtime_copy_imports_without_lmforge(tmp_path):
     """The server's Python has no lmforge: the copied package must work on its own."""
-    from lmforge.components import requestlog
-    from lmforge.components.registry.loading import write_runtime
+    from lmforge.components import serving
 
-    write_runtime(tmp_path / "lmforge_runtime", extra=(processing, requestlog))
+    serving.copy_whole(tmp_path)
     serve_python = REPO / ".venv-serve/bin/python"
     python = str(serve_python) if serve_python.exists() else sys.executable
     code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
-            "from lmforge_runtime import generation, modelload, processing, requestlog, task; "
+            "from lmforge_serving import engine, generation, modelload, processing, requestlog, task, vllm_engine; "
             "assert not [m for m in sys.modules if m.startswith('lmforge.')], 'lmforge itself was imported'; "
             "print(task.Task('docstring').plain('def f(x):'), processing.parse_sampling({'seed': [3]}, 1)[0].seed, "
             "end='')")

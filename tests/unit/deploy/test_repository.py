@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from lmforge.components import serving
 from lmforge.components.config import validate_config
 from lmforge.components.data.shards import write_shards
 from lmforge.components.errors import UserError
@@ -71,9 +73,9 @@ def test_build_version_copies_runtime_and_safetensors_only(tmp_path, tiny_model_
     cfg = DeployConfig(rare_token_min_count=2)
     folder = repository.build_version(tmp_path / "repo", cfg, version=4, model_dir=src, shard_dir=shards)
     assert folder == tmp_path / "repo" / "lmforge" / "4"
-    assert (folder / "model.py").read_text().startswith('"""The Triton python-backend model')
-    assert {p.name for p in (folder / "lmforge_runtime").iterdir()} >= {
-        "__init__.py", "generation.py", "engine.py", "modelload.py", "processing.py", "records.py", "requestlog.py"}
+    assert "from lmforge_serving.triton_model import TritonPythonModel" in (folder / "model.py").read_text()
+    package = Path(serving.__file__).parent   # the serving package, copied whole: every module, nothing else
+    assert sorted(p.name for p in (folder / "lmforge_serving").glob("*.py")) == sorted(p.name for p in package.glob("*.py"))
     assert (folder / "model" / "model.safetensors").is_file()
     assert not (folder / "model" / "pytorch_model.bin").exists()
     rare = json.loads((folder / "rare_tokens.json").read_text())
@@ -161,8 +163,8 @@ def test_python_cannot_write_bytecode_into_a_version(tmp_path, tiny_model_dir):
     import sys
 
     folder = repository.build_version(tmp_path / "repo", DeployConfig(), version=1, model_dir=tiny_model_dir)
-    runtime = folder / "lmforge_runtime"
-    subprocess.run([sys.executable, "-c", "import lmforge_runtime.records"], cwd=folder, check=True,
+    runtime = folder / "lmforge_serving"
+    subprocess.run([sys.executable, "-c", "import lmforge_serving.records"], cwd=folder, check=True,
                    env={"PATH": "/usr/bin:/bin"})
     assert (runtime / "__pycache__").is_file() and (folder / "__pycache__").is_file()
     assert not [p for p in folder.rglob("__pycache__") if p.is_dir()]

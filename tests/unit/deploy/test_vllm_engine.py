@@ -1,4 +1,4 @@
-"""deploy/vllm_engine.py without vLLM: the request body, the KV cache size, a missing venv, the watchdog.
+"""components/serving/vllm_engine.py without vLLM: the request body, the KV cache size, a missing venv, the watchdog.
 
 That the server runs the model folder with the step's batch and a KV budget is checked on a real vLLM in
 tests/integration/test_vllm_engine.py (skipped, naming `make vllm`, where .venv-vllm is not built); a restatement of
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from lmforge.components import generation
 from lmforge.components.errors import UserError
 from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving import generation
+from lmforge.components.serving.engine import EngineConfig
+from lmforge.components.serving.vllm_engine import VllmEngine, VllmSettings, kv_cache_gib
 from lmforge.deploy import repository
-from lmforge.deploy.engine import EngineConfig
-from lmforge.deploy.vllm_engine import VllmEngine, VllmSettings, kv_cache_gib
 
 
 def engine(**settings) -> VllmEngine:
@@ -31,7 +31,7 @@ def test_a_request_is_its_token_ids_streamed_greedy_or_with_its_seeded_sampling(
 def test_the_kv_cache_budget_in_gib_follows_the_models_shape():
     from transformers import LlamaConfig
 
-    from lmforge.components.model.modelload import cache_shape
+    from lmforge.components.serving.modelload import cache_shape
 
     shape = cache_shape(LlamaConfig(num_attention_heads=8, hidden_size=512, num_hidden_layers=8, num_key_value_heads=2))
     # 2**20 tokens x 8 layers x 2 x 2 kv heads x 64 x 4 bytes = 8 GiB
@@ -56,7 +56,7 @@ def test_the_watchdog_kills_the_servers_group_when_its_starter_dies(tmp_path):
 
     import psutil
 
-    from lmforge.deploy.vllm_engine import WATCHDOG
+    from lmforge.components.serving.vllm_engine import WATCHDOG
 
     pidfile = tmp_path / "pids"
     server = f"import os, subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); " \

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.components.data.records import generation_prompt
 from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import RowTiming, summarize
 from lmforge.components.registry.loading import load_causal_lm
-from lmforge.components.task import Task
+from lmforge.components.serving.records import generation_prompt
+from lmforge.components.serving.task import Task
 
 AS_GIVEN = Task("completion")  # the prompts below are already templated: encoded as given, no stop string
 
@@ -81,7 +81,7 @@ def test_latency_summary_from_hand_timings():
 
 
 def test_rows_with_their_own_limits_in_one_batch_match_each_alone(model_and_tok):
-    from lmforge.components import generation as shared
+    from lmforge.components.serving import generation as shared
 
     model, tok = model_and_tok
     encoded = [AS_GIVEN.encode(tok, p) for p in PROMPTS[:3]]
@@ -97,7 +97,7 @@ def test_rows_with_their_own_limits_in_one_batch_match_each_alone(model_and_tok)
 
 def test_rows_with_their_own_settings_batch_as_they_may(model_and_tok):
     """Greedy rows that stop alike share a batch; a sampled row runs alone, so its seed alone decides its tokens."""
-    from lmforge.components import generation as shared
+    from lmforge.components.serving import generation as shared
 
     model, tok = model_and_tok
     ids = [AS_GIVEN.encode(tok, p) for p in PROMPTS[:3]]
@@ -125,7 +125,7 @@ class _CharTokenizer:
 
 
 def test_stopping_rule_keeps_the_stop_token_cuts_the_text_and_ends_at_eos():
-    from lmforge.components.generation import stopping_rule
+    from lmforge.components.serving.generation import stopping_rule
 
     tok = _CharTokenizer()
     ids = [ord(c) for c in 'Ab."""x']
@@ -135,7 +135,7 @@ def test_stopping_rule_keeps_the_stop_token_cuts_the_text_and_ends_at_eos():
 
 
 def test_score_tokens_reports_each_tokens_log_probability_its_alternatives_and_the_end_id(model_and_tok):
-    from lmforge.components import generation as shared
+    from lmforge.components.serving import generation as shared
 
     model, tok = model_and_tok
     ids = Task("completion").encode(tok, "def join(a, *p):")
@@ -154,7 +154,7 @@ def test_score_tokens_reports_each_tokens_log_probability_its_alternatives_and_t
 
 
 def test_a_row_ended_by_an_end_id_says_which(model_and_tok):
-    from lmforge.components import generation as shared
+    from lmforge.components.serving import generation as shared
 
     model, tok = model_and_tok
     ids = Task("completion").encode(tok, "def join(a, *p):")

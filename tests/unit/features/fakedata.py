@@ -14,8 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 import pandas as pd
 
-from lmforge.components.data.records import Record
 from lmforge.components.data.shards import write_shards
+from lmforge.components.serving.records import Record
 from lmforge.components.workspace import Workspace, atomic_write_json
 
 EOS = 2

@@ -19,9 +19,9 @@ import sysconfig
 from datetime import datetime
 from pathlib import Path
 
-from lmforge.components.data.records import Record
 from lmforge.components.data.shards import write_shards
-from lmforge.components.requestlog import RequestLog, RequestRecord
+from lmforge.components.serving.records import Record
+from lmforge.components.serving.requestlog import RequestLog, RequestRecord
 from lmforge.components.workspace import Workspace, atomic_write_json
 from lmforge.monitoring.traffic import _signature
 

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from lmforge.components.requestlog import RequestLog
 from lmforge.components.sections.monitoring import MonitoringConfig
+from lmforge.components.serving.requestlog import RequestLog
 from lmforge.monitoring.assess import assess
 from lmforge.monitoring.drift import DRIFT, INSUFFICIENT, NO_DRIFT
 from lmforge.monitoring.profiles import build_reference, load_reference, reference_rows, save_reference

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from lmforge.components.data.records import Record
 from lmforge.components.errors import UserError
-from lmforge.components.task import Task
+from lmforge.components.serving.records import Record
+from lmforge.components.serving.task import Task
 from lmforge.monitoring.traffic import NOISE_CHARS, normal_prompts, send_traffic, shifted_prompts, third_party_signatures
 
 HELD_OUT = [f"def function_{i}(path, *, mode='r', encoding=None):" for i in range(30)]

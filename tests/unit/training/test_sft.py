@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmforge.components.data.records import Record
-from lmforge.components.task import DEMO, Task
+from lmforge.components.serving.records import Record
+from lmforge.components.serving.task import DEMO, Task
 from lmforge.components.training.pipeline_model import lm_loss
 from lmforge.components.training.sft import (
     IGNORE,

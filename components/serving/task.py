@@ -21,7 +21,7 @@ Kinds:
 `infer_kind(records)` follows the data for task.kind = "auto": a chat when a record holds messages, the
 docstring preset when every record is shaped as one (the built-in corpus), else completion.
 
-Imports only the standard library and records.py: the Triton repository and the MLflow model carry a copy.
+Imports only the standard library and records.py.
 """
 
 from __future__ import annotations
@@ -33,13 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-try:
-    from lmforge.components.data.records import DOC_CLOSE, DOC_OPEN, Record, extract_summary, generation_prompt, lm_text
-except ImportError:  # inside lmforge_runtime/, beside records.py
-    from .records import DOC_CLOSE, DOC_OPEN, Record, extract_summary, generation_prompt, lm_text  # type: ignore[no-redef]
+from .records import DOC_CLOSE, DOC_OPEN, Record, extract_summary, generation_prompt, lm_text
 
 KINDS = ("completion", "chat", "docstring")
-META_FILE = "lmforge.json"  # a model folder's record (components/model/modelload.py META); its "task" is the task
+META_FILE = "lmforge.json"  # a model folder's record (components/serving/modelload.py META); its "task" is the task
 TEXT_PROMPT_WORDS = 24
 TEXT_REFERENCE_WORDS = 24
 _WORD = re.compile(r"\S+")

@@ -10,8 +10,7 @@ inputs `input_ids`, `attention_mask`, `position_ids` (int64) and `past_key_<i>`,
 `present_value_<i>` (the cache with this call's tokens appended). Batch, sequence and past
 lengths are dynamic; the first call passes a past of length 0.
 
-Imports numpy, onnxruntime and torch (the loop's tensors) and the standard library only: the
-Triton model repository carries a copy in `lmforge_runtime/` (the server's Python has no lmforge).
+Imports numpy, onnxruntime and torch (the loop's tensors) and the standard library only.
 """
 
 from __future__ import annotations

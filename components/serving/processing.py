@@ -10,17 +10,15 @@
     rate = rare_token_rate(tokenizer(text)["input_ids"], rare_ids, unk_id)
     device, why = serving_device(model, "GPU", 0, torch.cuda.is_available())  # ("cpu", "quantized::... is CPU-only ...")
 
-The Triton model (deploy/model.py) serves the LLM convention of Triton's own LLM backends: `text_input`
+The Triton model (components/serving/triton_model.py) serves the LLM convention of Triton's own LLM backends: `text_input`
 in, `text_output` out, with the settings as vLLM's backend takes them (`sampling_parameters`, a JSON
 object: max_tokens, temperature, top_p, top_k, seed, stop) or as TensorRT-LLM's does (one input each).
 Every check here names the input (and the row) it refuses, so a client can fix its request; the model
 answers it with a 400 and goes on with every other request.
 
-The Triton model runs inside the server's own Python, where lmforge is not installed: the
-repository builder copies this file, deploy/engine.py, components/generation.py, components/task.py,
-components/model/modelload.py, components/data/records.py and components/requestlog.py into
-`<version>/lmforge_runtime/`, hence the fallback imports. Standard library only (the generation
-module imports torch only inside its functions).
+The Triton model runs inside the server's own Python, where lmforge is not installed: this package
+is copied whole into `<version>/lmforge_serving/`. Standard library only (the generation module imports
+torch only inside its functions).
 
 There is no retrieval at serving time: the served model answers the prompt alone, the
 way evaluation's headline scores are measured (evaluation's RAG scores are a separate,
@@ -36,10 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-try:
-    from lmforge.components.generation import Sampling
-except ImportError:  # inside a Triton model version folder, beside a copy of generation.py
-    from .generation import Sampling  # type: ignore[no-redef]
+from .generation import Sampling
 
 __all__ = ["BadRequest", "Limits", "check_tokens", "decode_text", "is_well_formed", "load_rare_ids",
            "parse_max_tokens", "parse_sampling", "parse_sampling_parameters", "parse_stop", "rare_token_rate", "request_settings",
@@ -305,10 +300,7 @@ def serving_device(model: Any, instance_kind: str, device_id: int | str, cuda_av
         return "cpu", f"Triton instance kind {instance_kind}"
     if not cuda_available:
         return "cpu", "Triton instance kind GPU, but torch in this Python sees no CUDA device"
-    try:  # imported here: modelload imports torch, and the rest of this module is standard library only
-        from lmforge.components.model.modelload import cpu_only_kernels
-    except ImportError:  # inside the model repository's lmforge_runtime/
-        from .modelload import cpu_only_kernels  # type: ignore[no-redef]
+    from .modelload import cpu_only_kernels  # here: modelload imports torch; the rest is standard library only
     kernels = cpu_only_kernels(model)
     if kernels:
         return "cpu", (f"{', '.join(kernels)} {'is' if len(kernels) == 1 else 'are'} CPU-only: "

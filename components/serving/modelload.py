@@ -19,8 +19,7 @@ so a plain `from_pretrained` fails loudly instead of filling the weights it cann
 with random ones; the real type is `load.base_model_type`.
 
 Safetensors only, no stored code runs. Imports torch, transformers, safetensors and the
-standard library only: the Triton repository and the MLflow model carry a copy in
-`lmforge_runtime/`, so the server, the pyfunc and lmforge load a folder the same way.
+standard library only: the server, the pyfunc and lmforge load a folder the same way.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     engine = VllmEngine(model_dir, tokenizer, EngineConfig(...), VllmSettings(python=".venv-vllm/bin/python"))
     engine.start()                          # vLLM's server on a free loopback port; returns once /health answers
-    ticket = engine.submit(Row(ids, 32), on_event)  # Delta ... Final, as deploy/engine.py's engines send them
+    ticket = engine.submit(Row(ids, 32), on_event)  # Delta ... Final, as components/serving/engine.py's engines send them
     engine.cancel(ticket)                   # closes its stream: vLLM aborts the request
     engine.stop()                           # ends what is in flight and the server's whole process group
 
@@ -36,15 +36,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-try:
-    from lmforge.deploy.engine import EngineConfig, Flight, Request, Sink
-except ImportError:  # inside a Triton model version folder, beside a copy of engine.py
-    from .engine import EngineConfig, Flight, Request, Sink  # type: ignore[no-redef]
-
-try:
-    from lmforge.components import generation
-except ImportError:
-    from . import generation  # type: ignore[no-redef]
+from . import generation
+from .engine import EngineConfig, Flight, Request, Sink
 
 HOST = "127.0.0.1"
 SERVED_NAME = "lmforge"

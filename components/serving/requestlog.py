@@ -5,8 +5,7 @@
     rows, skipped = log.read()                # corrupt or partial lines are skipped and counted
     rows, skipped = log.read(model="lmforge", version="3")   # only what that served version answered
 
-Standard library only: the Triton model repository carries a copy of this file, and it
-runs inside the server's own Python (.venv-serve), which does not have lmforge installed.
+Standard library only; it runs inside the server's own Python (.venv-serve), where lmforge is not installed.
 Files rotate by hour (`requests-YYYYMMDDHH.jsonl`); each line is written with one
 `write` on an O_APPEND descriptor, so concurrent writers never interleave within a line.
 """
@@ -27,7 +26,7 @@ class RequestRecord:
     version: str
     prompt_chars: int
     prompt_tokens: int
-    rare_token_rate: float  # share of prompt tokens that are unknown or rare (see deploy/processing.py)
+    rare_token_rate: float  # share of prompt tokens that are unknown or rare (see components/serving/processing.py)
     output_tokens: int
     output_chars: int
     mean_logprob: float     # mean log-probability of the generated tokens under the distribution they were drawn

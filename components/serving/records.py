@@ -13,7 +13,7 @@ against), `text` (the language-modelling document) and, for a chat, `turns` (its
 assistant's reply). They are stored under the demo's names, which is what the built-in corpus fills:
 prompt = `signature`, completion = `docstring`, reference = `summary`; `messages` (the chat's turns as JSON
 text) is stored only when a record has them, so a dataset without chats reads and hashes as before.
-components/task.py says how each task renders, stops and scores them.
+components/serving/task.py says how each task renders, stops and scores them.
 
 The language-modelling document puts the docstring right after the signature, as in
 source code, so that a model trained on `text` learns to continue

@@ -1,6 +1,6 @@
 """The one generation path: a task's prompt rendering and stop rule, then decoding.
 
-    task = Task.load(model_dir)                                   # components/task.py: saved with the model
+    task = Task.load(model_dir)                                   # components/serving/task.py: saved with the model
     ids = task.encode(tokenizer, "Once upon a time")              # the task's rendering of one prompt
     outs = generate(model, tokenizer, [ids], max_new_tokens=32, stop_strings=task.stop_strings)   # greedy
     outs[0].text, outs[0].token_ids, outs[0].mean_logprob, outs[0].first_token_s
@@ -10,7 +10,7 @@
                                                                  # function and a KV cache (an ONNX graph: onnxrun.py)
 
 Evaluation (components/evaluation/generation.py), the MLflow pyfunc (components/registry/hf_pyfunc.py)
-and the Triton model (deploy/model.py) all call this with prompts the model's task encoded (supervised
+and the Triton model (components/serving/triton_model.py) all call this with prompts the model's task encoded (supervised
 fine-tuning, components/training/sft.py, trains on the same prompt ids), so what is scored is what is
 served.
 
@@ -23,12 +23,11 @@ served.
   its own `max_new_tokens`. `RowText` applies the rule as tokens arrive, decoding each token once
   (an incremental detokenizer, as vLLM's and TGI's) and searching only the new text's tail for a stop
   string; it is applied to the generated tokens afterwards, so rows of different lengths in one batch
-  never affect each other's tokens, and the serving engine (deploy/engine.py) applies the same object.
+  never affect each other's tokens, and the serving engine (components/serving/engine.py) applies the same object.
 - Requests with their own settings (`generate_rows`): greedy rows with the same stop strings share a
   batch; a sampled row runs alone, so the same seed gives the same text whatever else was in the batch.
 
-Imports only torch, transformers and the standard library: the Triton repository and the MLflow model
-carry a copy in `lmforge_runtime/`.
+Imports only torch, transformers and the standard library.
 """
 
 from __future__ import annotations
@@ -331,7 +330,7 @@ class _StepClock:
 def decode(forward: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int],
            stop_strings: Sequence[str] = (), scores: bool = False, ends: Sequence[int] = ()) -> list[Output]:
     """Greedy decoding of left-padded rows through `forward` with a KV cache: `generate`'s rows, prompt, stopping
-    rule and Output, for a model that is not a transformers module (an ONNX graph, deploy/model.py).
+    rule and Output, for a model that is not a transformers module (an ONNX graph, components/serving/triton_model.py).
 
         outs = decode(torch_forward(model), tok, [ids], max_new_tokens=32)           # the torch module
         outs = decode(onnxrun.OnnxForward("model.onnx"), tok, [ids], max_new_tokens=32)  # its ONNX export

@@ -1,8 +1,9 @@
 """The Triton python-backend model: a decoupled LLM model with continuous batching and token streaming.
 
-Copied by deploy/repository.py into `<repo>/<model>/<version>/model.py`, beside `lmforge_runtime/`
-(generation, engine, vllm_engine, task, modelload, processing, records, requestlog) and `model/` (the model
-folder). It runs inside the server's Python (.venv-serve locally, the NGC container's on GPUs).
+deploy/repository.py copies this package (components/serving) whole into `<repo>/<model>/<version>/lmforge_serving/`,
+beside `model/` (the model folder) and a `model.py` of three lines that imports `TritonPythonModel` from here. It
+runs inside the server's Python (.venv-serve locally, the NGC container's on GPUs), or the model's own
+execution environment (`EXECUTION_ENV_PATH`: .venv-vllm for engine = "vllm").
 
 Its contract is NVIDIA's vllm_backend's, so Triton's generate endpoints, tritonclient's streaming
 and the tools built for them (genai-perf, Triton's OpenAI frontend) work unchanged:
@@ -23,11 +24,11 @@ and the tools built for them (genai-perf, Triton's OpenAI frontend) work unchang
 object; `.../generate_stream` with `"stream": true` sends server-sent events, one per new piece of
 text. Over gRPC a stream (`start_stream`/`async_stream_infer`) gets the same responses.
 
-`execute` parses each request, hands it to the instance's engine (lmforge_runtime/engine.py:
+`execute` parses each request, hands it to the instance's engine (lmforge_serving/engine.py:
 transformers' continuous batching, one manager per instance; or, with parameter engine = "vllm",
-lmforge_runtime/vllm_engine.py: vLLM's server started by the instance) and returns at once; the engine's
+lmforge_serving/vllm_engine.py: vLLM's server started by the instance) and returns at once; the engine's
 thread sends its responses. A request is rendered, stopped and scored by the model's task
-(lmforge_runtime/task.py). Every request ends with a final response: its outputs, or a TritonError
+(lmforge_serving/task.py). Every request ends with a final response: its outputs, or a TritonError
 (INVALID_ARG, HTTP 400, naming the input that is wrong; UNAVAILABLE, HTTP 503, when the instance
 already holds `max_queue` requests; INTERNAL when generation fails). A client that cancels or goes
 away (`is_cancelled()`) has its request dropped from the batch. One bad request never fails another.
@@ -43,17 +44,17 @@ tritonserver ships the python backend only, no onnxruntime backend.
 
 import json
 import os
-import sys
 import threading
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from . import engine, generation, modelload, onnxrun, processing, task, vllm_engine
+from .requestlog import RequestLog, RequestRecord, now_iso
 
-from lmforge_runtime import engine, generation, modelload, onnxrun, processing, task, vllm_engine  # noqa: E402
-from lmforge_runtime.requestlog import RequestLog, RequestRecord, now_iso  # noqa: E402
+# The version folder: <version>/model.py imports this package, copied whole as <version>/lmforge_serving/.
+VERSION_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
@@ -69,7 +70,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.name = args["model_name"]
         self.version = str(args["model_version"])
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = VERSION_DIR
         folder = os.path.join(here, "model")
         self.tok = modelload.load_tokenizer(folder)
         engine_config = engine.EngineConfig(
@@ -151,7 +152,7 @@ class TritonPythonModel:
 
         gpu = args["model_instance_kind"] == "GPU" and torch.cuda.is_available()
         device = f"cuda:{args['model_instance_device_id']}" if gpu else "cpu"
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = VERSION_DIR
         settings = vllm_engine.VllmSettings(
             python=params["vllm_python"], dtype="auto" if gpu else "float32", device=device,
             kv_cache_gib=vllm_engine.kv_cache_gib(modelload.cache_shape(AutoConfig.from_pretrained(folder)),

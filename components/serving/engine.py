@@ -43,8 +43,7 @@ went away) is logged and its request dropped.
 At most `max_queue` requests are in flight (queued or running); `submit` refuses more with `Busy` at
 once, so a flood of clients costs neither unbounded memory nor unbounded waits.
 
-Imports only torch, transformers and the standard library: the Triton repository carries a copy in
-`lmforge_runtime/` beside generation.py.
+Imports only torch, transformers and the standard library (and generation.py beside it).
 """
 
 from __future__ import annotations
@@ -59,10 +58,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-try:
-    from lmforge.components import generation
-except ImportError:  # inside a Triton model version folder, beside a copy of generation.py
-    from . import generation  # type: ignore[no-redef]
+from . import generation
 
 __all__ = ["Batcher", "Busy", "Delta", "Engine", "EngineConfig", "EngineFailed", "Final"]
 
@@ -124,7 +120,7 @@ class Request:
 
 class Flight:
     """The requests in flight, the queue bound, each request's one ending and the stopping rule: what every engine
-    shares (this module's two, and deploy/vllm_engine.py's). `tok` decodes for the stopping rule (_advance)."""
+    shares (this module's two, and components/serving/vllm_engine.py's). `tok` decodes for the stopping rule (_advance)."""
 
     def __init__(self, config: EngineConfig, tokenizer: Any = None) -> None:
         self.config = config
