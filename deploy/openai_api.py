@@ -6,7 +6,8 @@
     GET  /v1/models             the served model, in OpenAI's list shape
     POST /v1/completions        prompt (a string, or a list of one), max_tokens, temperature, top_p, seed, stop,
                                 stream, stream_options.include_usage, logprobs (0..5) and echo as OpenAI's legacy
-                                completions take them (max_tokens = 0 with echo); n = 1 only; top_k as an extension
+                                completions take them (max_tokens = 0 with echo); n = 1 only; top_k and ignore_eos as
+                                extensions (vLLM's)
     POST /v1/chat/completions   messages, rendered by the model's chat template: only for a version whose task kind
                                 (meta.json lmforge.task.kind) is "chat"
     GET  /metrics               Prometheus text: requests by endpoint and status, errors, TTFT and TPOT histograms,
@@ -46,7 +47,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException
 
-SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")   # the model's sampling_parameters keys
+SETTINGS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")   # sampling_parameters keys
 RETRY_AFTER_S = 1
 MAX_LOGPROBS = 5    # OpenAI's legacy completions take logprobs 0..5
 ROUTES = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST", "/metrics": "GET",
@@ -131,6 +132,8 @@ class Settings(Strict):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = Field(None, description="not OpenAI's: an extension, as vLLM's server has it")
+    ignore_eos: bool | None = Field(None, description="not OpenAI's: vLLM's extension, generate to max_tokens past "
+                                                      "an end token (benchmarks' fixed output lengths)")
     seed: int | None = None
     stop: str | list[str] | None = None
     n: Literal[1] = 1
@@ -543,6 +546,22 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+TEXT_MARK = "\x00lmforge-text\x00"   # stands for a chunk's text while its event's bytes are laid out
+
+
+class TextEvents:
+    """The server-sent event of a streamed answer's text chunk, laid out once per request: each token's event is the
+    bytes around the text and the text's own JSON string, the bytes `sse(answer.obj(...))` would give, without a
+    dict and a whole-object encode per token."""
+
+    def __init__(self, answer: Answer, extra: dict[str, Any]) -> None:
+        whole = sse(answer.obj([choice(answer.chat, TEXT_MARK, None)], stream=True, **extra))
+        self.head, self.tail = whole.split(json.dumps(TEXT_MARK, ensure_ascii=False).encode())
+
+    def __call__(self, text: str) -> bytes:
+        return self.head + json.dumps(text, ensure_ascii=False).encode() + self.tail
+
+
 async def complete(replies: AsyncIterator[Reply], answer: Answer, body: CompletionRequest | ChatRequest) -> dict[str, Any]:
     """A non-streamed answer: the final response's text, finish reason, usage (and log-probs when asked for)."""
     async with contextlib.aclosing(replies):
@@ -557,6 +576,7 @@ async def stream_events(first: Reply, replies: AsyncIterator[Reply], answer: Ans
                         include_usage: bool) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed answer; an error after the first event ends it with an error event."""
     extra = {"usage": None} if include_usage else {}
+    text_event = TextEvents(answer, extra)
     async with contextlib.aclosing(replies):
         if answer.chat:
             yield sse(answer.obj([choice(True, None, None, first=True)], stream=True, **extra))
@@ -564,7 +584,7 @@ async def stream_events(first: Reply, replies: AsyncIterator[Reply], answer: Ans
         try:
             while True:
                 if reply.text:
-                    yield sse(answer.obj([choice(answer.chat, reply.text, None)], stream=True, **extra))
+                    yield text_event(reply.text)
                 if reply.final is not None:
                     break
                 reply = await anext(replies)

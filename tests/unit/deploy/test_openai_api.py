@@ -99,6 +99,24 @@ def test_settings_left_out_are_not_sent(tmp_path):
     assert fake.calls[0]["settings"] == {}
 
 
+@pytest.mark.parametrize("path, body", [("/v1/completions", {"prompt": "Once"}),
+                                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})])
+def test_ignore_eos_goes_to_sampling_parameters(tmp_path, path, body):
+    app, fake = app_with(tmp_path, [Reply("", FINAL)], kind="chat")
+    r = TestClient(app).post(path, json={"model": "lmforge", "max_tokens": 8, "ignore_eos": True, **body})
+    assert r.status_code == 200, r.text
+    assert fake.calls[0]["settings"] == {"max_tokens": 8, "ignore_eos": True}
+
+
+@pytest.mark.parametrize("chat, extra", [(False, {"usage": None}), (False, {}), (True, {"usage": None}), (True, {})])
+def test_a_text_event_is_the_bytes_of_its_whole_chunk(chat, extra):
+    from lmforge.deploy.openai_api import Answer, Metrics, TextEvents, choice, sse
+
+    answer = Answer("lmforge", chat, Metrics("lmforge"), "/v1/completions")
+    for text in ("he", ' "quoted"\n', "é\u2028\x00"):
+        assert TextEvents(answer, extra)(text) == sse(answer.obj([choice(chat, text, None)], stream=True, **extra))
+
+
 def test_a_streamed_completion_is_chunks_then_finish_then_usage_then_done(tmp_path):
     app, fake = app_with(tmp_path, [Reply("he"), Reply("llo"), Reply("", FINAL)])
     r = TestClient(app).post("/v1/completions", json={"model": "lmforge", "prompt": "Once", "stream": True,
