@@ -145,16 +145,21 @@ def _to_record(item: RawItem, cfg: ValidationConfig, summarise: bool) -> tuple[R
     return _document_record(fields, item.origin, cfg, summarise)
 
 
+def parse_json(text: str, prefix: str = "") -> Any:
+    """The JSON value `text` holds, or Bad("invalid_json") whose detail is `prefix` and where the parse failed."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise Bad("invalid_json", f"{prefix}{e.msg} at column {e.colno}") from None
+
+
 def _decode(payload: bytes | dict[str, Any]) -> dict[str, Any]:
     if isinstance(payload, bytes):
         try:
             text = payload.decode("utf-8")
         except UnicodeDecodeError as e:
             raise Bad("invalid_utf8", f"byte {e.start}: {e.reason}") from None
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise Bad("invalid_json", f"{e.msg} at column {e.colno}") from None
+        obj = parse_json(text)
         if not isinstance(obj, dict):
             raise Bad("wrong_type", f"a line must hold a JSON object, not {type(obj).__name__}")
         return obj
@@ -277,10 +282,7 @@ def _chat_pair(messages: Any, cfg: ValidationConfig) -> tuple[str, str, str]:
     turns is the whole chat as JSON text (Record.messages), which a chat task renders with the chat template."""
     name = cfg.messages_field
     if isinstance(messages, str):  # a CSV cell (or a JSON string in any format): the list as JSON
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError as e:
-            raise Bad("invalid_json", f"field {name!r} is not a JSON list: {e.msg} at column {e.colno}") from None
+        messages = parse_json(messages, f"field {name!r} is not a JSON list: ")
     if not isinstance(messages, list):
         raise Bad("wrong_type", f"field {name!r} must be a list of {{role, content}} objects, not {type(messages).__name__}")
     turns: list[tuple[str, str]] = []

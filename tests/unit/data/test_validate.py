@@ -97,3 +97,15 @@ def test_builtin_docstring_records():
     assert result.clean[0].record.summary == "Do it."
     assert result.clean[0].record.text.startswith('def f():\n    """Do it.')
     assert [q.reason for q in result.quarantined] == ["empty"]
+
+
+def test_parse_json_gives_the_value_or_invalid_json_with_where_it_failed():
+    from lmforge.components.data.validate import Bad, parse_json
+
+    assert parse_json('{"a": [1, "x"]}') == {"a": [1, "x"]}
+    assert parse_json("[]", "field 'messages': ") == []
+    with pytest.raises(Bad) as caught:
+        parse_json('{"a": 1', "field 'messages' is not a JSON list: ")
+    reason, detail = caught.value.reason, caught.value.detail
+    assert reason == "invalid_json"
+    assert detail.startswith("field 'messages' is not a JSON list: ") and detail.endswith("at column 8")
