@@ -184,17 +184,15 @@ def check_format(repo: Path, cfg: DeployConfig, version: int) -> None:
 def rollback_production(ws: Workspace, cfg: DeployConfig, info: ServerInfo, *, registry_model: str,
                         reason: str = "rollback") -> RolloutResult:
     """Serve the version that held this target's serving alias before the current one, through the same gate."""
-    from lmforge.components.registry.aliases import current, history, holders
+    from lmforge.components.registry.aliases import current, history, previous_holder
 
     alias = production_alias(cfg.name)
     now = current(ws, registry_model, alias)
-    stack = holders(history(ws, registry_model, alias=alias))
-    if stack and stack[-1] == now:
-        stack.pop()
-    if not stack:
+    before = previous_holder(history(ws, registry_model, alias=alias), now)
+    if before is None:
         raise UserError("deploy rollback", f"{registry_model}@{alias}",
                         f"has had no version before {now}", "There is nothing to roll back to")
-    return deploy_version(ws, cfg, info, registry_model=registry_model, version=int(stack[-1]), model_dir=None,
+    return deploy_version(ws, cfg, info, registry_model=registry_model, version=int(before), model_dir=None,
                           reason=f"{reason}: from version {now}", action="rollback")
 
 

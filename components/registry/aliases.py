@@ -248,17 +248,23 @@ def holders(moves: list[AliasMove]) -> list[str]:
     return stack
 
 
+def previous_holder(moves: list[AliasMove], now: str | None) -> str | None:
+    """The version that held the alias before `now` (its current holder), replaying its `moves`; None if none did."""
+    stack = holders(moves)
+    if stack and stack[-1] == now:
+        stack.pop()
+    return stack[-1] if stack else None
+
+
 def rollback(ws: Workspace, model_name: str, *, reason: str, alias: str = "champion", who: str | None = None) -> AliasMove:
     """Move `alias` back to the holder before the current one, recording why."""
     now = current(ws, model_name, alias)
     if now is None:
         raise UserError("alias", f"{model_name}@{alias}", "is not set, so there is nothing to roll back",
                         "Promote a model first (lmforge run evaluate)")
-    stack = holders(history(ws, model_name, alias=alias))
-    if stack and stack[-1] == now:
-        stack.pop()
-    if not stack:
+    before = previous_holder(history(ws, model_name, alias=alias), now)
+    if before is None:
         raise UserError("alias", f"{model_name}@{alias}",
                         f"has had no holder before version {now}",
                         "There is nothing to roll back to; see `lmforge registry history`")
-    return set_alias(ws, model_name, alias, stack[-1], reason=reason, action="rollback", who=who, expect=now)
+    return set_alias(ws, model_name, alias, before, reason=reason, action="rollback", who=who, expect=now)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmforge.components.registry.aliases import AliasMove, holders
+from lmforge.components.registry.aliases import AliasMove, holders, previous_holder
 from lmforge.components.registry.gate import BaseScore, decide
 from lmforge.components.registry.retry import is_transient, with_retries
 from lmforge.components.sections.registry import RegistryConfig
@@ -59,6 +59,15 @@ def test_rollbacks_walk_back_instead_of_swapping():
     assert holders(moves) == ["1", "2"]
     assert holders(moves + [_m("rollback", "1", "2")]) == ["1"]
     assert holders(moves + [_m("delete", None, "2")]) == []
+
+
+def test_the_previous_holder_is_the_one_before_the_current_after_rollbacks():
+    moves = [_m("promote", "1"), _m("promote", "2", "1"), _m("promote", "3", "2"), _m("rollback", "2", "3")]
+    assert previous_holder(moves, "2") == "1"                       # 3 was rolled back: 1, not 3
+    assert previous_holder(moves[:3], "3") == "2"
+    assert previous_holder(moves[:1], "1") is None                  # nothing before the first
+    assert previous_holder([], None) is None
+    assert previous_holder(moves[:3], "9") == "3"                   # moved outside the trail: the trail's last holder
 
 
 def test_locked_store_errors_are_retried_and_others_are_not():
