@@ -42,12 +42,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lmforge.components.errors import UserError
+
 ENV_HOME = "LMFORGE_HOME"
 DEFAULT_HOME = ".lmforge"
 # runs/<run>/run.json: written by the train stage when a run starts (its name, dataset, config
 # hash, created_at, MLflow run id) and kept across resumes. export/lmforge.json is the last
 # file an export writes, so its presence means the run's model is complete.
 RUN_FILE = "run.json"
+# datasets/<version>/manifest.json: the last file the data stage writes, so its presence means the dataset is complete.
+MANIFEST = "manifest.json"
 EXPORT_MARKER = "export/lmforge.json"
 
 
@@ -75,6 +79,21 @@ class Workspace:
         """The newest complete dataset version, or None when the data stage never finished."""
         marker = self.datasets / "LATEST"
         return marker.read_text().strip() if marker.exists() else None
+
+    def manifest(self, version: str) -> Path:
+        """The dataset's manifest (its sources, counts, hashes and the base it pinned)."""
+        return self.dataset_dir(version) / MANIFEST
+
+    def require_dataset(self, version: str | None = None) -> str:
+        """`version` (default: the latest) when its dataset is in the workspace; else a UserError to run the data stage."""
+        if version is None:
+            version = self.latest_dataset()
+            if version is None:
+                raise UserError("dataset", self.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
+        if not self.dataset_dir(version).is_dir():
+            raise UserError("dataset", version, f"is not in the workspace's {self.datasets}",
+                            "Run the data stage first: lmforge run data")
+        return version
 
     def set_latest_dataset(self, version: str) -> None:
         atomic_write_text(self.datasets / "LATEST", version + "\n")

@@ -7,23 +7,27 @@
     job.hardware.summary()                 # device, precision and why, peak FLOP/s and its source
     job.base                               # with training.model.init: the checked base (components/model/basemodel.py)
 
-Everything that can be checked before ranks start is checked here (layout, data, resume
-state, num_ranks against the visible GPUs), so a bad setting costs a second, not a launch. A resume on
-another number of ranks is checked and its checkpoint converted to DeepSpeed's universal form here
-(components/training/universal.py), and the job's notes say so. The
-precision `auto` resolves to and the peak FLOP/s of the device are decided here too, once,
-before the ranks start (components/runtime/accelerator.py, components/training/perf.py). With a base
-(`training.model.init`) the folder is checked here, and a dataset tokenised with any other
-tokenizer than the base's is refused: its token ids would index the wrong embeddings.
+prepare_job runs the steps of PREPARE in order over a Draft, each applying one check or decision when the
+config asks for it, the way assemble.py's APPLY builds a rank (tokenizer and task, base, shards, ranks,
+hardware, layout, parameter server, resume/elastic, SFT, LoRA, DeepSpeed, NVMe). Everything that can be
+checked before ranks start is checked here, so a bad setting costs a second, not a launch. The steps also
+build what the export records (the meta: the run's facts, the task, the base's lineage, LoRA), so the job
+is never patched afterwards; the MLflow run id comes from the run record (protocol.py export_meta). A resume
+on another number of ranks is checked and its checkpoint converted to DeepSpeed's universal form here
+(components/training/universal.py), and the job's notes say so. The precision `auto` resolves to is decided
+once, after the layout's fp32-only rule is known (layout.py fp32_only: torch's pipeline schedules and the
+parameter-server family train in fp32, and `auto` then gives fp32 with that reason; an explicit bf16 there
+is refused with the fix), else by the device (components/runtime/accelerator.py), with the peak FLOP/s
+(components/training/perf.py). With a base (`training.model.init`) the folder is checked here, and a dataset
+tokenised with any other tokenizer than the base's is refused: its token ids would index the wrong embeddings.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +40,7 @@ from lmforge.components.serving.task import DEMO, Task
 from lmforge.components.taskdata import check_task
 from lmforge.components.training import checkpoint as ckpt
 from lmforge.components.training.launcher import LaunchRequest
-from lmforge.components.training.layout import Layout, check_layout, world_size_of
+from lmforge.components.training.layout import Layout, check_layout, fp32_only, world_size_of
 from lmforge.components.training.model import load_tokenizer
 from lmforge.components.training.perf import Peak, device_peak
 from lmforge.components.training.protocol import REQUEST_GLOB, RankHardware, RankRequest
@@ -54,16 +58,6 @@ class Job:
     hardware: "Hardware"
     base: BaseCheckpoint | None = None
     notes: tuple[str, ...] = ()    # what was decided before launch and why (SFT batching, LoRA targets), to print
-
-    def with_meta(self, **updates: Any) -> "Job":
-        """The same job with `updates` merged into the meta its export records.
-
-        The request is frozen and holds its own copy of the meta given to prepare_job, so a
-        value known only later (the MLflow run id: the run opens after the job is checked)
-        goes in here, not by changing the caller's dict.
-        """
-        request = self.launch.request.model_copy(update={"meta": {**self.launch.request.meta, **updates}})
-        return dataclasses.replace(self, launch=dataclasses.replace(self.launch, request=request))
 
 
 @dataclass(frozen=True)
@@ -109,12 +103,16 @@ def num_ranks_for(cfg: TrainingConfig, gpus: list[str]) -> int:
 
 
 def training_hardware(cfg: TrainingConfig) -> Hardware:
-    """The device, the precision `auto` resolves to (with its reason), the peak and whether to compile."""
+    """The device, the precision `auto` resolves to (with its reason), the peak and whether to compile.
+
+    `auto` is resolved against the layout: where it trains only in fp32 (layout.py fp32_only: the torch pipeline
+    schedules, the parameter-server family) it is fp32 and the reason says why; elsewhere the device decides."""
     import torch
 
     device = pick_device()
     gpus = tuple(visible_gpus())
-    precision = choose_precision(cfg.precision, device)
+    rule = fp32_only(cfg) if cfg.precision == "auto" else None
+    precision = Precision("fp32", f"auto, and {rule}") if rule else choose_precision(cfg.precision, device)
     peak = device_peak(precision.name, device)
     compile_ = cfg.compile if cfg.compile is not None else device.type == "cuda"
     if compile_ and (cfg.parallel.pipeline.stages > 1 or cfg.parallel.tensor.autotp_size > 1):
@@ -150,84 +148,192 @@ def check_base_dataset(cfg: TrainingConfig, tokenizer: Path,
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"init": str(base.path)})}), base
 
 
-def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: Path, resume: bool,
-                meta: dict[str, Any], timeout_s: float | None = None, base: BaseCheckpoint | None = None,
-                records: Path | None = None, task: Task = DEMO) -> Job:
-    """The checked job. `records`: the dataset's records folder, which objective = "sft" reads (default: beside
-    the tokenizer, as the data stage writes a dataset); `task` renders its examples (components/serving/task.py) and must
-    fit the tokenizer (a chat task needs a chat template)."""
-    tok = load_tokenizer(tokenizer)
-    check_task(task, tok)
-    cfg, base = check_base_dataset(cfg, tokenizer, base)
-    index = read_index(shards)
-    if "train" not in index["splits"] or index["splits"]["train"]["tokens"] <= cfg.seq_len:
-        raise UserError("shards", shards, f"hold too few train tokens for training.seq_len={cfg.seq_len}",
+@dataclass(frozen=True)
+class Draft:
+    """What the PREPARE steps build up before launch; each step returns a new draft (dataclasses.replace) or this one."""
+
+    cfg: TrainingConfig
+    shards: Path
+    tokenizer: Path
+    run_dir: Path
+    resume: bool
+    records: Path
+    task: Task
+    meta: dict[str, Any]                  # what the export's lmforge.json records, built up by the steps
+    tok: Any = None                       # the dataset's tokenizer, after check_task_fits
+    base: BaseCheckpoint | None = None
+    hardware: Hardware | None = None
+    layout: Layout | None = None
+    start_step: int = 0
+    elastic: bool = False                 # resumed on another world size, from the universal checkpoint
+    sft_batching: str | None = None
+    ds_config: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+
+    def noted(self, *notes: str) -> "Draft":
+        return replace(self, notes=self.notes + notes)
+
+
+def check_task_fits(d: Draft) -> Draft:
+    """The dataset's tokenizer, and the task it renders (a chat task needs a chat template); both go into the meta."""
+    tok = load_tokenizer(d.tokenizer)
+    check_task(d.task, tok)
+    return replace(d, tok=tok, meta={**d.meta, "task": d.task.to_dict()})
+
+
+def check_the_base(d: Draft) -> Draft:
+    """training.model.init: the checked base (its tokenizer is the dataset's) and its lineage in the meta."""
+    cfg, base = check_base_dataset(d.cfg, d.tokenizer, d.base)
+    if base is None:
+        return d
+    return replace(d, cfg=cfg, base=base, meta={**d.meta, "base": base.lineage()})  # lineage: hashed once, here
+
+
+def check_shards(d: Draft) -> Draft:
+    index = read_index(d.shards)
+    if "train" not in index["splits"] or index["splits"]["train"]["tokens"] <= d.cfg.seq_len:
+        raise UserError("shards", d.shards, f"hold too few train tokens for training.seq_len={d.cfg.seq_len}",
                         "Use more data or a shorter seq_len")
-    gpus = visible_gpus()
-    cfg = cfg.model_copy(update={"num_ranks": num_ranks_for(cfg, gpus)})
-    if cfg.parallel.parameter_server and cfg.precision == "auto":
-        cfg = cfg.model_copy(update={"precision": "fp32"})  # the parameter-server family trains fp32 (ps/rank.py)
-    hardware = training_hardware(cfg)
-    layout = check_layout(cfg, vocab_size=len(tok), world_size=world_size_of(cfg),
-                          bf16_supported=hardware.precision.name == "bf16")
-    if cfg.parallel.parameter_server:
-        from lmforge.components.training.ps.checks import check_ps_job
+    return d
 
-        check_ps_job(cfg, layout, device=hardware.device, resume=resume)
-    start = 0
-    notes: list[str] = []
-    elastic = False
-    if resume:
-        start, folder = ckpt.latest_complete(Path(run_dir) / "checkpoints")
-        saved = json.loads((folder / ckpt.MARKER).read_text())
-        if start >= cfg.max_steps:
-            raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
-                            "Raise training.max_steps to train further")
-        if "nvme" in (cfg.parallel.offload_optimizer, cfg.parallel.offload_param):
-            from lmforge.components.training.nvme import check_resume
 
-            # not yet: see components/training/nvme.py
-            check_resume(cfg.parallel.offload_optimizer, folder, offload_param=cfg.parallel.offload_param)
-        if saved["world_size"] != layout.world_size:
-            # Another world size: checked, then converted once to DeepSpeed's universal checkpoint (universal.py).
-            from lmforge.components.training.universal import prepare_elastic
+def count_ranks(d: Draft) -> Draft:
+    return replace(d, cfg=d.cfg.model_copy(update={"num_ranks": num_ranks_for(d.cfg, visible_gpus())}))
 
-            notes.append(prepare_elastic(folder, saved, cfg, layout))
-            elastic = True
-    sft_batching = None
-    if cfg.objective == "sft":
-        sft_batching = prepare_sft(cfg, tok, Path(records or Path(tokenizer).parent / "records"), Path(run_dir), resume,
-                                   notes, task)
-    if cfg.lora.r:
-        from lmforge.components.training.lora import adapter_params, check_adapters
-        from lmforge.components.training.model import model_config
 
-        chosen = check_adapters(cfg, model_config(cfg.model, tok, seq_len=cfg.seq_len))
-        skipped = f"; left frozen: {', '.join(sorted(set(chosen.skipped.values())))}" if chosen.skipped else ""
-        notes.append(f"LoRA r={cfg.lora.r} on {len(chosen.targets)} projections, {adapter_params(chosen, cfg.lora.r):,} "
-                     f"trainable parameters{skipped}")
-    ds = apply_universal_load(deepspeed_config(cfg, layout, device=hardware.device), elastic)
+def choose_hardware(d: Draft) -> Draft:
+    """The device and the precision, `auto` resolved against the layout's fp32-only rule (training_hardware)."""
+    return replace(d, hardware=training_hardware(d.cfg))
+
+
+def check_the_layout(d: Draft) -> Draft:
+    """The layout's rules; an explicit bf16 where the layout trains only in fp32 is refused here, with the fix."""
+    assert d.hardware is not None
+    layout = check_layout(d.cfg, vocab_size=len(d.tok), world_size=world_size_of(d.cfg),
+                          bf16_supported=d.hardware.precision.name == "bf16")
+    return replace(d, layout=layout)
+
+
+def check_parameter_server(d: Draft) -> Draft:
+    if not d.cfg.parallel.parameter_server:
+        return d
+    from lmforge.components.training.ps.checks import check_ps_job
+
+    assert d.layout is not None and d.hardware is not None
+    check_ps_job(d.cfg, d.layout, device=d.hardware.device, resume=d.resume)
+    return d
+
+
+def check_resume(d: Draft) -> Draft:
+    """--resume: the last complete checkpoint; on another world size, converted once to the universal form."""
+    if not d.resume:
+        return d
+    cfg, layout = d.cfg, d.layout
+    assert layout is not None
+    start, folder = ckpt.latest_complete(d.run_dir / "checkpoints")
+    saved = json.loads((folder / ckpt.MARKER).read_text())
+    if start >= cfg.max_steps:
+        raise UserError("--resume", folder, f"is already at step {start} of max_steps={cfg.max_steps}",
+                        "Raise training.max_steps to train further")
     if "nvme" in (cfg.parallel.offload_optimizer, cfg.parallel.offload_param):
-        from lmforge.components.training.nvme import largest_param, place_swap
+        from lmforge.components.training.nvme import check_resume as check_nvme_resume
 
-        ds = place_swap(ds, run_dir=Path(run_dir), largest_param=largest_param(cfg, tok))  # O_DIRECT checked here
-    request = RankRequest(training=cfg, layout=layout, ds_config=ds, run_dir=Path(run_dir), shards=Path(shards),
-                          tokenizer=Path(tokenizer), resume=resume, meta=meta, attempt=next_attempt(run_dir),
-                          hardware=hardware.for_rank(), sft_batching=sft_batching)
-    req = LaunchRequest(run_dir=Path(run_dir), request=request, num_ranks=cfg.num_ranks, hostfile=cfg.hostfile,
-                        master_port=cfg.master_port, timeout_s=timeout_s, gpus=hardware.gpus)
-    return Job(launch=req, layout=layout, ds_config=ds, start_step=start, hardware=hardware, base=base, notes=tuple(notes))
+        # not yet: see components/training/nvme.py
+        check_nvme_resume(cfg.parallel.offload_optimizer, folder, offload_param=cfg.parallel.offload_param)
+    d = replace(d, start_step=start)
+    if saved["world_size"] == layout.world_size:
+        return d
+    from lmforge.components.training.universal import prepare_elastic
+
+    return replace(d.noted(prepare_elastic(folder, saved, cfg, layout)), elastic=True)
 
 
-def prepare_sft(cfg: TrainingConfig, tok: Any, records: Path, run_dir: Path, resume: bool, notes: list[str],
-                task: Task) -> str:
-    """The run's SFT examples (<run>/sft, written once: a resume reads the same ones) and the batching they get."""
+def prepare_sft(d: Draft) -> Draft:
+    """objective = "sft": the run's examples (<run>/sft, written once: a resume reads the same ones) and their batching."""
+    if d.cfg.objective != "sft":
+        return d
     from lmforge.components.training.sft import SFT_DIR, choose_batching, write_examples
 
-    sft_dir = run_dir / SFT_DIR
-    if not (resume and (sft_dir / "made.json").is_file()):
-        notes.append(write_examples(records / "train.jsonl", tok, sft_dir, task, seq_len=cfg.seq_len).summary())
+    cfg, sft_dir = d.cfg, d.run_dir / SFT_DIR
+    if not (d.resume and (sft_dir / "made.json").is_file()):
+        d = d.noted(write_examples(d.records / "train.jsonl", d.tok, sft_dir, d.task, seq_len=cfg.seq_len).summary())
     batching, why = choose_batching(sft_dir, setting=cfg.sft.batching, seq_len=cfg.seq_len, micro=cfg.micro_batch_size,
                                     seed=cfg.seed)
-    notes.append(f"SFT batching: {batching} ({why})")
-    return batching
+    return replace(d.noted(f"SFT batching: {batching} ({why})"), sft_batching=batching)
+
+
+def choose_lora(d: Draft) -> Draft:
+    """training.lora.r > 0: the projections that get adapters (checked here), in the notes and the meta."""
+    if not d.cfg.lora.r:
+        return d
+    from lmforge.components.training.lora import adapter_params, check_adapters
+    from lmforge.components.training.model import model_config
+
+    cfg = d.cfg
+    chosen = check_adapters(cfg, model_config(cfg.model, d.tok, seq_len=cfg.seq_len))
+    skipped = f"; left frozen: {', '.join(sorted(set(chosen.skipped.values())))}" if chosen.skipped else ""
+    d = replace(d, meta={**d.meta, "lora": cfg.lora.model_dump(mode="json")})
+    return d.noted(f"LoRA r={cfg.lora.r} on {len(chosen.targets)} projections, "
+                   f"{adapter_params(chosen, cfg.lora.r):,} trainable parameters{skipped}")
+
+
+def build_deepspeed(d: Draft) -> Draft:
+    assert d.layout is not None and d.hardware is not None
+    return replace(d, ds_config=apply_universal_load(deepspeed_config(d.cfg, d.layout, device=d.hardware.device),
+                                                     d.elastic))
+
+
+def place_nvme(d: Draft) -> Draft:
+    """parallel.offload_* = "nvme": a per-run swap folder, O_DIRECT checked (components/training/nvme.py)."""
+    if "nvme" not in (d.cfg.parallel.offload_optimizer, d.cfg.parallel.offload_param):
+        return d
+    from lmforge.components.training.nvme import largest_param, place_swap
+
+    assert d.ds_config is not None
+    return replace(d, ds_config=place_swap(d.ds_config, run_dir=d.run_dir, largest_param=largest_param(d.cfg, d.tok)))
+
+
+# The order the checks need: the tokenizer before the base (their hashes must agree) and the layout (its vocabulary),
+# the ranks before the hardware and the layout, the hardware (its precision) before the layout's rules, the layout
+# before what depends on it (the parameter server's checks, the resume's world size, DeepSpeed's config), and the
+# DeepSpeed config before its NVMe swap folder.
+PREPARE = (check_task_fits, check_the_base, check_shards, count_ranks, choose_hardware, check_the_layout,
+           check_parameter_server, check_resume, prepare_sft, choose_lora, build_deepspeed, place_nvme)
+
+
+def run_meta(cfg: TrainingConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    """What every export records of the run (the steps add the task, the base's lineage and LoRA); `meta`: the
+    caller's facts (run_name, dataset_version). seq_len: the context the model was trained at; evaluation never
+    scores positions beyond it. The MLflow run id is the run record's (protocol.py export_meta)."""
+    from lmforge.components.config import config_hash
+    from lmforge.components.runtime.resources import source_commit
+
+    return {"config_hash": config_hash(cfg), "strategy": cfg.parallel.strategy, "seq_len": cfg.seq_len,
+            "objective": cfg.objective, "git_commit": source_commit(), **meta}
+
+
+def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: Path, resume: bool,
+                meta: dict[str, Any] | None = None, timeout_s: float | None = None, base: BaseCheckpoint | None = None,
+                records: Path | None = None, task: Task = DEMO) -> Job:
+    """The checked job: every step of PREPARE in order. `meta`: facts of the caller the export records (run_name,
+    dataset_version); `base`: training.model.init already resolved (components/basesource.py); `records`: the
+    dataset's records folder, which objective = "sft" reads (default: beside the tokenizer, as the data stage writes
+    a dataset); `task` renders its examples (components/serving/task.py) and must fit the tokenizer."""
+    d = Draft(cfg=cfg, shards=Path(shards), tokenizer=Path(tokenizer), run_dir=Path(run_dir), resume=resume,
+              records=Path(records or Path(tokenizer).parent / "records"), task=task, meta=run_meta(cfg, meta or {}),
+              base=base)
+    for step in PREPARE:
+        d = step(d)
+    return job_of(d, timeout_s)
+
+
+def job_of(d: Draft, timeout_s: float | None) -> Job:
+    """The launchable job from a finished draft."""
+    assert d.layout is not None and d.hardware is not None and d.ds_config is not None
+    request = RankRequest(training=d.cfg, layout=d.layout, ds_config=d.ds_config, run_dir=d.run_dir, shards=d.shards,
+                          tokenizer=d.tokenizer, resume=d.resume, meta=d.meta, attempt=next_attempt(d.run_dir),
+                          hardware=d.hardware.for_rank(), sft_batching=d.sft_batching)
+    launch = LaunchRequest(run_dir=d.run_dir, request=request, num_ranks=d.cfg.num_ranks, hostfile=d.cfg.hostfile,
+                           master_port=d.cfg.master_port, timeout_s=timeout_s, gpus=d.hardware.gpus)
+    return Job(launch=launch, layout=d.layout, ds_config=d.ds_config, start_step=d.start_step, hardware=d.hardware,
+               base=d.base, notes=d.notes)

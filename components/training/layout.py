@@ -101,13 +101,26 @@ def check_layout(cfg: TrainingConfig, *, vocab_size: int, world_size: int, bf16_
         raise broken("training.warmup_steps", cfg.warmup_steps, f"warmup must not exceed max_steps ({cfg.max_steps})",
                      "Lower warmup_steps")
     lr = cfg.lr * global_batch / cfg.reference_batch_size if cfg.lr_scaling else cfg.lr
-    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported)
+    # `auto` is bf16 where the hardware runs it natively, unless this layout trains only in fp32 (fp32_only).
+    bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and bf16_supported and fp32_only(cfg) is None)
     if pp > 1 or par.pipeline.schedule != "1f1b":
         _check_schedule(cfg, pp=pp, micro_batches=accum, bf16=bf16, broken=broken)
     assert vocab_size > 0
     return Layout(world_size=world_size, dp=dp, pp=pp, tp=tp, zero_stage=par.zero_stage, micro=cfg.micro_batch_size,
                   accum=accum, global_batch=global_batch, lr=lr, bf16=bf16,
                   autocast=bf16 and cfg.mixed_precision == "autocast")
+
+
+def fp32_only(cfg: TrainingConfig) -> str | None:
+    """Why this layout trains only in fp32 (precision = "auto" then resolves to fp32, an explicit bf16 is refused),
+    or None when it trains in either precision."""
+    if cfg.parallel.parameter_server:
+        return f"the parameter-server family ({cfg.parallel.strategy}) trains in fp32 (components/training/ps/rank.py)"
+    pipe = cfg.parallel.pipeline
+    if pipe.stages > 1 and pipe.schedule != "1f1b":
+        return (f"the {pipe.schedule} schedule trains in fp32 (DeepSpeed's bf16 keeps fp32 master weights, which the "
+                "torch schedules do not reproduce yet)")
+    return None
 
 
 def _check_base_split(cfg: TrainingConfig, *, pp: int, tp: int, broken: Any) -> None:
@@ -188,9 +201,7 @@ def _check_schedule(cfg: TrainingConfig, *, pp: int, micro_batches: int, bf16: b
                      f"the {pipe.schedule} schedule runs on torch.distributed.pipelining with ddp (ZeRO-1's optimizer "
                      "sharding is DeepSpeed's pipeline engine's)", "Set strategy = \"ddp\", or schedule = \"1f1b\"")
     if bf16:
-        raise broken("training.precision", cfg.precision,
-                     f"not yet: the {pipe.schedule} schedule trains in fp32 (DeepSpeed's bf16 keeps fp32 master weights, "
-                     "which the torch schedules do not reproduce yet)", "Set training.precision = \"fp32\"")
+        raise broken("training.precision", cfg.precision, f"not yet: {fp32_only(cfg)}", "Set training.precision = \"fp32\"")
     if cfg.activation_checkpointing:
         raise broken("training.activation_checkpointing", True,
                      f"not yet: the {pipe.schedule} schedule does not recompute activations",

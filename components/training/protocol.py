@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.training.layout import Layout
+from lmforge.components.workspace import RUN_FILE
 
 # A line a rank prints that starts with one of these is a message to the launcher, not log text.
 EVENT_PREFIX = "LMFORGE_EVENT "
@@ -128,6 +129,14 @@ def read_request(path: Path) -> RankRequest:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
         raise RequestMismatch(f"{path} is not a training request this rank reads ({problems}); the launching "
                               f"process and the ranks must run the same lmforge") from e
+
+
+def export_meta(req: RankRequest) -> dict[str, Any]:
+    """What the export records of its run: the request's meta (prepare_job built it) and the MLflow run that made it,
+    from the run record the train flow writes once that run opens (`mlflow_run_id`; None without one)."""
+    record = req.run_dir / RUN_FILE
+    run_id = json.loads(record.read_text()).get("mlflow_run_id") if record.is_file() else None
+    return {**req.meta, "mlflow_run_id": run_id}
 
 
 def watch_supervisor(*, interval_s: float = 2.0) -> None:

@@ -32,7 +32,14 @@ import numpy as np
 import torch
 
 from lmforge.components.training.collectives import DeviceCollectives
-from lmforge.components.training.protocol import RankRequest, parse_rank_args, read_request, run_rank, watch_supervisor
+from lmforge.components.training.protocol import (
+    RankRequest,
+    export_meta,
+    parse_rank_args,
+    read_request,
+    run_rank,
+    watch_supervisor,
+)
 
 if TYPE_CHECKING:
     from lmforge.components.training.assemble import RankState
@@ -216,7 +223,7 @@ def export(s: RankState, *, final_loss: float, peak: float) -> None:
 
             state = merge_adapters(state, cfg, run_dir / ADAPTER_DIR)
             extra[ADAPTER_DIR] = run_dir / ADAPTER_DIR
-        meta = {**req.meta, "steps": cfg.max_steps, "final_loss": final_loss, "params": s.n_params,
+        meta = {**export_meta(req), "steps": cfg.max_steps, "final_loss": final_loss, "params": s.n_params,
                 "dtype": str(dtype).removeprefix("torch."), "layout": layout.to_dict(), "peak_flops": peak}
         # A base's tokenizer is the dataset's (training refused any other): its files go into the export as they are.
         write_export(run_dir / "export", state, model_config(cfg.model, tokenizer, seq_len=cfg.seq_len, dtype=dtype),

@@ -25,6 +25,7 @@ import torch
 from lmforge.components.training.protocol import (
     RankRequest,
     emit_event,
+    export_meta,
     parse_rank_args,
     read_request,
     run_rank,
@@ -119,7 +120,7 @@ def _export(ctx: Any, req: RankRequest, tokenizer: Any, windows: Any, n_params: 
         logits = model(input_ids=probe).logits.float()
     save_file({"input_ids": probe, "logits": logits.contiguous()}, str(run_dir / "probe.safetensors"))
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    meta = {**req.meta, "steps": cfg.max_steps, "final_loss": ctx.last_loss, "params": n_params, "dtype": "float32",
+    meta = {**export_meta(req), "steps": cfg.max_steps, "final_loss": ctx.last_loss, "params": n_params, "dtype": "float32",
             "layout": req.layout.to_dict(), "peak_flops": peak,
             "parameter_server": {k: v for k, v in stats.items() if k != "staleness_hist"}}
     write_export(run_dir / "export", state, model_config(cfg.model, tokenizer, seq_len=cfg.seq_len, dtype=torch.float32),

@@ -64,17 +64,21 @@ def test_a_broken_run_json_is_named(ws):
 
 def test_resume_and_the_pipeline_ask_the_same_question(ws, monkeypatch, tiny_config):
     from lmforge.components.config import config_hash
+    from lmforge.components.training.run import run_name
     from lmforge.flows.pipeline import interrupted_run
-    from lmforge.flows.train import _pick_run
 
     monkeypatch.setattr(Workspace, "latest_dataset", lambda self: "v1")
+
+    def resume_name():
+        return run_name(ws, tiny_config.training, config_name=tiny_config.name, resume=True)
+
     started(ws, "done", "2026-01-01T10:00:00+00:00", exported=True)
     started(ws, "stopped", "2026-01-02T10:00:00+00:00", dataset_version="v1", config_hash=config_hash(tiny_config.training))
     (ws.run_dir("stopped") / "checkpoints" / "step-0000003").mkdir(parents=True)
     (ws.run_dir("stopped") / "checkpoints" / "step-0000003" / "COMPLETE.json").write_text("{}")
-    assert _pick_run(ws, tiny_config, resume=True) == "stopped" == ws.latest_run(exported=False)
+    assert resume_name() == "stopped" == ws.latest_run(exported=False)
     assert interrupted_run(ws, tiny_config) == "stopped"
     (ws.run_dir("stopped") / "run.json").write_text("{}")
-    for ask in (lambda: _pick_run(ws, tiny_config, resume=True), lambda: interrupted_run(ws, tiny_config)):
+    for ask in (resume_name, lambda: interrupted_run(ws, tiny_config)):
         with pytest.raises(UserError, match="stopped/run.json has no readable created_at"):
             ask()

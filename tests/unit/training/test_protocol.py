@@ -70,15 +70,14 @@ def test_the_rank_does_not_import_the_parent_side_launcher():
     assert out.stdout.strip() == "False"
 
 
-def test_a_value_known_after_the_job_is_checked_reaches_the_export_meta(tmp_path):
-    # The MLflow run opens after prepare_job; its id must still reach the request the ranks read.
-    from lmforge.components.training.job import Job
-    from lmforge.components.training.launcher import LaunchRequest
+def test_the_export_meta_names_the_mlflow_run_from_the_run_record(tmp_path):
+    # The MLflow run opens after prepare_job; the flow writes its id into the run record, which the export reads,
+    # so the checked job is never patched.
+    from lmforge.components.training.protocol import export_meta
+    from lmforge.components.workspace import RUN_FILE
 
     req = request(tmp_path)
-    job = Job(launch=LaunchRequest(run_dir=tmp_path, request=req), layout=req.layout, ds_config=req.ds_config,
-              start_step=0, hardware=None)  # type: ignore[arg-type]
-    later = job.with_meta(mlflow_run_id="abc123")
-    assert later.launch.request.meta == {"run_name": "r1", "mlflow_run_id": "abc123"}
-    assert job.launch.request.meta["mlflow_run_id"] is None  # the checked job itself is unchanged
-    assert read_request(write_request(tmp_path / "request-0.json", later.launch.request)).meta["mlflow_run_id"] == "abc123"
+    assert export_meta(req) == {"run_name": "r1", "mlflow_run_id": None}   # no record: a job launched by hand
+    (tmp_path / RUN_FILE).write_text(json.dumps({"run_name": "r1", "mlflow_run_id": "abc123"}))
+    assert export_meta(req) == {"run_name": "r1", "mlflow_run_id": "abc123"}
+    assert req.meta["mlflow_run_id"] is None   # the request itself is unchanged
