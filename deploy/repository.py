@@ -4,6 +4,7 @@
     build_version(repo, cfg, version=3, model_dir=Path(".lmforge/runs/r1/export"),
                   shard_dir=ws.training_shards(dataset))   # shards: for the rare-token list
     rev = write_config(repo, cfg, versions=[2, 3], request_log=ws.requests)   # what Triton loads; its revision
+    write_and_wait(url, repo, cfg, versions=[3], request_log=ws.requests)   # the same, then wait until Triton serves it
     served_versions(repo, cfg.model_name)                                 # [2, 3]
 
 Layout (the standard one, so the same folder runs in the NGC tritonserver container):
@@ -66,6 +67,7 @@ from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.serving.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 from lmforge.components.serving.task import Task
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
+from lmforge.deploy import client
 
 ENV_VLLM_VENV = "LMFORGE_VLLM_VENV"
 VLLM_VENV_NAME = ".venv-vllm"
@@ -219,6 +221,26 @@ def served_versions(repo: Path, model_name: str) -> list[int]:
     m = re.search(r"specific:\s*{\s*versions:\s*\[([^\]]*)\]", path.read_text())
     assert m, f"{path} has no specific version policy"
     return sorted(int(v) for v in m.group(1).replace(",", " ").split())
+
+
+def wait_served(url: str, repo: Path, cfg: DeployConfig, *, timeout: float | None = None,
+                draining_ok: bool = False) -> list[int]:
+    """Wait until Triton serves model `cfg.model_name` as its config.pbtxt says: that revision picked up and exactly
+    its versions ready (client.wait_versions; `draining_ok`: a dropped version may still be unloading), at most
+    `timeout` s (default cfg.readiness_timeout_s); its versions. RequestFailed when one fails to load or time runs out."""
+    versions = served_versions(repo, cfg.model_name)
+    client.wait_versions(url, cfg.model_name, versions, revision=config_revision(repo, cfg.model_name),
+                         timeout=cfg.readiness_timeout_s if timeout is None else timeout, draining_ok=draining_ok)
+    return versions
+
+
+def write_and_wait(url: str, repo: Path, cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
+                   draining_ok: bool = False) -> str:
+    """Write config.pbtxt naming `versions` (write_config), then wait until Triton serves exactly them under it
+    (wait_served, bounded by cfg.readiness_timeout_s); the config's revision."""
+    revision = write_config(repo, cfg, versions=versions, request_log=request_log)
+    wait_served(url, repo, cfg, draining_ok=draining_ok)
+    return revision
 
 
 def version_dir(repo: Path, model_name: str, version: int) -> Path:

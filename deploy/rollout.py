@@ -53,6 +53,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ from lmforge.deploy.repository import (
     staging_dir,
     take_version,
     version_dir,
-    write_config,
+    wait_served,
+    write_and_wait,
 )
 
 DRAIN_WAIT_S = 30.0   # how long the last step waits for the old version to finish unloading before it goes on
@@ -216,10 +218,6 @@ class _Gate:
         self.result.phases[name] = round(now - self._mark, 2)
         self._mark = now
 
-    def _wait(self, model: str, versions: list[int], revision: str | None, *, draining_ok: bool = False) -> None:
-        client.wait_versions(self.url, model, versions, revision=revision, timeout=self.cfg.readiness_timeout_s,
-                             draining_ok=draining_ok)
-
     def prepare(self, build: Callable[[], Path] | None) -> list[str]:
         """Build (or find) the version's folder and pre-flight it; leave it in the staging area; its prompts."""
         folder = version_dir(self.repo, self.cfg.model_name, self.version)
@@ -245,11 +243,11 @@ class _Gate:
 
     def load_candidate(self) -> None:
         """Load the version as the candidate model, whose name no request for the served model reaches."""
-        revision = place_model(self.repo, self.candidate, version=self.version, staged=self.staged,
-                               versions=[self.version], request_log=self.request_log)
+        place_model(self.repo, self.candidate, version=self.version, staged=self.staged, versions=[self.version],
+                    request_log=self.request_log)
         self.staged, self.in_candidate = None, True
         try:
-            self._wait(self.candidate.model_name, [self.version], revision)
+            wait_served(self.url, self.repo, self.candidate)
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"Triton could not load it: {str(e).splitlines()[0][:300]}") from None
         self._phase("load")
@@ -271,16 +269,17 @@ class _Gate:
                                  timeout=self.cfg.readiness_timeout_s)
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"Triton did not unload {self.candidate.model_name}: {str(e)[:300]}") from None
-        if self.version in self.current:   # its folder already serves there
+        if self.version in self.current:   # its folder already serves there: only the config changes
             discard_staged(self.repo, self.staged)
-            revision = write_config(self.repo, self.cfg, versions=self.both, request_log=self.request_log)
+            settle = partial(write_and_wait, self.url, self.repo, self.cfg, versions=self.both,
+                             request_log=self.request_log)
         else:
-            revision = place_model(self.repo, self.cfg, version=self.version, staged=self.staged, versions=self.both,
-                                   request_log=self.request_log)
-            self.placed = True
+            place_model(self.repo, self.cfg, version=self.version, staged=self.staged, versions=self.both,
+                        request_log=self.request_log)
+            self.placed, settle = True, partial(wait_served, self.url, self.repo, self.cfg)
         self.staged, self.switched = None, True
         try:
-            self._wait(self.cfg.model_name, self.both, revision)
+            settle()
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"Triton could not load it in {self.cfg.model_name!r}: "
                               f"{str(e).splitlines()[0][:300]}") from None
@@ -291,14 +290,13 @@ class _Gate:
         """The new version alone: Triton unloads the old one once it has answered the requests it holds."""
         if self.both == [self.version]:   # nothing served before: the config already names it alone
             return
-        revision = write_config(self.repo, self.cfg, versions=[self.version], request_log=self.request_log)
         try:   # the new version alone serves; the old one may still be draining (it takes no new request)
-            self._wait(self.cfg.model_name, [self.version], revision, draining_ok=True)
+            write_and_wait(self.url, self.repo, self.cfg, versions=[self.version], request_log=self.request_log,
+                           draining_ok=True)
         except (client.RequestFailed, OSError) as e:
             raise self.refuse(f"the final reload failed: {str(e).splitlines()[0][:300]}") from None
         try:   # then, bounded, until it has unloaded (Triton 2.51 can keep one UNLOADING after malformed requests)
-            client.wait_versions(self.url, self.cfg.model_name, [self.version], revision=revision,
-                                 timeout=min(DRAIN_WAIT_S, self.cfg.readiness_timeout_s))
+            wait_served(self.url, self.repo, self.cfg, timeout=min(DRAIN_WAIT_S, self.cfg.readiness_timeout_s))
         except (client.RequestFailed, OSError) as e:
             self.result.checks.append({"old_version_still_unloading": str(e).splitlines()[0][:200]})
         self._phase("retire")
@@ -344,8 +342,7 @@ class _Gate:
 def _restore(url: str, repo: Path, cfg: DeployConfig, current: list[int], request_log: Path | None) -> None:
     """Back to what served before: the old version never stopped serving; the new one is unloaded."""
     if current:
-        revision = write_config(repo, cfg, versions=current, request_log=request_log)
-        client.wait_versions(url, cfg.model_name, current, revision=revision, timeout=cfg.readiness_timeout_s)
+        write_and_wait(url, repo, cfg, versions=current, request_log=request_log)
     else:  # nothing served before: the model's folder goes, and Triton unloads whatever it had loaded of it
         remove_model(repo, cfg.model_name)
         client.wait_unloaded(url, cfg.model_name, model_root(repo, cfg.model_name), timeout=cfg.readiness_timeout_s)

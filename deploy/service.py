@@ -29,14 +29,14 @@ from lmforge.components.registry.travel import COUNTS_FILE
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.serving.requestlog import now_iso
 from lmforge.components.workspace import Workspace, atomic_write_json
-from lmforge.deploy import client, gateway
+from lmforge.deploy import gateway
 from lmforge.deploy.repository import (
     build_version,
     candidate_model,
-    config_revision,
     remove_model,
     served_versions,
     version_dir,
+    wait_served,
 )
 from lmforge.deploy.rollout import RolloutResult, rollout
 from lmforge.deploy.server import ServerInfo, info_from_state, read_state, running_server, start_server, stop_server, write_state
@@ -201,8 +201,7 @@ def serve_current(ws: Workspace, cfg: DeployConfig, info: ServerInfo) -> list[in
     repo = repo_dir(ws)
     versions = served_versions(repo, cfg.model_name)
     if versions:  # Triton loads the repository by itself when it starts (poll mode)
-        client.wait_versions(info.url, cfg.model_name, versions, revision=config_revision(repo, cfg.model_name),
-                             timeout=cfg.readiness_timeout_s)
+        wait_served(info.url, repo, cfg)
         write_state(ws, info, model=cfg.model_name, version=versions[-1])
     return versions
 

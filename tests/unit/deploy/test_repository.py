@@ -115,6 +115,30 @@ def test_auto_instance_kind_follows_the_hosts_cuda(monkeypatch):
         assert mc.instance_group[0].kind == kind
 
 
+def test_write_and_wait_waits_for_the_config_it_wrote_within_the_readiness_bound(tmp_path, monkeypatch):
+    """The server is faked: each wait records what the repository held when it began and what it was asked."""
+    from lmforge.deploy import client
+
+    repo, cfg, waits = tmp_path / "repo", DeployConfig(readiness_timeout_s=42), []
+
+    def wait_versions(url, model, versions, *, revision, timeout, draining_ok=False):
+        waits.append({"url": url, "model": model, "versions": versions, "revision": revision, "timeout": timeout,
+                      "draining_ok": draining_ok, "on_disk": repository.config_revision(repo, model)})
+
+    monkeypatch.setattr(client, "wait_versions", wait_versions)
+    first = repository.write_and_wait("h:1", repo, cfg, versions=[2, 1], request_log=None)
+    second = repository.write_and_wait("h:1", repo, cfg, versions=[2], request_log=None, draining_ok=True)
+    assert repository.served_versions(repo, cfg.model_name) == [2]
+    assert waits == [
+        {"url": "h:1", "model": "lmforge", "versions": [1, 2], "revision": first, "timeout": 42, "draining_ok": False,
+         "on_disk": first},   # the wait began once the config was written, for exactly its revision
+        {"url": "h:1", "model": "lmforge", "versions": [2], "revision": second, "timeout": 42, "draining_ok": True,
+         "on_disk": second}]
+    waits.clear()
+    assert repository.wait_served("h:1", repo, cfg, timeout=5) == [2]   # what is already there, another bound
+    assert waits[0]["revision"] == second and waits[0]["timeout"] == 5 and not waits[0]["draining_ok"]
+
+
 def test_each_config_write_has_a_fresh_revision_the_config_carries(tmp_path):
     cfg = DeployConfig()
     first = repository.write_config(tmp_path / "repo", cfg, versions=[1], request_log=None)
