@@ -42,18 +42,13 @@ NAME = "openai gateway"
 
 
 @dataclass(frozen=True)
-class GatewayInfo:
-    pid: int
+class GatewayInfo(supervisor.HoldsProcess):
+    process: supervisor.ProcessRecord   # pid and start time: what names the gateway's process
     host: str
     port: int
     triton_grpc: str    # the server it fronts: a gateway for another server is not reused
     log: str
     started_at: str
-    create_time: float = 0.0
-
-    @property
-    def process(self) -> supervisor.ProcessRecord:
-        return supervisor.ProcessRecord(pid=self.pid, create_time=self.create_time, pgid=self.pid)
 
     @property
     def base_url(self) -> str:
@@ -114,8 +109,8 @@ def start_gateway(repo: Path, cfg: DeployConfig, *, triton_grpc: str, log_path: 
         if "address already in use" in str(e).lower():
             raise port_taken(cfg.host, port) from e
         raise
-    return GatewayInfo(pid=rec.pid, host=cfg.host, port=port, triton_grpc=triton_grpc, log=str(log_path),
-                       started_at=now_iso(), create_time=rec.create_time)
+    return GatewayInfo(process=rec, host=cfg.host, port=port, triton_grpc=triton_grpc, log=str(log_path),
+                       started_at=now_iso())
 
 
 def is_running(info: GatewayInfo) -> bool:
@@ -132,7 +127,7 @@ def from_state(state: dict[str, Any] | None) -> GatewayInfo | None:
     recorded = (state or {}).get("openai")
     if not recorded:
         return None
-    return GatewayInfo(**{k: v for k, v in recorded.items() if k in GatewayInfo.__dataclass_fields__})
+    return GatewayInfo.from_saved(recorded)
 
 
 def running(state: dict[str, Any] | None) -> GatewayInfo | None:

@@ -69,8 +69,8 @@ SERVER_ENV_PREFIXES = (
 
 
 @dataclass(frozen=True)
-class ServerInfo:
-    pid: int
+class ServerInfo(supervisor.HoldsProcess):
+    process: supervisor.ProcessRecord   # pid and start time: what names the server's process
     host: str
     http_port: int
     grpc_port: int
@@ -78,11 +78,6 @@ class ServerInfo:
     repository: str
     log: str
     started_at: str
-    create_time: float = 0.0   # the process's start time (psutil): with pid, what names it
-
-    @property
-    def process(self) -> supervisor.ProcessRecord:
-        return supervisor.ProcessRecord(pid=self.pid, create_time=self.create_time, pgid=self.pid)
 
     @property
     def url(self) -> str:
@@ -159,8 +154,8 @@ def start_server(repo: Path, cfg: DeployConfig, *, log_path: Path, wait: float |
     log_path = Path(log_path)
     svc = _service(f"{cfg.host}:{ports[0]}", log_path, cmd=cmd, env=server_env(), cwd=log_path.parent)
     rec = service.launch(svc) if wait is None else service.start(svc, timeout=wait)
-    return ServerInfo(pid=rec.pid, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
-                      repository=str(repo), log=str(log_path), started_at=now_iso(), create_time=rec.create_time)
+    return ServerInfo(process=rec, host=cfg.host, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                      repository=str(repo), log=str(log_path), started_at=now_iso())
 
 
 def _service(url: str, log: Path, *, cmd: list[str] | None = None, env: dict[str, str] | None = None,
@@ -241,7 +236,7 @@ def write_state(ws: Workspace, info: ServerInfo, *, model: str, version: int | N
 
 
 def info_from_state(state: dict[str, Any]) -> ServerInfo:
-    return ServerInfo(**state["server"])
+    return ServerInfo.from_saved(state["server"])
 
 
 def running_server(ws: Workspace) -> ServerInfo | None:

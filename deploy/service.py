@@ -213,6 +213,7 @@ def stop(ws: Workspace) -> dict[str, Any]:
         return {"stopped": False, "reason": "no server recorded in this workspace"}
     gw = gateway.from_state(state)
     gateway_stopped = gateway.stop_gateway(gw) if gw is not None else False
-    stopped = stop_server(info_from_state(state))
+    info = info_from_state(state)
+    stopped = stop_server(info)
     atomic_write_json(ws.triton / "state.json", {**state, "pid": None, "stopped_at": now_iso()})
-    return {"stopped": stopped, "pid": state["server"]["pid"], "openai_stopped": gateway_stopped}
+    return {"stopped": stopped, "pid": info.pid, "openai_stopped": gateway_stopped}

@@ -50,11 +50,10 @@ DATABASE = "prefect.db"                  # Prefect's database under PREFECT_HOME
 
 
 @dataclass(frozen=True)
-class ServerInfo:
+class ServerInfo(supervisor.HoldsProcess):
     api_url: str
     ui_url: str
-    pid: int
-    create_time: float = 0.0
+    process: supervisor.ProcessRecord   # pid and start time: what names the server's process
 
 
 def prefect_bin() -> str:
@@ -85,7 +84,7 @@ def start_server(ws: Workspace, *, port: int = 4200, timeout: float = 120) -> Se
         return existing
     svc = _service(ws, port)
     rec = service.start(svc, timeout=timeout)
-    info = ServerInfo(api_url=svc.address, ui_url=f"http://127.0.0.1:{port}", pid=rec.pid, create_time=rec.create_time)
+    info = ServerInfo(api_url=svc.address, ui_url=f"http://127.0.0.1:{port}", process=rec)
     service.save_state(ws.prefect / STATE_FILE, rec, api_url=info.api_url, ui_url=info.ui_url)
     return info
 
@@ -138,7 +137,7 @@ def active_server(ws: Workspace) -> ServerInfo | None:
     rec, data = service.running(ws.prefect / STATE_FILE)
     if rec is None:
         return None
-    return ServerInfo(api_url=data["api_url"], ui_url=data["ui_url"], pid=rec.pid, create_time=rec.create_time)
+    return ServerInfo(api_url=data["api_url"], ui_url=data["ui_url"], process=rec)
 
 
 def active_api_url(ws: Workspace) -> str | None:

@@ -27,9 +27,9 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import psutil
 
@@ -55,6 +55,24 @@ class ProcessRecord:
         """A record from a state file; one without a start time (written by an older lmforge) never matches."""
         pid = int(data["pid"])
         return cls(pid=pid, create_time=float(data.get("create_time") or 0.0), pgid=int(data.get("pgid") or pid))
+
+
+class HoldsProcess:
+    """Mixed into the dataclass a started service is known by (deploy/server.py's and deploy/gateway.py's info, the
+    Prefect server's): its `process` field is the ProcessRecord, and `pid` reads from it."""
+    process: ProcessRecord
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @classmethod
+    def from_saved(cls, data: Mapping[str, Any]) -> Self:
+        """The info from its saved form (dataclasses.asdict): `process` as saved, or the flat pid and create_time an
+        older lmforge wrote beside the other fields; a saved key the class has no field for is left out."""
+        names = {f.name for f in fields(cls)} - {"process"}   # type: ignore[arg-type]  # mixed into dataclasses only
+        return cls(process=ProcessRecord.from_dict(data.get("process") or data),  # type: ignore[call-arg]
+                   **{k: v for k, v in data.items() if k in names})
 
 
 def record(pid: int) -> ProcessRecord:

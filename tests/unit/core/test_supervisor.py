@@ -90,3 +90,20 @@ def test_a_process_that_exited_is_not_alive_even_before_it_is_reaped(tmp_path):
     assert not supervisor.alive(rec)
     with pytest.raises(ProcessLookupError):
         os.kill(rec.pid, 0)  # reaped: no zombie left behind
+
+
+def test_an_info_holding_a_process_record_saves_it_whole_and_reads_the_older_flat_form():
+    from dataclasses import asdict, dataclass
+
+    @dataclass(frozen=True)
+    class Info(supervisor.HoldsProcess):
+        host: str
+        process: ProcessRecord
+
+    info = Info(host="h", process=ProcessRecord(pid=41, create_time=12.5, pgid=40))
+    saved = asdict(info)
+    assert saved == {"host": "h", "process": {"pid": 41, "create_time": 12.5, "pgid": 40}} and info.pid == 41
+    assert Info.from_saved({**saved, "base_url": "not a field"}) == info
+    # Written before the record (pid and create_time beside the other fields): the group is the pid's own.
+    old = Info.from_saved({"host": "h", "pid": 41, "create_time": 12.5})
+    assert old.process == ProcessRecord(pid=41, create_time=12.5, pgid=41) and old.pid == 41

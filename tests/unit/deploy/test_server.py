@@ -47,13 +47,19 @@ def test_state_file_round_trip(tmp_path):
     from lmforge.components.workspace import Workspace
 
     ws = Workspace(tmp_path).ensure()
-    info = server.ServerInfo(pid=123, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
-                             repository="/r", log="/l", started_at="2026-01-01T00:00:00+00:00")
+    from lmforge.components.runtime.supervisor import ProcessRecord
+
+    info = server.ServerInfo(process=ProcessRecord(pid=123, create_time=0.0, pgid=123), host="127.0.0.1", http_port=1,
+                             grpc_port=2, metrics_port=3, repository="/r", log="/l",
+                             started_at="2026-01-01T00:00:00+00:00")
     state = server.write_state(ws, info, model="lmforge", version=4)
     assert server.read_state(ws) == state
     assert {k: state[k] for k in ("model", "version", "http", "grpc", "pid", "url")} == {
         "model": "lmforge", "version": 4, "http": 1, "grpc": 2, "pid": 123, "url": "http://127.0.0.1:1"}
     assert server.info_from_state(state) == info
+    # A state file written before the process record (pid and create_time flat) still names the same server.
+    flat = {k: v for k, v in state["server"].items() if k != "process"} | {"pid": 123, "create_time": 0.0}
+    assert server.info_from_state({"server": flat}) == info
     assert server.running_server(ws) is None  # pid 123 with another start time is not our server
 
 
@@ -63,9 +69,11 @@ def test_a_recorded_server_whose_pid_was_reused_is_not_running_and_not_stopped(t
 
     import psutil
 
-    info = server.ServerInfo(pid=os.getpid(), host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
-                             repository="/r", log="/l", started_at="2026-01-01T00:00:00+00:00",
-                             create_time=psutil.Process().create_time() - 100)
+    from lmforge.components.runtime.supervisor import ProcessRecord
+
+    stale = ProcessRecord(pid=os.getpid(), create_time=psutil.Process().create_time() - 100, pgid=os.getpid())
+    info = server.ServerInfo(process=stale, host="127.0.0.1", http_port=1, grpc_port=2, metrics_port=3,
+                             repository="/r", log="/l", started_at="2026-01-01T00:00:00+00:00")
     assert not server.is_running(info)
     assert server.stop_server(info, timeout=1) is False   # and this process is still here to assert it
 
