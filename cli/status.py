@@ -23,10 +23,10 @@ from lmforge.components.workspace import Workspace
 def dataset_rows(ws: Workspace) -> list[dict[str, Any]]:
     latest = ws.latest_dataset()
     rows = []
-    for manifest in sorted(ws.datasets.glob("*/manifest.json")):
-        m = json.loads(manifest.read_text())
+    for version in ws.dataset_versions():
+        m = json.loads(ws.manifest(version).read_text())
         c = m.get("counts", {})
-        rows.append({"version": manifest.parent.name, "latest": "yes" if manifest.parent.name == latest else "",
+        rows.append({"version": version, "latest": "yes" if version == latest else "",
                      "documents": f"{c.get('docs_in', '?')} in, {c.get('quarantined', '?')} quarantined, "
                                   f"{c.get('kept', '?')} kept (train {c.get('train', '?')} / validation "
                                   f"{c.get('validation', '?')} / test {c.get('test', '?')})",

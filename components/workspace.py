@@ -84,6 +84,12 @@ class Workspace:
         """The dataset's manifest (its sources, counts, hashes and the base it pinned)."""
         return self.dataset_dir(version) / MANIFEST
 
+    def dataset_versions(self) -> list[str]:
+        """The complete datasets' versions (those with a manifest), sorted."""
+        if not self.datasets.is_dir():
+            return []
+        return sorted(p.name for p in self.datasets.iterdir() if not p.name.startswith(".") and (p / MANIFEST).is_file())
+
     def require_dataset(self, version: str | None = None) -> str:
         """`version` (default: the latest) when its dataset is in the workspace; else a UserError to run the data stage."""
         if version is None:

@@ -19,28 +19,37 @@ Nothing is cached: variants train, timings are measured anew, and the registry i
 
 from __future__ import annotations
 
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import task
 
-from lmforge.components.compression.build import TECHNIQUES, build_variant, needs_data, preflight
+from lmforge.components.compression.build import build_variant, needs_data, preflight
 from lmforge.components.compression.measure import evaluate_variant
-from lmforge.components.compression.tradeoff import choose_compressed, tradeoff_chart, tradeoff_markdown, tradeoff_rows
+from lmforge.components.compression.record import (
+    ALIAS,
+    finite,
+    log_refused,
+    log_registered,
+    log_start,
+    log_tradeoff,
+    result_lines,
+    variant_tags,
+    versioned_rows,
+)
+from lmforge.components.compression.tradeoff import choose_compressed
 from lmforge.components.compression.variant import read_meta
-from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.registry import current, download_model, register_model, resolve_version, set_alias, version_tags
 from lmforge.components.registry.verify import verify_servable
 from lmforge.components.sections.compression import CompressionConfig
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.tracking import start_run
-from lmforge.components.workspace import Workspace, atomic_write_json, atomic_write_text
+from lmforge.components.workspace import Workspace
 from lmforge.deploy.server import serve_venv
 from lmforge.flows.workspace_flow import workspace_flow
-
-ALIAS = "compressed"
 
 
 def _retry_unless_user_error(task_: Any, task_run: Any, state: Any) -> bool:
@@ -88,92 +97,88 @@ def variant_eval_config(cfg: PipelineConfig) -> EvaluationConfig:
     return cfg.evaluation.model_copy(update=update)
 
 
-def _finite(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numbers among `metrics` that MLflow can log (a bool, such as device_fallback, is a tag, not a metric)."""
-    return {k: float(v) for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v}
+@dataclass(frozen=True)
+class Parent:
+    """The model the variants are made from, and the dataset it was trained on (its records measure each variant)."""
+
+    version: str
+    dir: str
+    tags: dict[str, str]
+    dataset_version: str
+    dataset_dir: str
+    shard_dir: str | None      # the training shards, for the techniques that train (needs_data)
+    out_root: Path             # <ws>/compression/v<version>/<variant>
+
+
+def open_parent(ws: Workspace, cfg: PipelineConfig) -> Parent:
+    """The parent (compression.source_alias, downloaded) and its dataset, which must be in this workspace."""
+    version, folder, tags = parent_task(cfg.registry.model_name, cfg.compression.source_alias)
+    dataset = ws.require_dataset(read_meta(Path(folder)).get("dataset_version") or tags.get("dataset_version"))
+    shards = str(ws.training_shards(dataset)) if needs_data(cfg.compression) else None
+    return Parent(version=version, dir=folder, tags=tags, dataset_version=dataset, dataset_dir=str(ws.dataset_dir(dataset)),
+                  shard_dir=shards, out_root=ws.root / "compression" / f"v{version}")
+
+
+def make_variant(name: str, parent: Parent, c: CompressionConfig, eval_cfg: EvaluationConfig,
+                 serve_python: str | None) -> tuple[str, dict[str, float], str | None]:
+    """Build, measure and verify one variant: its folder, its metrics, and why it must not be registered (or None)."""
+    path = build_task.with_options(name=f"compress-build-{name}")(name, parent.dir, str(parent.out_root / name), c,
+                                                                   parent.shard_dir)
+    metrics = evaluate_task.with_options(name=f"compress-evaluate-{name}")(path, parent.dataset_dir, eval_cfg)
+    return path, metrics, verify_task.with_options(name=f"compress-verify-{name}")(path, serve_python)
+
+
+def register_variant(name: str, path: str, metrics: dict[str, float], parent: Parent, cfg: PipelineConfig) -> str:
+    """A new version of the model, tagged with its technique and lineage (`parent_version`, the base's `base_*`)."""
+    tags = variant_tags(name, cfg.compression, parent_version=parent.version, dataset_version=parent.dataset_version,
+                        parent_tags=parent.tags)
+    return register_task.with_options(name=f"compress-register-{name}")(path, cfg, finite(metrics), tags, parent.version)
+
+
+def move_compressed(ws: Workspace, model_name: str, chosen: str | None, why: str, parent_version: str) -> None:
+    """`compressed` to the chosen variant, or away (with the reason) when none qualifies."""
+    if chosen is not None:
+        set_alias(ws, model_name, ALIAS, chosen, reason=why)
+    elif current(ws, model_name, ALIAS) is not None:
+        set_alias(ws, model_name, ALIAS, None, reason=f"parent v{parent_version}: {why}")
 
 
 @workspace_flow(name="compress", log_prints=True)
 def compress_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Build, measure and register every enabled variant of the parent; move `compressed`."""
     cfg = as_config(cfg)
-    c = cfg.compression
+    c, model_name = cfg.compression, cfg.registry.model_name
     if not c.enabled:
         return {"summary": "compression disabled ([compression] enabled = false)", "compressed": None}
     ws = Workspace.from_env().ensure()
-    model_name = cfg.registry.model_name
-    parent_version, parent_dir, parent_tags = parent_task(model_name, c.source_alias)
-    dataset_version = read_meta(Path(parent_dir)).get("dataset_version") or parent_tags.get("dataset_version") \
-        or ws.latest_dataset()
-    if dataset_version is None or not ws.dataset_dir(dataset_version).is_dir():
-        raise UserError("dataset", dataset_version or ws.datasets, "of the parent model is not in the workspace",
-                        "Run the data stage first: lmforge run data")
-    shard_dir = str(ws.training_shards(dataset_version)) if needs_data(c) else None
-    names, skipped = preflight_task(parent_dir, c, shard_dir)
+    parent = open_parent(ws, cfg)
+    names, skipped = preflight_task(parent.dir, c, parent.shard_dir)
     eval_cfg = variant_eval_config(cfg)
-    dataset_dir = str(ws.dataset_dir(dataset_version))
-    out_root = ws.root / "compression" / f"v{parent_version}"
-
-    parent_metrics = evaluate_task.with_options(name="compress-evaluate-parent")(parent_dir, dataset_dir, eval_cfg)
+    parent_metrics = evaluate_task.with_options(name="compress-evaluate-parent")(parent.dir, parent.dataset_dir, eval_cfg)
     variants: dict[str, dict[str, float]] = {}
     versions: dict[str, str] = {}
     rejected: dict[str, str] = dict(skipped)   # techniques this architecture has no parts for: never built
     serve_python = str(serve_venv() / "bin" / "python") if cfg.deploy.enabled else None
-    with start_run(ws, "compression", run_name=f"compress-v{parent_version}") as mlrun:
-        import mlflow
-
-        mlflow.set_tags({"parent_version": parent_version, "parent_alias": c.source_alias,
-                         "dataset_version": dataset_version, "compression_config_hash": config_hash(c)})
-        mlflow.log_params({"variants": ",".join(names), "max_bpc_increase": c.max_bpc_increase,
-                           "max_rouge_l_drop": c.max_rouge_l_drop, "parent_version": parent_version})
-        mlflow.log_metrics({f"parent.{k}": v for k, v in _finite(parent_metrics).items()})
-        for name, reason in skipped.items():
-            mlflow.set_tag(f"{name}.not_registered", reason[:500])
-            print(f"{name}: not registered: {reason}")
+    with start_run(ws, "compression", run_name=f"compress-v{parent.version}") as mlrun:
+        for line in log_start(c, parent_version=parent.version, dataset_version=parent.dataset_version, names=names,
+                              parent_metrics=parent_metrics, skipped=skipped):
+            print(line)
         for name in names:
-            path = build_task.with_options(name=f"compress-build-{name}")(name, parent_dir, str(out_root / name), c, shard_dir)
-            metrics = evaluate_task.with_options(name=f"compress-evaluate-{name}")(path, dataset_dir, eval_cfg)
-            problem = verify_task.with_options(name=f"compress-verify-{name}")(path, serve_python)
+            path, metrics, problem = make_variant(name, parent, c, eval_cfg, serve_python)
             if problem:
                 rejected[name] = problem
-                mlflow.set_tag(f"{name}.not_registered", problem[:500])
-                print(f"{name}: not registered: {problem}")
+                print(log_refused(name, problem))
                 continue
             variants[name] = metrics
-            mlflow.log_metrics({f"{name}.{k}": v for k, v in _finite(metrics).items()})
-            tags = {"variant": name, "technique": TECHNIQUES[name], "run_name": f"compress-v{parent_version}-{name}",
-                    "dataset_version": dataset_version, "compression_config_hash": config_hash(c),
-                    # a fine-tuned parent's base lineage: a variant names the base its parent started from
-                    **{k: v for k, v in parent_tags.items() if k.startswith("base_")}}
-            versions[name] = register_task.with_options(name=f"compress-register-{name}")(
-                path, cfg, _finite(metrics), tags, parent_version)
-            print(f"{name}: registered {model_name} v{versions[name]} (parent v{parent_version}), "
-                  f"BPC {metrics['bpc']:.4f} on {metrics['device']} ({metrics['device_reason']}), "
-                  f"{metrics['tokens_per_s']:.1f} tokens/s")
-
-        rows = tradeoff_rows(parent_metrics, variants, c, techniques=TECHNIQUES)
-        for r in rows:
-            r["version"] = parent_version if r["variant"] == "parent" else versions[r["variant"]]
+            versions[name] = register_variant(name, path, metrics, parent, cfg)
+            print(log_registered(name, metrics, model=model_name, version=versions[name], parent_version=parent.version))
+        rows = versioned_rows(parent_metrics, variants, versions, c, parent_version=parent.version)
         pick, why = choose_compressed(rows)
         chosen = versions[pick] if pick else None
-        if chosen is not None:
-            set_alias(ws, model_name, ALIAS, chosen, reason=why)
-        elif current(ws, model_name, ALIAS) is not None:
-            set_alias(ws, model_name, ALIAS, None, reason=f"parent v{parent_version}: {why}")
-        table = tradeoff_markdown(rows) + "".join(f"\n\n{n}: not registered: {reason}" for n, reason in rejected.items())
-        with tempfile.TemporaryDirectory() as tmp:
-            atomic_write_text(Path(tmp) / "tradeoff.md", f"# Compression of {model_name} v{parent_version}\n\n{table}\n\n"
-                              f"Policy: {why}\n")
-            atomic_write_json(Path(tmp) / "tradeoff.json", {"rows": rows, "compressed": chosen, "policy": why,
-                                                              "not_registered": rejected})
-            tradeoff_chart(rows, Path(tmp) / "tradeoff.png", title=f"{model_name} v{parent_version}: compression trade-off")
-            mlflow.log_artifacts(tmp, artifact_path="tradeoff")
-        mlflow.set_tags({"compressed_version": chosen or "none", "policy": why[:500]})
-        run_id = mlrun.info.run_id
-
-    print(f"Compression of {model_name} v{parent_version} on dataset {dataset_version}:\n{table}")
-    print(f"{ALIAS}: " + (f"v{chosen} ({pick}): {why}" if chosen else f"none: {why}"))
+        move_compressed(ws, model_name, chosen, why, parent.version)
+        table = log_tradeoff(rows, rejected, chosen=chosen, why=why, model=model_name, parent_version=parent.version)
+    print(*result_lines(table, model=model_name, parent_version=parent.version, dataset_version=parent.dataset_version,
+                        chosen=chosen, pick=pick, why=why), sep="\n")
     return {"summary": rows, "compressed": chosen, "compressed_variant": pick, "policy": why,
-            "parent_version": parent_version, "versions": versions, "not_registered": rejected,
-            "mlflow_run_id": run_id}
+            "parent_version": parent.version, "versions": versions, "not_registered": rejected,
+            "mlflow_run_id": mlrun.info.run_id}

@@ -29,8 +29,6 @@ cached: latency is measured anew, and the registry is state.
 from __future__ import annotations
 
 import json
-import math
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,18 +38,26 @@ from prefect.cache_policies import NO_CACHE
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.errors import UserError
-from lmforge.components.evaluation import EvalResult, benchmarks, evaluate_model_dir
+from lmforge.components.evaluation import EvalResult, evaluate_model_dir
 from lmforge.components.evaluation.rag import Rag, build_rag, release
-from lmforge.components.evaluation.report import write_report
+from lmforge.components.evaluation.record import (
+    EVAL_SET_TAG,
+    evaluation_summary,
+    json_safe,
+    log_decision,
+    log_eval_set,
+    log_evaluation,
+    registration_tags,
+    result_lines,
+)
 from lmforge.components.registry import current, download_model, gate, register_model, version_metrics, version_tags
 from lmforge.components.registry.gate import CHAMPION, BaseScore, EvalSet
 from lmforge.components.registry.travel import log_dataset_bundle
+from lmforge.components.serving.modelload import read_meta
 from lmforge.components.taskdata import configured_task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_tree
 from lmforge.flows.workspace_flow import workspace_flow
-
-EVAL_SET_TAG = "eval_set_sha256"   # on the registering run: the hash of the set the version was scored on
 
 
 @task(name="evaluate-model", cache_policy=NO_CACHE, persist_result=False)
@@ -203,16 +209,11 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Evaluate ws.latest_run() on ws.latest_dataset(), register, gate. Returns {"version", "decision", "summary"}."""
     cfg = as_config(cfg)
     ws = Workspace.from_env().ensure()
-    version = ws.latest_dataset()
-    if version is None:
-        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
-    run = ws.latest_run()
+    version, run = ws.require_dataset(), ws.latest_run()
     if run is None:
         raise UserError("training run", ws.runs, "has no exported model yet", "Run the train stage first: lmforge run train")
     model_dir = ws.run_dir(run) / "export"
-    meta_path = model_dir / "lmforge.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-
+    meta = read_meta(model_dir)
     result = EvalResult.from_dict(evaluate_task(str(model_dir), version, cfg, True))
     context = int(result.info["context_length"])
     on_theirs = on_champion_set(ws, cfg, model_dir, context) if cfg.evaluation.gate_set == "champion" else None
@@ -223,72 +224,23 @@ def evaluate_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
         champion, champion_source, scored = champion_metrics_on(ws, cfg, version, context)
     # No champion yet: a fine-tune must beat the base it started from, scored on the same sample.
     base = base_score_on(cfg, meta.get("base"), version, context) if scored is None else None
-    tags = {"dataset_version": version, "dataset_manifest_hash": sha256_file(ws.dataset_dir(version) / "manifest.json"),
-            "evaluation_config_hash": config_hash(cfg.evaluation), "evaluation_context": str(context),
-            "rag": result.rag.get("status", "off")}
-    if meta.get("base"):  # a fine-tuned base: the registered version names the folder and content it started from
-        tags.update({f"base_{k}": v for k, v in meta["base"].items()})
+    tags = registration_tags(result, meta, dataset_version=version, manifest=ws.manifest(version), evaluation=cfg.evaluation)
     with start_run(ws, "evaluation", run_name=f"eval-{run}") as mlrun:
-        import mlflow
-
-        mlflow.set_tags({"training_run": run, "dataset_version": version, "training_run_id": meta.get("mlflow_run_id", "")})
-        mlflow.log_params({f"evaluation.{k}": v for k, v in cfg.evaluation.model_dump().items()})
-        mlflow.log_metrics({k: v for k, v in result.metrics.items() if math.isfinite(v)})  # e.g. no TPOT: nothing to log
-        if base is not None and base.metrics is not None and math.isfinite(base.metrics["bpc"]):
-            mlflow.log_metric("base_bpc", base.metrics["bpc"])
+        log_evaluation(result, base, training_run=run, meta=meta, dataset_version=version, evaluation=cfg.evaluation)
         # What monitoring and retraining need, and the evaluation set, travel with the version (any workspace).
         bundle = log_dataset_bundle(ws, version, eval_split=cfg.evaluation.split)
-        mlflow.set_tags({EVAL_SET_TAG: bundle["eval_set_sha256"], "eval_set_split": cfg.evaluation.split})
+        log_eval_set(bundle, cfg.evaluation.split)
         model_version = register_task(str(model_dir), cfg, result.metrics, tags)
         eval_set = EvalSet(**(theirs or {"sha256": bundle["eval_set_sha256"], "split": cfg.evaluation.split,
                                           "dataset_version": version, "logged_with": f"v{model_version}"}),
                            how=champion_source)
         decision = gate_task(cfg, model_version, gate_metrics, champion, scored,
-                             base=json_safe(asdict(base)) if base is not None else None,
-                             eval_set=asdict(eval_set))
+                             base=json_safe(asdict(base)) if base is not None else None, eval_set=asdict(eval_set))
         decision["champion_metrics_source"] = champion_source
-        mlflow.set_tags({"registered_version": model_version, "decision": decision["outcome"]})
-        with tempfile.TemporaryDirectory() as tmp:
-            write_report(result, Path(tmp), n=cfg.evaluation.report_examples,
-                         title=f"Evaluation of {run} (model version {model_version})", decision=decision)
-            (Path(tmp) / "decision.json").write_text(json.dumps(decision, indent=2))
-            if result.info.get("benchmarks"):   # the harness's results JSON, as lm-eval writes it
-                (Path(tmp) / "benchmarks.json").write_text(json.dumps(result.info["benchmarks"], indent=2))
-            mlflow.log_artifacts(tmp, artifact_path="report")
-        eval_run_id = mlrun.info.run_id
-
-    m = result.metrics
-    print(f"model {cfg.registry.model_name} v{model_version}: {decision['outcome'].upper()}: {decision['reason']}")
-    print(f"  decided on {eval_set.label()}; {champion_source}")
-    print(f"  BPC {m['bpc']:.4f} (unigram {m['unigram_bpc']:.4f}), ROUGE-L {m['rougeL']:.4f}, BLEU {m['bleu']:.2f}, "
-          f"{m['tokens_per_s']:.1f} tokens/s; RAG {result.rag.get('status')}"
-          + (f" (ROUGE-L {result.rag['delta']['rougeL']:+.4f})" if result.rag.get("status") == "ok" else
-             f": {result.rag.get('reason', '')}"))
-    if result.info.get("generation", "ok") != "ok":
-        print(f"  {result.info['generation']}")
-    if base is not None and base.metrics is not None:
-        print(f"  base {base.name}: BPC {base.metrics['bpc']:.4f} on the same sample")
-    if result.info.get("benchmarks"):
-        table = benchmarks.table(result.info["benchmarks"])
-        print("  benchmarks (lm-evaluation-harness; report/benchmarks.json):\n"
-              + "\n".join("    " + line for line in table.splitlines()))
-    summary = {"version": model_version, "decision": decision["outcome"], "reason": decision["reason"],
-               "eval_set": eval_set.sha256[:12],
-               "bpc": round(m["bpc"], 4), "unigram_bpc": round(m["unigram_bpc"], 4), "rougeL": round(m["rougeL"], 4),
-               "bleu": round(m["bleu"], 2), "tokens_per_s": round(m["tokens_per_s"], 1), "rag": result.rag.get("status")}
-    if base is not None and base.metrics is not None:
-        summary["base_bpc"] = round(base.metrics["bpc"], 4)
-    summary.update({k: round(v, 4) for k, v in m.items() if k.startswith("bench.")})
-    return json_safe({"version": model_version, "decision": decision, "eval_run_id": eval_run_id, "metrics": m,
-                      "rag": result.rag, "summary": summary})
-
-
-def json_safe(obj: Any) -> Any:
-    """NaN and infinities (e.g. TPOT when every answer was one token) become None: they are not JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
+        log_decision(result, decision, version=model_version, n=cfg.evaluation.report_examples,
+                     title=f"Evaluation of {run} (model version {model_version})")
+    for line in result_lines(result, decision, eval_set, base, model=cfg.registry.model_name, version=model_version):
+        print(line)
+    summary = evaluation_summary(result, decision, eval_set, base, version=model_version)
+    return json_safe({"version": model_version, "decision": decision, "eval_run_id": mlrun.info.run_id,
+                      "metrics": result.metrics, "rag": result.rag, "summary": summary})

@@ -82,9 +82,7 @@ def features_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     """Apply, materialise and select (Feast); index and report near-duplicates (Qdrant); on the latest dataset."""
     cfg = as_config(cfg)
     ws = Workspace.from_env()
-    version = ws.latest_dataset()
-    if version is None:
-        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
+    version = ws.require_dataset()
     result: dict[str, Any] = {"dataset_version": version}
     summary = {"selected": None, "rejected": None, "missing_features": None, "indexed": None, "semantic_near_dups": None}
     if cfg.features.enabled:

@@ -20,6 +20,7 @@ seven takes seconds, and `lmforge run <stage>` imports only its own.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from collections.abc import Callable
@@ -29,32 +30,18 @@ from prefect.states import Cancelled
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.registry.gate import production_alias
-from lmforge.components.stages import STAGES
+from lmforge.components.stages import FLOWS, STAGES
 from lmforge.components.workspace import Workspace
 from lmforge.flows.lateness import too_late
 from lmforge.flows.workspace_flow import workspace_flow
 
 
 def stage_flow(name: str) -> Any:
-    """The flow of one stage (a name in STAGES), for `lmforge run <stage>`; only that stage's module is imported."""
-    match name:
-        case "data":
-            from lmforge.flows.data import data_flow as flow
-        case "features":
-            from lmforge.flows.features import features_flow as flow
-        case "train":
-            from lmforge.flows.train import train_flow as flow
-        case "evaluate":
-            from lmforge.flows.evaluate import evaluate_flow as flow
-        case "compress":
-            from lmforge.flows.compress import compress_flow as flow
-        case "deploy":
-            from lmforge.flows.deploy import deploy_flow as flow
-        case "monitor":
-            from lmforge.flows.monitor import monitor_flow as flow
-        case _:
-            raise KeyError(f"{name!r} is not a stage (the stages: {', '.join(STAGES)})")
-    return flow
+    """The flow of one stage (a name in STAGES), from the stage table; only that stage's module is imported."""
+    if name not in FLOWS:
+        raise KeyError(f"{name!r} is not a stage (the stages: {', '.join(STAGES)})")
+    module, function = FLOWS[name].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 @workspace_flow(name="pipeline", log_prints=True)
@@ -66,14 +53,6 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
     training continues from its last complete checkpoint when the newest run stopped before
     exporting with this same training config and dataset (`resume` forces it).
     """
-    from lmforge.flows.compress import compress_flow
-    from lmforge.flows.data import data_flow
-    from lmforge.flows.deploy import deploy_flow
-    from lmforge.flows.evaluate import evaluate_flow
-    from lmforge.flows.features import features_flow
-    from lmforge.flows.monitor import monitor_flow
-    from lmforge.flows.train import train_flow
-
     reason = too_late(max_lateness_minutes)
     if reason:
         return Cancelled(message=reason)
@@ -87,13 +66,9 @@ def pipeline_flow(cfg: PipelineConfig | str | None = None, resume: bool = False,
         result = {"summary": missing} if missing else flow(cfg, **kwargs)
         stages[name] = {"seconds": round(time.perf_counter() - start, 1), "result": result}
 
-    run("data", data_flow)
-    run("features", features_flow)
-    run("train", train_flow, resume=resume or interrupted_run(Workspace.from_env(), cfg) is not None)
-    run("evaluate", evaluate_flow)
-    run("compress", compress_flow)   # after the gate; skipped when it declined this run's model (unchanged_champion)
-    run("deploy", deploy_flow)
-    run("monitor", monitor_flow)
+    for name in STAGES:   # compress runs after the gate; skipped when it declined this run's model (unchanged_champion)
+        resumed = {"resume": resume or interrupted_run(Workspace.from_env(), cfg) is not None} if name == "train" else {}
+        run(name, stage_flow(name), **resumed)
     return {"config": cfg.name, "stages": stages, "links": run_links()}
 
 

@@ -39,17 +39,18 @@ from typing import Any
 from lmforge.components.config import PipelineConfig, as_config
 from lmforge.components.errors import UserError
 from lmforge.components.registry.gate import production_alias
-from lmforge.components.stages import STAGES as PIPELINE_STAGES
+from lmforge.components.stages import RETRAINED
 from lmforge.components.workspace import Workspace, atomic_write_text
+from lmforge.flows.pipeline import stage_flow
 from lmforge.flows.workspace_flow import workspace_flow
 from lmforge.monitoring.trigger import append_record
 
 LOCK_FILE = "retrain.lock"
 JOURNAL = "retrains.jsonl"
 SERVING, REFUSED, BUSY, FAILED = "serving", "refused", "busy", "failed"
-# What a retrain runs, in order (the failure reason names the first one not done): its corpus, then the
-# pipeline's stages but features and monitor.
-STAGES = ("corpus", *(name for name in PIPELINE_STAGES if name not in ("features", "monitor")))
+# What a retrain runs, in order (the failure reason names the first one not done): its corpus, then the stage
+# table's RETRAINED chain.
+STAGES = ("corpus", *RETRAINED)
 
 
 def _lock_path(ws: Workspace) -> Path:
@@ -162,17 +163,30 @@ def retrain_flow(cfg: PipelineConfig | str | None = None, reason: str = "manual"
 
 
 def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, stages: dict[str, Any]) -> dict[str, Any]:
-    from lmforge.components.registry import current
-    from lmforge.deploy.rollout import RolloutRefused
-    from lmforge.flows.compress import compress_flow
-    from lmforge.flows.data import data_flow
-    from lmforge.flows.deploy import deploy_flow
-    from lmforge.flows.evaluate import evaluate_flow
-    from lmforge.flows.train import train_flow
+    """The stage table's RETRAINED chain on the served model's corpus: data and train, then evaluate (and gate); only
+    a promoted model is compressed and deployed."""
     from lmforge.monitoring.served import served_model
 
-    name = cfg.registry.model_name
     served = served_model(ws, cfg)
+    stages["corpus"], run_cfg = retrain_config(ws, cfg, served, started)
+    result: dict[str, Any] = {"at": started, "trigger": reason, "previous": served.version, "stages": stages}
+    gate = ""
+    for name in RETRAINED:
+        if name == "deploy":   # only a promoted model gets here
+            return deploy_promoted(ws, cfg, run_cfg, result, gate)
+        outcome = stage_flow(name)(run_cfg)
+        stages[name] = outcome.get("summary")
+        if name == "evaluate":
+            result["candidate"] = outcome["version"]
+            gate = f"gate: {outcome['decision']['reason']}"
+            if not outcome["decision"]["promote"]:
+                return served_after(ws, cfg, result, REFUSED, gate)
+    raise AssertionError(f"the retrain chain {RETRAINED} ends with deploy")
+
+
+def retrain_config(ws: Workspace, cfg: PipelineConfig, served: Any, started: str) -> tuple[dict[str, Any], PipelineConfig]:
+    """The retrain's corpus (the served dataset plus the new domain) and the config that trains on it (from the served
+    version, for a fine-tune)."""
     corpus = retrain_corpus(served.records, cfg, served.dataset_version,
                             ws.monitoring / "retrain" / started.replace(":", "") / "corpus.jsonl")
     corpus["dataset"] = {"version": served.dataset_version, "from": served.source}
@@ -182,24 +196,26 @@ def _lifecycle(ws: Workspace, cfg: PipelineConfig, reason: str, started: str, st
         model = cfg.training.model.model_copy(update={"init": base})
         run_cfg = run_cfg.model_copy(update={"training": cfg.training.model_copy(update={"model": model})})
         corpus["base"] = base
-    stages["corpus"] = corpus
-    stages["data"] = data_flow(run_cfg)["summary"]
-    stages["train"] = train_flow(run_cfg)["summary"]
-    evaluated = evaluate_flow(run_cfg)
-    stages["evaluate"] = evaluated["summary"]
-    decision = evaluated["decision"]
-    result = {"at": started, "trigger": reason, "candidate": evaluated["version"], "previous": served.version,
-              "stages": stages}
-    if not decision["promote"]:
-        result.update(outcome=REFUSED, serving=current(ws, name, production_alias(cfg.deploy.name)),
-                      reason=f"gate: {decision['reason']}")
-    else:
-        stages["compress"] = compress_flow(run_cfg).get("summary")
-        try:
-            stages["deploy"] = deploy_flow(run_cfg)["summary"]
-            result.update(outcome=SERVING, reason=f"gate: {decision['reason']}; rollout passed")
-        except RolloutRefused as e:
-            result.update(outcome=REFUSED, reason=f"rollout: {e}")
-        result["serving"] = current(ws, name, production_alias(cfg.deploy.name))
+    return corpus, run_cfg
+
+
+def deploy_promoted(ws: Workspace, cfg: PipelineConfig, run_cfg: PipelineConfig, result: dict[str, Any],
+                    gate: str) -> dict[str, Any]:
+    """The deploy stage, through Triton's rollout gate: serving, or refused (the old version keeps serving)."""
+    from lmforge.deploy.rollout import RolloutRefused
+
+    try:
+        result["stages"]["deploy"] = stage_flow("deploy")(run_cfg)["summary"]
+    except RolloutRefused as e:
+        return served_after(ws, cfg, result, REFUSED, f"rollout: {e}")
+    return served_after(ws, cfg, result, SERVING, f"{gate}; rollout passed")
+
+
+def served_after(ws: Workspace, cfg: PipelineConfig, result: dict[str, Any], outcome: str, why: str) -> dict[str, Any]:
+    """The retrain's result with its outcome, its reason and the version that serves now; printed."""
+    from lmforge.components.registry import current
+
+    result.update(outcome=outcome, reason=why,
+                  serving=current(ws, cfg.registry.model_name, production_alias(cfg.deploy.name)))
     print(f"retrain: {result['outcome']}: v{result['serving']} serves; {result['reason']}")
     return result

@@ -91,9 +91,7 @@ def traffic(
     cfg = load_config(config, set_ or [])
     m = cfg.monitoring
     ws = Workspace.from_env()
-    version = ws.latest_dataset()
-    if version is None:
-        raise UserError("dataset", ws.datasets, "has no dataset yet", "Run the data stage first: lmforge run data")
+    version = ws.require_dataset()
     model = cfg.deploy.model_name
     if url is None:
         info = running_server(ws)

@@ -37,7 +37,7 @@ from lmforge.components.data.tokenizer import load_tokenizer, save_tokenizer, tr
 from lmforge.components.errors import UserError
 from lmforge.components.model.basemodel import copy_tokenizer, tokenizer_hash
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
-from lmforge.components.workspace import atomic_dir, atomic_write_json, sha256_file, sha256_tree
+from lmforge.components.workspace import MANIFEST, atomic_dir, atomic_write_json, sha256_file, sha256_tree
 
 DATASET_PARTS = ["records/train.jsonl", "records/validation.jsonl", "records/test.jsonl", "quarantine.jsonl",
                  "features.parquet", "tokenizer", "shards"]
@@ -319,11 +319,11 @@ def assemble(dataset_root: Path, *, sel: SelectRef, records_refs: list[RecordsRe
     manifest = build_manifest(counts=counts, hashes=hashes, config_hash=config_hash, tokenizer_hash=tokenizer.sha256,
                               vocab_size=tokenizer.vocab_size, source=source)
     final = Path(dataset_root) / manifest["version"]
-    if (final / "manifest.json").is_file():
+    if (final / MANIFEST).is_file():
         shutil.rmtree(scratch, ignore_errors=True)
-        return json.loads((final / "manifest.json").read_text())
+        return json.loads((final / MANIFEST).read_text())
     atomic_write_json(scratch / "report.json", {**report, "version": manifest["version"]})
-    atomic_write_json(scratch / "manifest.json", manifest)  # last: a folder with a manifest is complete
+    atomic_write_json(scratch / MANIFEST, manifest)  # last: a folder with a manifest is complete
     final.parent.mkdir(parents=True, exist_ok=True)
     scratch.rename(final)
     return manifest

@@ -57,16 +57,9 @@ def referenced_versions(ws: Workspace, *, registry_versions: Iterable[tuple[str,
     return {v: sorted(set(why)) for v, why in refs.items()}
 
 
-def dataset_versions(ws: Workspace) -> list[str]:
-    if not ws.datasets.is_dir():
-        return []
-    return sorted(p.name for p in ws.datasets.iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and (p / "manifest.json").is_file())
-
-
 def gc_plan(ws: Workspace, refs: dict[str, list[str]], *, collections: Iterable[str] = ()) -> dict[str, Any]:
     """What belongs only to unreferenced versions: dataset folders, feature files, collections, step folders."""
-    versions = dataset_versions(ws)
+    versions = ws.dataset_versions()
     drop = [v for v in versions if v not in refs]
     keep = [v for v in versions if v in refs]
     kept_build: set[str] = set()

@@ -142,3 +142,24 @@ def test_the_architecture_picture_draws_a_box_per_stage(monkeypatch):
     monkeypatch.delitem(draw.BOXES, "monitor")
     with pytest.raises(ValueError, match="one entry per stage"):
         draw.boxes()
+
+
+def test_the_pipeline_and_the_retrain_iterate_the_stage_table(fake_retrain, tiny_config, monkeypatch):
+    """Neither spells the stages out: a table without compress runs without it, in both."""
+    from lmforge.flows import pipeline
+
+    retrain, calls, _ = fake_retrain
+    monkeypatch.setattr(pipeline, "STAGES", ("data", "train", "evaluate"))
+    assert list(pipeline.pipeline_flow.fn(tiny_config)["stages"]) == ["data", "train", "evaluate"]
+    assert [name for name, _ in calls] == ["data", "train", "evaluate"]
+    calls.clear()
+    monkeypatch.setattr(retrain, "RETRAINED", ("data", "train", "evaluate", "deploy"))
+    assert retrain.retrain_flow.fn(tiny_config)["outcome"] == retrain.SERVING
+    assert [name for name, _ in calls] == ["data", "train", "evaluate", "deploy"]
+
+
+def test_the_stage_table_names_each_flow_where_it_is():
+    from lmforge.components.stages import FLOWS, RETRAINED
+
+    assert list(FLOWS) == list(STAGES) and RETRAINED == ("data", "train", "evaluate", "compress", "deploy")
+    assert all(importlib.util.find_spec(ref.split(":")[0]) for ref in FLOWS.values())

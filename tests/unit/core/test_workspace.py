@@ -63,3 +63,23 @@ def test_atomic_dir_removes_what_a_killed_writer_on_this_host_left(tmp_path, cap
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name] + [d.name for d in kept])
     err = capsys.readouterr().err
     assert all(str(d) in err for d in left) and f"left by process {dead.pid}, which has exited" in err
+
+
+def test_require_dataset_names_the_data_stage_and_finds_the_manifest(tmp_path):
+    """One place says "run the data stage first" (every stage that reads a dataset calls it) and one finds a
+    dataset's manifest."""
+    from lmforge.components.errors import UserError
+    from lmforge.components.workspace import MANIFEST, Workspace
+
+    ws = Workspace(tmp_path).ensure()
+    with pytest.raises(UserError, match=r"dataset: .*datasets has no dataset yet\. Run the data stage first: lmforge run data"):
+        ws.require_dataset()
+    with pytest.raises(UserError, match=r"dataset: v9 is not in the workspace's .*Run the data stage first"):
+        ws.require_dataset("v9")
+    ws.dataset_dir("v1").mkdir(parents=True)
+    (ws.datasets / ".build").mkdir()
+    ws.dataset_dir("v0").mkdir()   # a folder without a manifest is not a complete dataset
+    ws.manifest("v1").write_text("{}")
+    ws.set_latest_dataset("v1")
+    assert ws.require_dataset() == "v1" == ws.require_dataset("v1")
+    assert ws.manifest("v1") == ws.datasets / "v1" / MANIFEST and ws.dataset_versions() == ["v1"]
