@@ -1,7 +1,7 @@
 """What every benchmark writes: the machine, the versions, the command, a JSON file and a markdown table.
 
     write_results("pipeline", results, ["measure", "value"], rows, command="python benchmarks/bench_pipeline.py")
-    # -> benchmarks/results/pipeline.json, benchmarks/results/pipeline.md, and the table on stdout
+    # -> benchmarks/results/pipeline.json, benchmarks/results/pipeline.md, and the table on stdout (out=: elsewhere)
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ def markdown_table(headers: list[str], rows: list[tuple[Any, ...]]) -> str:
 
 
 def write_results(name: str, results: dict[str, Any], headers: list[str], rows: list[tuple[Any, ...]], *,
-                  command: str, notes: str = "") -> str:
+                  command: str, notes: str = "", out: Path = RESULTS) -> str:
     info = results.setdefault("machine", machine_info())
     results["command"] = command
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
     md = (f"### {name}\n\n{markdown_table(headers, rows)}\n\n{notes + chr(10) * 2 if notes else ''}"
           f"Machine: {info['nproc']} cores, {info['cpu']}; Python {info['python']}; {versions}. {info['date']}.\n"
           f"Command: `{command}`\n")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = RESULTS / f".{name}.json.tmp"
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".{name}.json.tmp"
     tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    tmp.replace(RESULTS / f"{name}.json")
-    (RESULTS / f"{name}.md").write_text(md)
+    tmp.replace(out / f"{name}.json")
+    (out / f"{name}.md").write_text(md)
     print(md)
     return md
