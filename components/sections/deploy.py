@@ -56,6 +56,11 @@ class DeployConfig(Section):
                                              "decodes; bytes = tokens x layers x 2 x kv_heads x head_dim x dtype size")
     kv_page_tokens: int = Field(256, ge=16, le=4096, description="tokens per KV cache page (a request holds whole "
                                                                  "pages)")
+    gpu_memory_utilization: float = Field(
+        0.45, gt=0, le=0.95,
+        description="engine = \"vllm\" on a GPU: the share of each GPU that one served version's instances use "
+                    "together (each instance gets its part: vLLM's gpu_memory_utilization); a rollout runs the "
+                    "candidate beside the serving version, so twice this must fit (<= 0.95)")
     max_queue: int = Field(256, ge=1, le=100_000,
                            description="requests an instance holds (queued or decoding); more are refused at once "
                                        "(gRPC UNAVAILABLE, HTTP 503) rather than left to wait")

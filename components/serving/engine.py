@@ -116,6 +116,7 @@ class Request:
     sent_tokens: int = 0
     text: generation.RowText | None = None   # the stopping rule's incremental text (made by Flight._advance)
     first_token: float | None = None
+    reported: Any = None   # what an engine reports beyond tokens (vLLM: its log-probability entries)
 
 
 class Flight:
@@ -142,6 +143,12 @@ class Flight:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._requests)
+
+    @property
+    def engine_requests(self) -> int:
+        """The requests the engine itself holds (queued or running): an engine with a scheduler of its own (vLLM)
+        counts its own; a cancelled request leaves it once the engine has dropped it."""
+        return self.in_flight
 
     def _admit(self, row: generation.Row, sink: Sink) -> str:
         if self.failure:
@@ -211,7 +218,7 @@ class Flight:
         if req.first_token is None and tokens:
             req.first_token = time.perf_counter()
         if req.text is None:
-            req.text = generation.RowText(self.tok, req.row.stop_strings, self.ends)
+            req.text = generation.RowText(self.tok, req.row.stop_strings, self.ends, ignore_eos=req.row.ignore_eos)
         fresh = tokens[len(req.tokens):req.row.max_new_tokens]
         req.tokens, req.logprobs = req.tokens + fresh, logprobs
         stopped = req.text.extend(fresh)
@@ -314,7 +321,8 @@ class Engine(Flight):
         knobs = ({"temperature": 1.0, "top_k": 1, "top_p": 1.0} if s.greedy else
                  {"temperature": float(s.temperature), "top_k": int(s.top_k or self.vocab), "top_p": float(s.top_p)})
         added = self._manager.add_request(list(row.ids), request_id=rid, max_new_tokens=row.max_new_tokens,
-                                          streaming=True, eos_token_id=list(self.ends), **knobs)
+                                          streaming=True, eos_token_id=-1 if row.ignore_eos else list(self.ends),
+                                          **knobs)
         if added is None:   # the manager refused it: its loop is not running
             self._finish(rid)
             self._die("the batching loop stopped taking requests")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -72,6 +72,9 @@ class Output:
     first_token_s: float         # from the start of the batch to its first generated token
     total_s: float               # from the start of the batch to this row's last token
     end_id: int | None = None    # the end id that ended the row (not in token_ids); None when something else did
+    # score_tokens entries reported by the engine itself (vLLM), one per generated / prompt token; None: not reported
+    logprobs: tuple[dict[str, Any] | None, ...] | None = None
+    prompt_logprobs: tuple[dict[str, Any] | None, ...] | None = None
 
     @property
     def tokens(self) -> int:
@@ -80,12 +83,18 @@ class Output:
 
 @dataclass(frozen=True)
 class Row:
-    """One request's row for `generate_rows`: encoded prompt, token limit, sampling and stop strings."""
+    """One request's row: encoded prompt, token limit, sampling and stop strings; for a serving engine also whether
+    end ids are ignored (fixed-length output), the log-probability alternatives asked for (vLLM's logprobs and
+    prompt_logprobs) and a structured-output constraint (vLLM's StructuredOutputsParams fields: json, regex, ...)."""
 
     ids: Sequence[int]
     max_new_tokens: int
     sampling: Sampling = GREEDY
     stop_strings: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    structured: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
 
 def _limits(prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int]) -> list[int]:
@@ -223,10 +232,11 @@ class RowText:
     tail that could hold one ending in the new text.
     """
 
-    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = (), ends: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = (), ends: Sequence[int] = (), *,
+                 ignore_eos: bool = False) -> None:
         self.tok = tokenizer
         self.stops = tuple(s for s in stop_strings if s)
-        self.ends = frozenset(ends or end_ids(tokenizer))
+        self.ends = frozenset() if ignore_eos else frozenset(ends or end_ids(tokenizer))
         self.longest = max((len(s) for s in self.stops), default=0)
         self.ids: list[int] = []
         self.text = ""            # whole characters decoded so far (cut before a stop string once one is found)

@@ -193,7 +193,11 @@ def rare_token_rate(ids: Sequence[int], rare_ids: frozenset[int], unk_id: int | 
 
 # vllm_backend's `sampling_parameters` input: one JSON object; the keys lmforge serves, and what each must be.
 SAMPLING_PARAMETERS = {"max_tokens": int, "temperature": float, "top_p": float, "top_k": int, "seed": int,
-                       "stop": list, "logprobs": int, "prompt_logprobs": int}
+                       "stop": list, "logprobs": int, "prompt_logprobs": int, "ignore_eos": bool,
+                       "structured_outputs": dict}
+# vLLM's StructuredOutputsParams: one constraint per request, and the JSON type each takes (its whitespace options
+# are the engine's, not a request's: components/serving/vllm_engine.py sets them).
+STRUCTURED_OUTPUTS = {"json": (dict, str), "regex": (str,), "choice": (list,), "grammar": (str,)}
 MAX_LOGPROBS = 20   # alternatives a request may ask for per token (vLLM's default max_logprobs)
 
 
@@ -219,14 +223,38 @@ def parse_sampling_parameters(raw: object | None) -> dict[str, Any]:
                                                          f"{', '.join(SAMPLING_PARAMETERS)}")
         if key == "stop" and isinstance(value, str):
             value = [value]
-        ok = (isinstance(value, list) and all(isinstance(s, str) for s in value) if kind is list
-              else isinstance(value, (int, float)) and not isinstance(value, bool)
-              and (kind is float or float(value).is_integer()))
-        if not ok:
-            want = "a list of strings" if kind is list else "an integer" if kind is int else "a number"
-            raise BadRequest("bad_sampling_parameters", f"sampling_parameters.{key} is {value!r}; it must be {want}")
-        out[key] = value if kind is list else kind(value)
+        if not _is_kind(value, kind):
+            want = {list: "a list of strings", int: "an integer", bool: "true or false", dict: "a JSON object"}
+            raise BadRequest("bad_sampling_parameters", f"sampling_parameters.{key} is {value!r}; it must be "
+                                                         f"{want.get(kind, 'a number')}")
+        out[key] = value if kind in (list, dict, bool) else kind(value)
+    if "structured_outputs" in out:
+        check_structured(out["structured_outputs"])
     return out
+
+
+def _is_kind(value: object, kind: type) -> bool:
+    if kind is list:
+        return isinstance(value, list) and all(isinstance(s, str) for s in value)
+    if kind in (bool, dict):
+        return isinstance(value, kind)
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (kind is float or float(value).is_integer()))
+
+
+def check_structured(spec: dict[str, Any]) -> None:
+    """A structured-output constraint names exactly one of STRUCTURED_OUTPUTS, of its type; BadRequest otherwise."""
+    keys = sorted(spec)
+    if len(keys) != 1 or keys[0] not in STRUCTURED_OUTPUTS:
+        raise BadRequest("bad_sampling_parameters", f"sampling_parameters.structured_outputs has {keys or 'no keys'}; "
+                                                     f"give exactly one of {', '.join(STRUCTURED_OUTPUTS)} (as vLLM's "
+                                                     "structured_outputs), e.g. {\"json\": {<a JSON schema>}}")
+    key, value = keys[0], spec[keys[0]]
+    ok = isinstance(value, STRUCTURED_OUTPUTS[key]) and (key != "choice" or all(isinstance(c, str) for c in value))
+    if not ok:
+        want = {"choice": "a list of strings", "json": "a JSON schema (an object)"}.get(key, "a string")
+        raise BadRequest("bad_sampling_parameters", f"sampling_parameters.structured_outputs.{key} is {value!r}; "
+                                                     f"it must be {want}")
 
 
 class Settings(NamedTuple):
@@ -238,6 +266,8 @@ class Settings(NamedTuple):
     stops: tuple[str, ...]
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    ignore_eos: bool = False
+    structured: dict[str, Any] | None = None   # one constraint of STRUCTURED_OUTPUTS
 
 
 def request_settings(inputs: dict[str, list[Any] | None], sampling_parameters: object | None,
@@ -262,7 +292,8 @@ def request_settings(inputs: dict[str, list[Any] | None], sampling_parameters: o
     if max_new == 0 and top["prompt_logprobs"] is None:
         raise BadRequest("bad_max_tokens", "max_tokens[0] is 0; it may be 0 only with prompt_logprobs (scoring the "
                                            "prompt); ask for at least 1 token")
-    return Settings(max_new, sampling, parse_stop(col("stop"), 1)[0], top["logprobs"], top["prompt_logprobs"])
+    return Settings(max_new, sampling, parse_stop(col("stop"), 1)[0], top["logprobs"], top["prompt_logprobs"],
+                    params.get("ignore_eos", False), params.get("structured_outputs"))
 
 
 def is_well_formed(result: dict) -> str | None:

@@ -24,14 +24,16 @@ and the tools built for them (genai-perf, Triton's OpenAI frontend) work unchang
 object; `.../generate_stream` with `"stream": true` sends server-sent events, one per new piece of
 text. Over gRPC a stream (`start_stream`/`async_stream_infer`) gets the same responses.
 
-`execute` parses each request, hands it to the instance's engine (lmforge_serving/engine.py:
-transformers' continuous batching, one manager per instance; or, with parameter engine = "vllm",
-lmforge_serving/vllm_engine.py: vLLM's server started by the instance) and returns at once; the engine's
-thread sends its responses. A request is rendered, stopped and scored by the model's task
-(lmforge_serving/task.py). Every request ends with a final response: its outputs, or a TritonError
-(INVALID_ARG, HTTP 400, naming the input that is wrong; UNAVAILABLE, HTTP 503, when the instance
-already holds `max_queue` requests; INTERNAL when generation fails). A client that cancels or goes
-away (`is_cancelled()`) has its request dropped from the batch. One bad request never fails another.
+`execute` parses each request, hands it to the instance's engine (engine.py: transformers' continuous
+batching, one manager per instance; or, with parameter engine = "vllm", vllm_engine.py: vLLM's AsyncLLM in
+this stub, whose Python is then .venv-vllm) and returns at once; the engine's thread sends its responses. A
+request is rendered and stopped by the model's task (task.py). vllm_backend's `ignore_eos`, and a
+`structured_outputs` constraint (vLLM engine only), are taken from `sampling_parameters` too; the gauge
+`lmforge_engine_requests` counts the requests the engine holds, by its own count.
+Every request ends with a final response: its outputs, or a TritonError (INVALID_ARG, HTTP 400, naming the input
+that is wrong; UNAVAILABLE, HTTP 503, when the instance already holds `max_queue` requests; INTERNAL when
+generation fails). A client that cancels or goes away (`is_cancelled()`) has its request dropped from the batch.
+One bad request never fails another.
 Every request is logged once, when it ends and before its final response goes (prompt features, output tokens,
 TTFT, TPOT, finish reason).
 
@@ -42,6 +44,7 @@ generation.decode behind engine.Batcher (greedy only: a sampled request is refus
 tritonserver ships the python backend only, no onnxruntime backend.
 """
 
+import dataclasses
 import json
 import os
 import threading
@@ -110,8 +113,12 @@ class TritonPythonModel:
         self.ready_family = pb_utils.MetricFamily(name="lmforge_engine_ready", kind=pb_utils.MetricFamily.GAUGE,
                                                   description="1 while the model instance's engine serves, 0 once it "
                                                               "has failed")
-        return self.ready_family.Metric(labels={"model": self.name, "version": self.version,
-                                     "instance": str(args.get("model_instance_name", ""))})
+        labels = {"model": self.name, "version": self.version, "instance": str(args.get("model_instance_name", ""))}
+        self.requests_family = pb_utils.MetricFamily(
+            name="lmforge_engine_requests", kind=pb_utils.MetricFamily.GAUGE,
+            description="requests the model instance's engine holds (queued or running), by its own count")
+        self.requests_gauge = self.requests_family.Metric(labels=labels)
+        return self.ready_family.Metric(labels=labels)
 
     def _engine_failed(self, why):
         self.ready_gauge.set(0)
@@ -147,21 +154,27 @@ class TritonPythonModel:
         return engine.Engine(model, self.tok, engine_config, ends=self.task_ends)
 
     def _vllm_engine(self, folder, args, engine_config, params):
+        """vLLM's AsyncLLM in this stub (its Python is the model's EXECUTION_ENV_PATH, .venv-vllm), fp32 on a CPU so
+        that greedy answers equal the transformers engine's; the instance's GPU is the one Triton gave it."""
         import torch
         from transformers import AutoConfig
 
         gpu = args["model_instance_kind"] == "GPU" and torch.cuda.is_available()
-        device = f"cuda:{args['model_instance_device_id']}" if gpu else "cpu"
-        here = VERSION_DIR
+        if gpu:
+            torch.cuda.set_device(int(args["model_instance_device_id"]))
+        shape = modelload.cache_shape(AutoConfig.from_pretrained(folder))
         settings = vllm_engine.VllmSettings(
-            python=params["vllm_python"], dtype="auto" if gpu else "float32", device=device,
-            kv_cache_gib=vllm_engine.kv_cache_gib(modelload.cache_shape(AutoConfig.from_pretrained(folder)),
-                                                  engine_config.kv_cache_tokens),
-            start_timeout_s=float(params.get("vllm_start_timeout_s", "600")), log_path=os.path.join(here, "vllm.log"))
-        pb_utils.Logger.log_info(f"{self.name} v{self.version}: vLLM engine on {device} ({settings.python}); task "
+            kv_cache_bytes=vllm_engine.kv_cache_bytes(shape, engine_config.kv_cache_tokens, 2 if gpu else 4),
+            dtype="auto" if gpu else "float32", gpu_memory_utilization=float(params["gpu_memory_utilization"]),
+            start_timeout_s=float(params.get("vllm_start_timeout_s", "600")))
+        pb_utils.Logger.log_info(f"{self.name} v{self.version}: vLLM engine in this stub on "
+                                 f"{'cuda:' + str(args['model_instance_device_id']) if gpu else 'cpu'}; task "
                                  f"{self.task.kind}; {engine_config.max_requests_per_step} requests a step, KV cache "
-                                 f"{settings.kv_cache_gib} GiB, queue {engine_config.max_queue}; log {settings.log_path}")
-        return vllm_engine.VllmEngine(folder, self.tok, engine_config, settings)
+                                 f"{engine_config.kv_cache_tokens} tokens ({settings.kv_cache_bytes / 2**20:.0f} MiB), "
+                                 f"queue {engine_config.max_queue}")
+        made = vllm_engine.VllmEngine(folder, self.tok, engine_config, settings, ends=self.task_ends)
+        made.note = lambda message: pb_utils.Logger.log_info(f"{self.name} v{self.version}: {message}")
+        return made
 
     def _onnx_engine(self, folder, threads, engine_config):
         forward = onnxrun.OnnxForward(os.path.join(folder, onnxrun.GRAPH_FILE), threads=threads)
@@ -194,11 +207,15 @@ class TritonPythonModel:
             self._refuse(sender, str(e), pb_utils.TritonError.INVALID_ARG, status=e.code)
             return
         stream = Stream(self, sender, parsed, arrived)
-        if parsed["row"].max_new_tokens == 0:   # only the prompt's log-probabilities: no generation
-            stream.on_event(engine.Final("length", generation.Output((), "", 0.0, 0.0, time.perf_counter() - arrived)))
-            return
+        row = parsed["row"]
+        if row.max_new_tokens == 0:   # only the prompt's log-probabilities: no generation
+            if self.model is not None:   # scored here, in one forward pass
+                stream.on_event(engine.Final("length", generation.Output((), "", 0.0, 0.0,
+                                                                         time.perf_counter() - arrived)))
+                return
+            row = dataclasses.replace(row, max_new_tokens=1)   # vLLM scores the prompt on the way to one token
         try:
-            rid = self.engine.submit(parsed["row"], stream.on_event)
+            rid = self.engine.submit(row, stream.on_event)
         except engine.Busy as e:
             self._refuse(sender, f"{self.name} v{self.version} is busy: {e}", pb_utils.TritonError.UNAVAILABLE,
                          status="busy", parsed=parsed)
@@ -239,10 +256,7 @@ class TritonPythonModel:
         if self.onnx and not settings.sampling.greedy:
             raise processing.BadRequest("bad_temperature", f"temperature[0] is {settings.sampling.temperature}; this "
                                                            "version is an ONNX export, served greedy only: send 0")
-        if self.model is None and (settings.logprobs is not None or settings.prompt_logprobs is not None):
-            raise processing.BadRequest("bad_sampling_parameters", "sampling_parameters.logprobs: this version's "
-                                                                   f"engine ({'ONNX' if self.onnx else 'vLLM'}) "
-                                                                   "reports no log-probabilities; leave it out")
+        self._check_engine_can(settings)
         try:   # a prompt to score is scored as given (a harness's context is rendered already), as vLLM does
             ids = (self.tok(text, add_special_tokens=False)["input_ids"] if settings.prompt_logprobs is not None
                    else self.task.encode(self.tok, self.task.parse_prompt(text)))
@@ -250,11 +264,31 @@ class TritonPythonModel:
             raise processing.BadRequest("bad_prompt", f"text_input[0]: {e}") from None
         ids, max_new = processing.check_tokens(ids, self.limits, settings.max_new)
         text_ids = self.tok(text)["input_ids"]
-        row = generation.Row(ids, max_new, settings.sampling, (*self.task_stops, *settings.stops))
+        row = generation.Row(ids, max_new, settings.sampling, (*self.task_stops, *settings.stops),
+                             ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
+                             prompt_logprobs=settings.prompt_logprobs, structured=settings.structured)
         return {"row": row, "flags": flags, "chars": len(text), "tokens": len(text_ids), "prompt_tokens": len(ids),
                 "rare": processing.rare_token_rate(text_ids, self.rare_ids, self.tok.unk_token_id),
                 "echo": text if flags.get("exclude_input_in_output") is False else "",
                 "logprobs": settings.logprobs, "prompt_logprobs": settings.prompt_logprobs}
+
+    def _check_engine_can(self, settings):
+        """What only some engines do: vLLM constrains output and reports log-probabilities itself; the transformers
+        engine scores with its model; the ONNX graph does neither. A request asking for what this one cannot is a
+        400 naming it."""
+        vllm = isinstance(self.engine, vllm_engine.VllmEngine)
+        if settings.structured is not None and not vllm:
+            raise processing.BadRequest("bad_sampling_parameters", "sampling_parameters.structured_outputs needs "
+                                                                   "[deploy] engine = \"vllm\"; this version's engine "
+                                                                   f"is {'ONNX' if self.onnx else 'transformers'}")
+        if self.onnx and (settings.logprobs is not None or settings.prompt_logprobs is not None):
+            raise processing.BadRequest("bad_sampling_parameters", "sampling_parameters.logprobs: this version's "
+                                                                   "engine (ONNX) reports no log-probabilities; leave "
+                                                                   "it out")
+        if settings.ignore_eos and settings.sampling.seeded and not vllm:
+            raise processing.BadRequest("bad_sampling_parameters", "sampling_parameters.ignore_eos with a seed: the "
+                                                                   "transformers engine runs a seeded row alone, "
+                                                                   "stopping at its end ids; leave out one of them")
 
     def scores(self, parsed, out):
         """The final response's logprobs and prompt_logprobs tensors, when the request asked for them: one forward
@@ -265,6 +299,10 @@ class TritonPythonModel:
         if not want:
             return []
         ids = list(parsed["row"].ids)
+        if self.model is None:   # the engine reported them (vLLM)
+            parts = {"prompt_logprobs": list(out.prompt_logprobs or []), "logprobs": list(out.logprobs or [])}
+            return [pb_utils.Tensor(k, np.array([json.dumps(trim(parts[k], top)).encode()], dtype=np.object_))
+                    for k, top in want.items()]
         entries = generation.score_tokens(self.model, self.tok, ids + list(out.token_ids), top=max(want.values()),
                                           then=out.end_id)
         parts = {"prompt_logprobs": entries[:len(ids)], "logprobs": entries[len(ids):]}
@@ -281,6 +319,7 @@ class TritonPythonModel:
                 cancelled = [rid for rid, (sender, _) in self.live.items() if sender.is_cancelled()]
             for rid in cancelled:
                 self.engine.cancel(rid)
+            self.requests_gauge.set(self.engine.engine_requests)
             time.sleep(0.1)
 
     def ended(self, stream):
@@ -314,7 +353,7 @@ class TritonPythonModel:
         self.watching = False
         self.watcher.join(timeout=5)   # before the engine stops and the stub tears down what is_cancelled() uses
         self.engine.stop()
-        del self.ready_gauge, self.ready_family   # the metric before its family, as Triton requires
+        del self.ready_gauge, self.ready_family, self.requests_gauge, self.requests_family   # metrics before families
 
 
 def trim(entries, top):
@@ -348,6 +387,12 @@ class Stream:
                 raise   # the engine drops the request from the batch
 
     def _respond(self, event):
+        if self.parsed["row"].max_new_tokens == 0:   # the prompt scored only (vLLM generated a token to score it)
+            if isinstance(event, engine.Delta):
+                return
+            if event.output is not None:
+                event = engine.Final("length", dataclasses.replace(event.output, token_ids=(), text="", logprobs=(),
+                                                                   mean_logprob=0.0, end_id=None))
         if isinstance(event, engine.Delta):
             if self.streaming and event.text:
                 self.sender.send(pb_utils.InferenceResponse(output_tensors=self._text(event.text, len(event.token_ids))))

@@ -1,225 +1,275 @@
-"""The vLLM engine behind one Triton model instance ([deploy] engine = "vllm").
+"""vLLM's async engine inside this process ([deploy] engine = "vllm"), the way NVIDIA's vllm_backend runs it.
 
-    engine = VllmEngine(model_dir, tokenizer, EngineConfig(...), VllmSettings(python=".venv-vllm/bin/python"))
-    engine.start()                          # vLLM's server on a free loopback port; returns once /health answers
-    ticket = engine.submit(Row(ids, 32), on_event)  # Delta ... Final, as components/serving/engine.py's engines send them
-    engine.cancel(ticket)                   # closes its stream: vLLM aborts the request
-    engine.stop()                           # ends what is in flight and the server's whole process group
+    engine = VllmEngine(model_dir, tokenizer, EngineConfig(...), VllmSettings(kv_cache_bytes=2**30), ends=(...))
+    engine.start()                                     # AsyncLLM on an asyncio loop of its own thread
+    ticket = engine.submit(Row(ids, 32, ...), on_event)   # Delta ... Final, as engine.py's engines send them
+    engine.cancel(ticket)                              # cancels its task: vLLM aborts the request
+    engine.stop()                                      # ends what is in flight, shuts vLLM down (its engine core too)
 
-vLLM does the generating: its scheduler (continuous batching), its paged KV cache and its kernels, in
-its own process and Python (`.venv-vllm`, built by `make vllm`: vLLM pins its own torch and
-transformers, so it cannot share the server's). The instance runs vLLM's OpenAI-compatible server
-(`python -m vllm.entrypoints.openai.api_server`) and sends each request to `/v1/completions` as the
-prompt's token ids, the ones lmforge's task rendered, streamed with `return_token_ids` and the
-chosen tokens' log-probabilities. The tokens feed the one stopping rule every lmforge engine applies
-(`Flight._advance`: eos, the task's and request's stop strings, max tokens), so what is streamed, what
-is kept and why it ended are what the transformers engine gives for the same tokens; vLLM stops at
-eos and `max_tokens` on its own too. A sampled request uses vLLM's seeded sampler (temperature,
-top_p, top_k, seed): the same seed gives the same text in vLLM, not the transformers engine's text.
+The Triton model's stub runs in vLLM's own Python (the model's EXECUTION_ENV_PATH is .venv-vllm, built by
+`make vllm`: vLLM pins its own torch and transformers). `AsyncLLM` runs on an asyncio loop in a thread;
+`submit` hands each request to it with `run_coroutine_threadsafe`, and a response thread hands what vLLM
+streams to the request's sink, so sending a response never stalls the loop (vllm_backend does the same).
+vLLM's engine core runs in a child process of the stub (ZMQ between them); there is no HTTP hop.
 
-The KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB on a CPU (`kv_cache_gib()`; vLLM would take 20 GiB) and
-vLLM's `--gpu-memory-utilization` share on a GPU; `max_requests_per_step` is its `--max-num-seqs`.
-The server's log is `log_path`. Standard library only (the Triton repository carries a copy).
+A request goes to vLLM as the prompt's token ids (the ones lmforge's task rendered) with its settings in
+vLLM's own `SamplingParams`: temperature, top_p, top_k, seed, max_tokens, the task's and the request's stop
+strings, the end ids (the tokenizer's, the generation config's and a chat turn's end), ignore_eos, the
+log-probabilities asked for, and a structured-output constraint (JSON schema, regex, choice or grammar). vLLM
+stops the row itself, so its output token count stops there. Its tokens then go through the stopping rule every
+lmforge engine applies (`Flight._advance`, `generation.RowText`), which stops at the same token and makes the
+text: what is streamed and the final Output are what the transformers engine gives for the same tokens (an end
+id reported apart as `Output.end_id`, the text cut before a stop string, a half character kept as U+FFFD at the
+end, deltas that concatenate to the final text).
+
+Log-probabilities are vLLM's: the model's own distribution (vLLM's default `raw_logprobs`), one per generated
+token, reported as `generation.score_tokens` entries when the request asks (`Row.logprobs`). The KV cache is
+`kv_cache_bytes` (vLLM's kv_cache_memory_bytes: lmforge's kv_cache_tokens at the model's cache shape) on a CPU
+and a GPU; on a GPU, `gpu_memory_utilization` bounds the instance's whole share of the device.
+
+Imports vllm only inside `start` (this module is copied with the serving package into every version folder).
 """
 
 from __future__ import annotations
 
-import http.client
-import json
+import asyncio
+import dataclasses
+import gc
+import logging
 import math
-import os
-import signal
-import socket
-import subprocess
+import queue
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import generation
 from .engine import EngineConfig, Flight, Request, Sink
 
-HOST = "127.0.0.1"
-SERVED_NAME = "lmforge"
-# Runs vLLM's server (argv[2:]) as its child and, once a second, checks that the process that started it (argv[1])
-# is still its parent; when it is not (the Triton stub died without unloading), it kills its whole process group.
-WATCHDOG = """
-import os, signal, subprocess, sys, time
-parent, server = int(sys.argv[1]), subprocess.Popen(sys.argv[2:])
-signal.signal(signal.SIGTERM, lambda *_: server.terminate())
-while server.poll() is None:
-    if os.getppid() != parent:
-        os.killpg(0, signal.SIGKILL)
-    time.sleep(1)
-sys.exit(server.returncode)
-"""
+log = logging.getLogger("lmforge.vllm")
+
+HEALTH_POLL_S = 0.1   # how often the loop looks at vLLM's health: requests in flight learn of a dead engine within it
 
 
 @dataclass(frozen=True)
 class VllmSettings:
-    python: str                      # the interpreter of the venv that has vLLM (.venv-vllm/bin/python)
-    dtype: str = "float32"           # vLLM's --dtype: float32 on a CPU (greedy answers equal the transformers engine's)
-    kv_cache_gib: float = 1.0        # VLLM_CPU_KVCACHE_SPACE on a CPU
-    gpu_memory_utilization: float = 0.85
-    device: str = "cpu"              # "cpu" or "cuda:<id>" (CUDA_VISIBLE_DEVICES for the server)
-    start_timeout_s: float = 600.0   # vLLM takes one to two minutes to start on 2 cores
-    log_path: str = ""               # the server's stdout and stderr; empty: discarded
+    kv_cache_bytes: int                  # vLLM's kv_cache_memory_bytes (kv_cache_bytes(): from kv_cache_tokens)
+    dtype: str = "float32"               # float32 on a CPU (greedy answers equal the transformers engine's); auto on a GPU
+    gpu_memory_utilization: float = 0.45   # the instance's share of its GPU (rollouts: two versions must fit)
+    seed: int = 0                        # vLLM's base seed: unseeded sampling is random per request, not per run
+    start_timeout_s: float = 600.0       # vLLM takes a minute or two to start on 2 cores
 
 
 class VllmEngine(Flight):
-    """Requests in flight in a vLLM server process: each streams in its own thread and feeds the stopping rule."""
+    """Requests in flight in vLLM's AsyncLLM, run on this engine's asyncio loop; a response thread delivers."""
 
-    def __init__(self, model_dir: str, tokenizer: Any, config: EngineConfig, settings: VllmSettings) -> None:
+    def __init__(self, model_dir: str, tokenizer: Any, config: EngineConfig, settings: VllmSettings, *,
+                 ends: tuple[int, ...] = ()) -> None:
         super().__init__(config, tokenizer)
         self.model_dir, self.settings = model_dir, settings
-        self.port = 0
-        self._process: subprocess.Popen | None = None
-        self._conns: dict[str, http.client.HTTPConnection] = {}
-        self._conns_lock = threading.Lock()
+        self.ends = tuple(dict.fromkeys((*self.ends, *ends)))
+        self.llm: Any = None
+        self.loop = asyncio.new_event_loop()
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self.note: Callable[[str], None] = log.info   # where the engine says what vLLM did (the Triton model: its log)
 
     # --- life -----------------------------------------------------------------------
     def start(self) -> None:
-        self.port = free_port()
-        log = open(self.settings.log_path, "ab") if self.settings.log_path else subprocess.DEVNULL  # noqa: SIM115
-        try:
-            # In a session of its own, under a watchdog that leads it: stop() ends the whole group (vLLM's server
-            # and its engine-core and worker processes), and the watchdog ends it should this process die first.
-            self._process = subprocess.Popen([self.settings.python, "-c", WATCHDOG, str(os.getpid()), *self.command()],
-                                             env=self.environment(), stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
-        finally:
-            if log is not subprocess.DEVNULL:
-                log.close()
-        self._wait_healthy()
+        self._threads = [threading.Thread(target=self.loop.run_forever, name="lmforge-vllm-loop", daemon=True),
+                         threading.Thread(target=self._respond, name="lmforge-vllm-responses", daemon=True)]
+        for t in self._threads:
+            t.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=self.settings.start_timeout_s)
         self._running = True
+        asyncio.run_coroutine_threadsafe(self._watch_health(), self.loop)
 
-    def command(self) -> list[str]:
-        s = self.settings
-        cmd = [s.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model_dir,
-               "--served-model-name", SERVED_NAME, "--host", HOST, "--port", str(self.port), "--dtype", s.dtype,
-               "--max-num-seqs", str(self.config.max_requests_per_step), "--seed", "0",
-               "--disable-uvicorn-access-log"]
-        if s.device != "cpu":
-            cmd += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
-        return cmd
+    async def _start(self) -> None:
+        prepare_process()
+        from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-    def environment(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(self.settings.kv_cache_gib)))
-        if self.settings.device.startswith("cuda:"):
-            env["CUDA_VISIBLE_DEVICES"] = self.settings.device.split(":", 1)[1]
-        return env
+        self.llm = AsyncLLM.from_engine_args(self.engine_args(AsyncEngineArgs, StructuredOutputsConfig))
 
-    def _wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.settings.start_timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"vLLM's server exited with code {self._process.returncode} while starting; its log: "
-                                   f"{self.settings.log_path or '(not kept)'}")
-            try:
-                if self._get_status("/health") == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        self._kill()
-        raise RuntimeError(f"vLLM's server did not answer /health within {self.settings.start_timeout_s:.0f} s; its "
-                           f"log: {self.settings.log_path or '(not kept)'}")
-
-    def _get_status(self, path: str) -> int:
-        conn = http.client.HTTPConnection(HOST, self.port, timeout=5)
-        try:
-            conn.request("GET", path)
-            return conn.getresponse().status
-        finally:
-            conn.close()
+    def engine_args(self, args_class: Any, structured_class: Any) -> Any:
+        """vLLM's engine arguments. Structured output by xgrammar, compact (no free whitespace, which a weak model
+        would emit up to max_tokens): vLLM takes that per engine, not per request."""
+        s, c = self.settings, self.config
+        return args_class(model=self.model_dir, dtype=s.dtype, seed=s.seed, max_num_seqs=c.max_requests_per_step,
+                          kv_cache_memory_bytes=s.kv_cache_bytes, gpu_memory_utilization=s.gpu_memory_utilization,
+                          disable_log_stats=True, enforce_eager=True,
+                          structured_outputs_config=structured_class(backend="xgrammar", disable_any_whitespace=True))
 
     def stop(self) -> None:
-        """Stop taking requests, end every one in flight as cancelled, stop the server's process group."""
+        """Stop taking requests, end every one in flight as cancelled, shut vLLM down and end both threads."""
         self._running = False
         for rid in self._ids_in_flight():
             self.cancel(rid)
-        self._kill()
+        if self.llm is not None:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._events.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
 
-    def _kill(self) -> None:
-        """SIGTERM to the group (vLLM shuts down in order), then SIGKILL: within Triton's own 30 s unload bound."""
-        if self._process is None or self._process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self._process.pid, sig)
-                self._process.wait(timeout=wait)
+    async def _shutdown(self) -> None:
+        llm, self.llm = self.llm, None
+        llm.shutdown()   # ends vLLM's engine core process
+        del llm          # the last reference, now: AsyncLLM.__del__ shuts down again, which at exit prints an error
+        gc.collect()
+
+    async def _watch_health(self) -> None:
+        """A vLLM engine that dies (its core process, a step's exception) fails this engine, with vLLM's reason."""
+        while self._running and not self.failure and self.llm is not None:
+            if self.llm.errored:
+                self._die(f"vLLM: {self.llm.dead_error}")
                 return
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+            await asyncio.sleep(HEALTH_POLL_S)
+
+    @property
+    def engine_requests(self) -> int:
+        """The requests vLLM itself holds (queued or running): a cancelled request leaves it when vLLM aborts it."""
+        return self.llm.get_num_unfinished_requests() if self.llm is not None else 0
 
     # --- requests ---------------------------------------------------------------------
     def submit(self, row: generation.Row, sink: Sink) -> str:
-        """Send `row` to vLLM; its deltas and Final go to `sink` from the request's thread. Busy at max_queue."""
+        """Hand `row` to vLLM; its deltas and Final go to `sink` from the response thread. Busy at max_queue."""
         rid = self._admit(row, sink)
-        req = self._get(rid)
-        threading.Thread(target=self._stream, args=(rid, req), name=f"lmforge-vllm-{rid}", daemon=True).start()
+        self.loop.call_soon_threadsafe(self._begin, rid)
         return rid
 
+    def _begin(self, rid: str) -> None:
+        req = self._get(rid)
+        if req is not None:   # not cancelled before the loop got to it
+            self._tasks[rid] = self.loop.create_task(self._generate(rid, req))
+
     def _drop(self, rid: str, req: Request) -> None:
-        with self._conns_lock:
-            conn = self._conns.pop(rid, None)
-        if conn is not None:   # closing the stream aborts the request in vLLM
-            conn.close()
+        """Cancel the request's task: vLLM's generate() aborts the request in its engine core."""
+        self.loop.call_soon_threadsafe(self._cancel_task, rid)
 
-    def body(self, row: generation.Row) -> dict[str, Any]:
-        s = row.sampling
-        body = {"model": SERVED_NAME, "prompt": list(row.ids), "max_tokens": row.max_new_tokens, "stream": True,
-                "return_token_ids": True, "logprobs": 0, "temperature": s.temperature}
-        if not s.greedy:
-            body.update({"top_p": s.top_p, "top_k": s.top_k or -1})
-            if s.seed is not None:   # unseeded: vLLM's own random stream, a different text each time
-                body["seed"] = s.seed
-        return body
+    def _cancel_task(self, rid: str) -> None:
+        task = self._tasks.pop(rid, None)
+        if task is not None:
+            task.cancel()
 
-    def _stream(self, rid: str, req: Request) -> None:
-        conn = http.client.HTTPConnection(HOST, self.port)
-        with self._conns_lock:
-            self._conns[rid] = conn
+    async def _generate(self, rid: str, req: Request) -> None:
+        from vllm.inputs import TokensPrompt
+
         try:
-            conn.request("POST", "/v1/completions", json.dumps(self.body(req.row)),
-                         {"content-type": "application/json"})
-            response = conn.getresponse()
-            if response.status != 200:
-                raise RuntimeError(f"vLLM answered {response.status}: {response.read()[:500].decode(errors='replace')}")
-            self._read(rid, req, response)
-        except Exception as e:  # a failure of this request alone (or its stream closed by cancel): it says so
-            if self._get(rid) is not None:
-                self._fail(rid, req, f"vLLM: {type(e).__name__}: {e}")
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(req.row.ids)),
+                                               self.sampling_params(req.row), rid):
+                self._events.put((rid, req, out))
+        except asyncio.CancelledError:   # cancelled by cancel() or stop(): the request has had its Final
+            await self.llm.abort(rid)    # generate() has aborted it too; vLLM's own count says it is gone
+            self.note(f"request {rid} aborted in vLLM; vLLM holds {self.llm.get_num_unfinished_requests()} request(s)")
+            return
+        except Exception as e:  # this request alone failed (a bad constraint, a dead engine): it says so
+            self._events.put((rid, req, f"vLLM: {type(e).__name__}: {e}"))
         finally:
-            self._drop(rid, req)
+            self._tasks.pop(rid, None)
 
-    def _read(self, rid: str, req: Request, response: Any) -> None:
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        for raw in response:
-            line = raw.strip()
-            if not line.startswith(b"data: {"):
+    def sampling_params(self, row: generation.Row) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        s = row.sampling
+        return SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0, seed=s.seed, max_tokens=row.max_new_tokens,
+            stop=list(row.stop_strings) or None, stop_token_ids=None if row.ignore_eos else list(self.ends),
+            ignore_eos=row.ignore_eos, logprobs=row.logprobs if row.logprobs is not None else 0,
+            prompt_logprobs=row.prompt_logprobs, output_kind=RequestOutputKind.DELTA,
+            structured_outputs=StructuredOutputsParams(**row.structured) if row.structured else None)
+
+    def _respond(self) -> None:
+        """The response thread: each vLLM output, in order, through the stopping rule every lmforge engine applies
+        (Flight._advance: vLLM has stopped the row at the same token, so this only makes the text and the Output
+        what the transformers engine makes of the same tokens, half characters included)."""
+        while (item := self._events.get()) is not None:
+            rid, req, out = item
+            if self._get(rid) is None:
+                continue   # ended already (cancelled)
+            if isinstance(out, str):
+                self._fail(rid, req, out)
                 continue
-            choice = json.loads(line[6:])["choices"][0]
-            tokens += choice.get("token_ids") or []
-            logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
-            if self._get(rid) is None:   # ended meanwhile (cancelled, or stopped by the stopping rule)
-                return
-            finished = choice.get("finish_reason") is not None
-            self._advance(rid, req, tokens, logprobs, finished=finished)
-            if finished:
-                return
+            if req.reported is None:
+                req.reported = VllmScores(req.row, self.tok)
+            req.reported.add(out)
+            self._advance(rid, req, req.reported.tokens, req.reported.chosen, finished=out.finished)
+            if not out.finished and self._get(rid) is None and not self.failure:
+                self.note(f"request {rid}: vLLM generated past lmforge's stopping rule (it was stopped here)")
+
+    def _output(self, req: Request, n: int, text: str) -> generation.Output:
+        out = super()._output(req, n, text)
+        scores = req.reported
+        if scores is None or (req.row.logprobs is None and req.row.prompt_logprobs is None):
+            return out
+        return dataclasses.replace(out, logprobs=tuple(scores.entries[:n + (out.end_id is not None)])
+                                   if req.row.logprobs is not None else None,
+                                   prompt_logprobs=tuple(scores.prompt_entries or ()) if req.row.prompt_logprobs
+                                   is not None else None)
 
 
-def kv_cache_gib(shape: tuple[int, int, int], tokens: int, dtype_bytes: int = 4) -> int:
-    """Whole GiB (at least 1) for `tokens` of KV cache of a model whose cache is `shape` (layers, kv heads, head dim:
-    modelload.cache_shape): tokens x layers x 2 (K and V) x kv heads x head dim x dtype size. VLLM_CPU_KVCACHE_SPACE."""
+class VllmScores:
+    """One request's tokens from vLLM's deltas, the log-probability of each chosen token, and, when the request asks,
+    each token's generation.score_tokens entry (the prompt's too)."""
+
+    def __init__(self, row: generation.Row, tokenizer: Any) -> None:
+        self.row, self.tok = row, tokenizer
+        self.tokens: list[int] = []
+        self.chosen: list[float] = []
+        self.entries: list[dict[str, Any] | None] = []
+        self.prompt_entries: list[dict[str, Any] | None] | None = None
+
+    def add(self, out: Any) -> None:
+        """Take one vLLM RequestOutput (DELTA: its new tokens and their Logprobs dicts)."""
+        done = out.outputs[0]
+        logprobs = done.logprobs or [None] * len(done.token_ids)
+        if self.prompt_entries is None and out.prompt_logprobs is not None:
+            self.prompt_entries = [self.entry(t, lp, self.row.prompt_logprobs or 0)
+                                   for t, lp in zip(self.row.ids, out.prompt_logprobs)]
+        for token, lp in zip(done.token_ids, logprobs):
+            self.tokens.append(token)
+            self.chosen.append(lp[token].logprob if lp and token in lp else 0.0)
+            if self.row.logprobs is not None:
+                self.entries.append(self.entry(token, lp, self.row.logprobs))
+
+    def entry(self, token: int, logprobs: dict[int, Any] | None, top: int) -> dict[str, Any] | None:
+        """A token's vLLM Logprobs as a generation.score_tokens entry, {id, token, logprob, top: [[text, lp], ...]}
+        with the `top` likeliest first; None where vLLM has none (a prompt's first token)."""
+        if not logprobs or token not in logprobs:
+            return None
+        best = sorted(((t, lp) for t, lp in logprobs.items() if lp.rank is not None and lp.rank <= top),
+                      key=lambda item: item[1].rank)
+        return {"id": int(token), "token": self.piece(token, logprobs[token]), "logprob": logprobs[token].logprob,
+                "top": [[self.piece(t, lp), lp.logprob] for t, lp in best]}
+
+    def piece(self, token: int, logprob: Any) -> str:
+        return logprob.decoded_token if logprob.decoded_token is not None else self.tok.decode([token])
+
+
+def prepare_process() -> None:
+    """Before vLLM is imported in a Triton stub: a UTF-8 locale (the stub's embedded interpreter starts in the C
+    locale whatever LANG says, and torch's compiler, which vLLM imports, then reads its own sources as ASCII and
+    fails), and vLLM's settings for a server (the server's environment is allowlisted, so none come from it): no
+    usage reports, threads not pinned to cores the server shares, the model folder only (no hub)."""
+    import locale
+    import os
+
+    for name in ("C.UTF-8", "C.utf8", "en_US.UTF-8"):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+            break
+        except locale.Error:
+            continue
+    for key, value in (("PYTHONUTF8", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("VLLM_DO_NOT_TRACK", "1"),
+                       ("VLLM_CPU_OMP_THREADS_BIND", "nobind"), ("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1")):
+        os.environ.setdefault(key, value)
+
+
+def kv_cache_bytes(shape: tuple[int, int, int], tokens: int, dtype_bytes: int = 4) -> int:
+    """Bytes for `tokens` of KV cache of a model whose cache is `shape` (layers, kv heads, head dim:
+    modelload.cache_shape): tokens x layers x 2 (K and V) x kv heads x head dim x dtype size, whole MiB."""
     layers, kv_heads, head_dim = shape
-    return max(1, math.ceil(tokens * layers * 2 * kv_heads * head_dim * dtype_bytes / 2**30))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    return math.ceil(tokens * layers * 2 * kv_heads * head_dim * dtype_bytes / 2**20) * 2**20

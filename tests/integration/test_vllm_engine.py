@@ -1,14 +1,15 @@
-"""[deploy] engine = "vllm" through a real Triton server: the instance starts vLLM's server from .venv-vllm and
-streams its tokens through lmforge's stopping rule (components/serving/vllm_engine.py).
+"""[deploy] engine = "vllm" through a real Triton server: vLLM's AsyncLLM runs inside the model's stub (its
+execution environment is .venv-vllm), as NVIDIA's vllm_backend runs it (components/serving/vllm_engine.py).
 
-Skipped where .venv-vllm is not built (`make vllm`; ~2 GB, a few minutes): vLLM pins its own torch and
-transformers. vLLM takes a minute or two to start on 2 cores, so the module shares one server.
+`.ci/run` builds .venv-vllm (`make vllm`) so these run on every landing; elsewhere they skip, naming the target.
+vLLM takes a minute or two to start on 2 cores, so the module shares one server.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import queue as queuelib
+import re
 import time
 
 import pytest
@@ -23,7 +24,7 @@ from tests.conftest import build_tiny_model
 
 def vllm_missing() -> str | None:
     try:
-        repository.vllm_python()
+        repository.vllm_env()
     except UserError as e:
         return str(e)
     return None
@@ -44,63 +45,63 @@ def served(tmp_path_factory):
     cfg = DeployConfig(model_name="tinyvllm", engine="vllm", http_port=0, grpc_port=0, metrics_port=0,
                        max_new_tokens=16, max_new_tokens_limit=200, max_prompt_tokens=64, max_requests_per_step=16,
                        kv_cache_tokens=8192, readiness_timeout_s=600)
-    repo, groups = root / "repo", set()
+    repo = root / "repo"
     repository.build_version(repo, cfg, version=1, model_dir=model)
     repository.write_config(repo, cfg, versions=[1], request_log=root / "requests")
     info = server.start_server(repo, cfg, log_path=root / "server.log")
+    tree: list = []
     try:
         server.wait_ready(info, timeout=600)
         client.wait_versions(info.url, cfg.model_name, [1], revision=repository.config_revision(repo, cfg.model_name),
                              timeout=600)
-        groups.update(os.getpgid(pid) for pid in vllm_servers(repo))   # the server, its engine core and workers
-        assert groups, "the instance should have started vLLM's server"
+        tree[:] = descendants(info.pid)
         yield root, model, cfg, info
     finally:
         server.stop_server(info)
-        assert not server.is_running(info)
-        deadline = time.monotonic() + 60   # the instance's finalize stops vLLM's whole process group
-        while (left := in_groups(groups)) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60   # finalize shuts vLLM down, its engine core with it
+        while (left := [p for p in tree if p.is_running() and p.status() != "zombie"]) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not left, f"vLLM's processes outlived the Triton model: {left}"
+        assert not left, f"processes outlived the Triton model: {[(p.pid, p.name()) for p in left]}"
 
 
-def vllm_servers(repo) -> list[int]:
-    """Pids of vLLM servers running a model folder under `repo`."""
+def descendants(pid: int) -> list:
     import psutil
 
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "vllm.entrypoints.openai.api_server" in cmd and any(str(repo) in a for a in cmd):
-            found.append(p.info["pid"])
-    return found
+    return psutil.Process(pid).children(recursive=True)
 
 
-def in_groups(groups: set[int]) -> list[str]:
-    """The processes still in any of these process groups, as "pid name"."""
-    import psutil
-
-    left = []
-    for p in psutil.process_iter(["pid", "name"]):
-        try:
-            if os.getpgid(p.info["pid"]) in groups:
-                left.append(f"{p.info['pid']} {p.info['name']}")
-        except ProcessLookupError:
-            continue
-    return left
-
-
-def solo(model_dir, prompts: list[str], limits: list[int]):
+def solo(model_dir, prompts: list[str], limits: list[int], stops: tuple[str, ...] = ()):
     from lmforge.components.serving import generation, modelload
 
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)
-    return [generation.generate(model, tok, [DEMO.encode(tok, p)], max_new_tokens=n, stop_strings=DEMO.stop_strings)[0]
-            for p, n in zip(prompts, limits)]
+    return [generation.generate(model, tok, [DEMO.encode(tok, p)], max_new_tokens=n,
+                                stop_strings=(*DEMO.stop_strings, *stops))[0] for p, n in zip(prompts, limits)]
 
 
-def test_vllm_streams_each_request_token_equal_to_the_transformers_path(served):
-    """16 concurrent streams of mixed lengths through Triton and vLLM: several pieces each, and each answer token for
-    token what lmforge's own generation gives for that prompt alone (greedy, fp32)."""
+def final_of(info, cfg, prompt, **params):
+    return client.generate_endpoint(info.url, cfg.model_name, {"text_input": prompt, "sampling_parameters": json.dumps(
+        params), "return_num_output_tokens": True, "return_finish_reason": True})
+
+
+def test_vllm_runs_inside_the_stub_with_no_http_server_in_tritons_process_tree(served):
+    """Under tritonserver: the model's stub, running in .venv-vllm, and what it spawned with multiprocessing (vLLM's
+    engine core and its worker, which talk over ZMQ and torch's gloo on loopback); no server started by command
+    line, so no vLLM OpenAI server and no HTTP hop."""
+    root, model, cfg, info = served
+    tree = descendants(info.pid)
+    cmdlines = [" ".join(p.cmdline()) for p in tree]
+    stubs = [c for c in cmdlines if "triton_python_backend_stub" in c]
+    assert stubs and all(".venv-vllm" in " ".join(p.environ().get("PATH", "").split(":")[:1]) for p in tree
+                         if "triton_python_backend_stub" in " ".join(p.cmdline())), cmdlines
+    spawned = [c for c in cmdlines if c not in stubs]   # vLLM names its processes (setproctitle): VLLM::EngineCore
+    assert spawned and all(c.startswith("VLLM::") or ("multiprocessing" in c and ".venv-vllm" in c)
+                           for c in spawned), cmdlines
+    assert not [c for c in cmdlines if "vllm.entrypoints" in c or "api_server" in c or "vllm serve" in c]
+
+
+def test_16_concurrent_streams_are_token_equal_to_the_transformers_path(served):
+    """16 concurrent streams of mixed lengths: several pieces each, and each answer token for token what lmforge's
+    own generation gives for that prompt alone (greedy, fp32)."""
     root, model, cfg, info = served
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
     limits = [4 + (i * 7) % 29 for i in range(16)]
@@ -117,12 +118,37 @@ def test_vllm_streams_each_request_token_equal_to_the_transformers_path(served):
         ids = tuple(int(t) for t in finals[i].as_numpy("token_ids")[0].decode().split())
         assert ids == want.token_ids and "".join(texts[i]) == want.text, i
     assert max(len(t) for t in texts) > 3   # streamed: the longer answers came in several responses
-    assert vllm_servers(root / "repo"), "the answers must come from vLLM's server, started by the instance"
     statuses = [r["status"] for r in RequestLog(root / "requests").read(model=cfg.model_name)[0]]
     assert statuses.count("ok") >= 16
 
 
-def test_a_cancelled_vllm_stream_is_logged_cancelled_and_the_next_request_is_answered(served):
+def test_a_stop_string_ends_the_row_inside_vllm(served):
+    """The stop string goes to vLLM's SamplingParams: the row's tokens stop at the one completing it."""
+    root, model, cfg, info = served
+    free = solo(model, [PROMPTS[2]], [40])[0]
+    stop = free.text[len(free.text) // 2:][:2]
+    assert stop.strip(), free.text
+    want = solo(model, [PROMPTS[2]], [40], (stop,))[0]
+    got = final_of(info, cfg, PROMPTS[2], max_tokens=40, stop=[stop])
+    assert got["finish_reason"] == "stop" and got["text_output"] == want.text and stop not in got["text_output"]
+    assert got["num_output_tokens"] == want.tokens < free.tokens
+    assert "generated past lmforge's stopping rule" not in (root / "server.log").read_text()   # vLLM stopped it
+
+
+def test_a_schema_constrained_request_returns_json_that_validates(served):
+    import jsonschema
+
+    root, model, cfg, info = served
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"],
+              "additionalProperties": False}
+    got = final_of(info, cfg, PROMPTS[0], max_tokens=40, temperature=0.8, seed=5,
+                   structured_outputs={"json": schema})
+    jsonschema.validate(json.loads(got["text_output"]), schema)
+
+
+def test_cancelling_a_stream_aborts_it_in_vllm(served):
+    """vLLM's own count of the requests it holds (the lmforge_engine_requests gauge) drops to 0 once the client
+    cancels, long before the request's 190 tokens; the request is logged cancelled and the next is answered."""
     import tritonclient.grpc as grpcclient
 
     root, model, cfg, info = served
@@ -135,10 +161,21 @@ def test_a_cancelled_vllm_stream_is_logged_cancelled_and_the_next_request_is_ans
                                                             stream=True))
     result, error = got.get(timeout=120)       # the first piece has arrived: the request is decoding
     assert error is None and client.response_text(result) is not None
+    assert held(info) >= 1
     c.stop_stream(cancel_requests=True)
     c.close()
     deadline = time.monotonic() + 30
+    while held(info) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert held(info) == 0, "vLLM still holds the cancelled request"
+    assert re.search(r"request r\d+ aborted in vLLM; vLLM holds 0 request", (root / "server.log").read_text())
     while not (rows := log.read(model=cfg.model_name)[0][before:]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [r["status"] for r in rows] == ["cancelled"], rows
+    assert rows[0]["output_tokens"] < 190
     assert client.generate(info.url, [PROMPTS[1]], model=cfg.model_name)[0].output_tokens >= 1
+
+
+def held(info) -> float:
+    """The requests vLLM holds, by its own count (get_num_unfinished_requests, through the instance's gauge)."""
+    return sum(server.engine_gauge(info.host, info.metrics_port, "lmforge_engine_requests").values())

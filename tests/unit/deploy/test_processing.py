@@ -167,8 +167,18 @@ def test_sampling_parameters_json_gives_the_same_settings_as_the_individual_inpu
     by_inputs = processing.request_settings(
         {"max_tokens": [5], "temperature": [0.5], "top_p": [0.9], "top_k": [7], "seed": [3], "stop": [[b"\n"]]},
         None, LIMITS)
-    assert by_json == by_inputs == (5, Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3), ("\n",), None, None)
-    assert processing.request_settings({}, None, LIMITS) == (None, Sampling(), (), None, None)
+    assert by_json == by_inputs == (5, Sampling(temperature=0.5, top_p=0.9, top_k=7, seed=3), ("\n",), None, None,
+                                    False, None)
+    assert processing.request_settings({}, None, LIMITS) == (None, Sampling(), (), None, None, False, None)
+
+
+def test_ignore_eos_and_a_structured_output_constraint_are_vllms_keys():
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    got = processing.request_settings({}, json.dumps({"ignore_eos": True, "structured_outputs": {"json": schema}}),
+                                      LIMITS)
+    assert got.ignore_eos is True and got.structured == {"json": schema}
+    assert processing.request_settings({}, b'{"structured_outputs": {"regex": "[0-9]+"}}', LIMITS).structured == {
+        "regex": "[0-9]+"}
 
 
 @pytest.mark.parametrize("raw, says", [
@@ -183,6 +193,12 @@ def test_sampling_parameters_json_gives_the_same_settings_as_the_individual_inpu
     (b'{"max_tokens": -1}', "max_tokens[0] is -1"),
     (b'{"top_p": 0}', "top_p[0] is 0.0"),
     (b"\xff", "not valid UTF-8"),
+    (b'{"ignore_eos": 1}', "sampling_parameters.ignore_eos is 1; it must be true or false"),
+    (b'{"structured_outputs": "json"}', "it must be a JSON object"),
+    (b'{"structured_outputs": {}}', "give exactly one of json, regex, choice, grammar"),
+    (b'{"structured_outputs": {"json": {}, "regex": "a"}}', "give exactly one of"),
+    (b'{"structured_outputs": {"regex": 5}}', "structured_outputs.regex is 5; it must be a string"),
+    (b'{"structured_outputs": {"choice": [1]}}', "it must be a list of strings"),
 ])
 def test_bad_sampling_parameters_are_refused_naming_the_key(raw, says):
     with pytest.raises(BadRequest) as e:
