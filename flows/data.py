@@ -46,6 +46,7 @@ from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
 from lmforge.components.data.ingest import check_source
 from lmforge.components.data.readers import plan_shards
+from lmforge.components.data.record import dataset_source, reconciled_counts, stage_report, stage_summary
 from lmforge.components.data.stepref import (
     DecideRef,
     FinishRef,
@@ -70,13 +71,14 @@ from lmforge.flows.workspace_flow import workspace_flow
 console = Console(stderr=True)
 
 _D = "lmforge.components.data."
+_S = "lmforge.components.serving."   # the records (components/serving/records.py) moved there (issue 42)
 CODE = {
-    "ingest": [_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "records", "minhash", "shardwork",
-                                "stepref")],
+    "ingest": [_S + "records", *(_D + m for m in ("readers", "ingest", "validate", "clean", "quarantine", "minhash",
+                                                  "shardwork", "stepref"))],
     "decide": [_D + m for m in ("corpuswork", "shardwork", "quarantine", "minhash", "split", "stepref")],
     "tokenizer": [_D + m for m in ("tokenizer", "corpuswork", "shardwork", "stepref")],
     "base-tokenizer": ["lmforge.components.model.basemodel", *(_D + m for m in ("tokenizer", "corpuswork", "stepref"))],
-    "records": [_D + m for m in ("featurize", "shardwork", "records", "stepref")],
+    "records": [_S + "records", *(_D + m for m in ("featurize", "shardwork", "stepref"))],
     "finish": [_D + m for m in ("shardwork", "tokenizer", "shards", "stepref")],
 }
 
@@ -270,6 +272,36 @@ def dask_environ_restored() -> Iterator[None]:
                 os.environ[key] = value
 
 
+def ingest_config(data: DataConfig) -> DataConfig:
+    """[data] as ingest's cache key sees it: it depends on no setting of the later steps but the signature's shape."""
+    sig_cfg = DedupConfig(num_perm=data.dedup.num_perm, shingle=data.dedup.shingle)
+    return data.model_copy(update={"dedup": sig_cfg, "split": SplitConfig(), "tokenizer": TokenizerConfig(),
+                                   "workers": None, "runner": "dask", "cluster_address": None, "max_docs": None})
+
+
+def select_config(data: DataConfig) -> DataConfig:
+    """[data] as the selection's cache key sees it (dedup and split are passed on their own)."""
+    return data.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(), "tokenizer": TokenizerConfig(),
+                                   "workers": None, "runner": "dask", "cluster_address": None})
+
+
+def tokenizer_and_records(cfg: PipelineConfig, base: dict[str, Any] | None, ings: list[IngestRef], decided: DecideRef,
+                          build: str, code: dict[str, str], states: dict[str, list[str]]) -> tuple[TokenizerRef,
+                                                                                                  list[RecordsRef]]:
+    """The base's tokenizer (training.model.init), or one trained here; submitted first, then each shard's records and
+    features, which need no tokenizer: they keep the other cores busy while it trains. The records are checked
+    against the task before the tokens: a task that cannot read them stops the run here."""
+    sel, near, spl = decided.select, decided.near, decided.split
+    tok_task, tok_args = ((tokenizer_task, (ings, sel, near, spl, cfg.data.tokenizer, build, code["tokenizer"]))
+                          if base is None else
+                          (base_tokenizer_task, (base["path"], base["tokenizer_sha256"], build, code["base-tokenizer"])))
+    tok_future = tok_task.submit(*tok_args)
+    rec_args = [(i, sel, near, spl, build, code["records"]) for i in ings]
+    recs = _resolve([records_task.submit(*a) for a in rec_args], records_task, rec_args, states)
+    check_data_fits(cfg, recs, base)
+    return _resolve([tok_future], tok_task, [tok_args], states)[0], recs
+
+
 @workspace_flow(name="data-stage", log_prints=True)
 def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
                 base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -279,58 +311,23 @@ def _data_stage(cfg: PipelineConfig, replay: list[str] | None = None,
     code = {step: code_hash(mods) for step, mods in CODE.items()}
     specs = [{**s, "fingerprint": _shard_fingerprint(s)} for s in plan_shards(data, replay=replay)]
     states: dict[str, list[str]] = {}
-    # ingest depends on no setting of the later steps, except the signature's shape
-    sig_cfg = DedupConfig(num_perm=data.dedup.num_perm, shingle=data.dedup.shingle)
-    ing_cfg = data.model_copy(update={"dedup": sig_cfg, "split": SplitConfig(), "tokenizer": TokenizerConfig(),
-                                      "workers": None, "runner": "dask", "cluster_address": None, "max_docs": None})
-    ings = _map(ingest_task, [(s, ing_cfg, build, code["ingest"]) for s in specs], states)
-    sel_cfg = data.model_copy(update={"dedup": DedupConfig(), "split": SplitConfig(), "tokenizer": TokenizerConfig(),
-                                      "workers": None, "runner": "dask", "cluster_address": None})
-    decided = _one(decide_task, ings, sel_cfg, data.dedup, data.split, data.seed, build, code["decide"], states=states)
+    ings = _map(ingest_task, [(s, ingest_config(data), build, code["ingest"]) for s in specs], states)
+    decided = _one(decide_task, ings, select_config(data), data.dedup, data.split, data.seed, build, code["decide"],
+                   states=states)
     sel, near, spl = decided.select, decided.near, decided.split
-    # the base's tokenizer (training.model.init), or one trained here; submitted first, then each shard's records and
-    # features, which need no tokenizer: they keep the other cores busy while it trains
-    tok_task, tok_args = ((tokenizer_task, (ings, sel, near, spl, data.tokenizer, build, code["tokenizer"])) if base is None
-                          else (base_tokenizer_task, (base["path"], base["tokenizer_sha256"], build, code["base-tokenizer"])))
-    tokenizer_from = {} if base is None else {"tokenizer_from": base["named"]}
-    tok_future = tok_task.submit(*tok_args)
-    rec_args = [(i, sel, near, spl, build, code["records"]) for i in ings]
-    rec_futures = [records_task.submit(*a) for a in rec_args]
-    recs = _resolve(rec_futures, records_task, rec_args, states)
-    check_data_fits(cfg, recs, base)  # before the tokens: a task that cannot read these records stops the run here
-    tok = _resolve([tok_future], tok_task, [tok_args], states)[0]
+    tok, recs = tokenizer_and_records(cfg, base, ings, decided, build, code, states)
     fins = _map(finish_task, [(i, sel, near, spl, tok, build, code["finish"]) for i in ings], states)
-
-    counts = {"records_read": sel.records_read, "sampled_out": sel.sampled_out, "docs_in": sel.docs_in,
-              "clean": sel.clean, "quarantined": sel.quarantined,
-              "quarantined_by_reason": sel.quarantined_by_reason, "exact_duplicates": sel.exact_duplicates,
-              "near_duplicates": near.near_duplicates, "kept": near.kept, **spl.counts}
-    assert counts["docs_in"] == counts["clean"] + counts["quarantined"]
-    assert counts["clean"] == counts["kept"] + counts["exact_duplicates"] + counts["near_duplicates"]
-    assert counts["kept"] == sum(spl.counts.values()) == sum(sum(f.counts.values()) for f in fins) \
-        == sum(sum(r.counts.values()) for r in recs)
-    tokens = {s: sum(f.tokens[s] for f in fins) for s in ("train", "validation", "test")}
-    source = {"kind": "builtin" if data.source is None else "file", "shards": [s["fingerprint"] for s in specs],
-              "replay": [str(Path(p).resolve()) for p in replay or []]}
-    if base is not None and base["pin"] is not None:
-        # A registry base's version, pinned: training reads it back (flows/train.py), and it is part of the
-        # dataset version, so datasets made while the alias held different versions never share a manifest.
-        source["base"] = base["pin"]
-    report = {"source": data.source or "builtin", "shards": len(specs), "counts": counts,
-              "dedup": {"lsh": near.lsh, "examples": near.examples}, "split_groups": spl.groups, "tokens": tokens,
-              "tokenizer_trained_on": tok.trained_on, **tokenizer_from,
-              "build_dirs": sorted(Path(r.dir).name for r in [*ings, sel, near, spl, tok, *recs, *fins]),
-              "features": {"rows": counts["kept"],
-                           "quality_mean": round(sum(r.quality_sum for r in recs) / max(counts["kept"], 1), 4)}}
+    counts = reconciled_counts(sel, near, spl, recs, fins)
+    report = stage_report(data, specs=specs, counts=counts, near=near, spl=spl, tok=tok, fins=fins, recs=recs,
+                          steps=[*ings, sel, near, spl, tok, *recs, *fins], tokenizer_from=base and base["named"])
+    source = dataset_source(data, specs, replay, pin=base and base["pin"])
     manifest = assemble_task(str(ws.datasets), sel, recs, fins, tok, counts, config_hash(data), source, report)
-    version = manifest["version"]
-    summary = {"dataset_version": version, "source": report["source"], **counts, "vocab_size": manifest["vocab_size"],
-               "tokens": tokens, "dataset_dir": str(ws.dataset_dir(version)), "shards": len(specs)}
+    summary = stage_summary(report, manifest, ws.dataset_dir(manifest["version"]))
     run_id = track_task(ws, manifest, summary)
-    ws.set_latest_dataset(version)
+    ws.set_latest_dataset(manifest["version"])
     task_states = {name: _collapse(s) for name, s in states.items()}
     _print_summary(summary, task_states)
-    return {"dataset_version": version, "summary": summary, "tasks": task_states, "mlflow_run_id": run_id}
+    return {"dataset_version": manifest["version"], "summary": summary, "tasks": task_states, "mlflow_run_id": run_id}
 
 
 def check_data_fits(cfg: PipelineConfig, recs: list[RecordsRef], base: dict[str, Any] | None) -> None:

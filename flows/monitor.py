@@ -178,6 +178,34 @@ def _log_mlflow(ws: Workspace, summary: dict[str, Any], report_dir: Path) -> str
         return run.info.run_id
 
 
+def served_reference(ws: Workspace, served: Served, cfg: PipelineConfig) -> tuple[str, dict[str, Any]]:
+    """The served version's reference profile (cached; rebuilt when its folder was removed since) and its meta."""
+    ref_folder = reference_task(str(ws.root), served, cfg.monitoring, cfg.deploy.rare_token_min_count)
+    if not (Path(ref_folder) / "reference.json").is_file():  # a cached result whose folder was removed since
+        ref_folder = reference_task.with_options(refresh_cache=True)(str(ws.root), served, cfg.monitoring,
+                                                                     cfg.deploy.rare_token_min_count)
+    return ref_folder, json.loads((Path(ref_folder) / "reference.json").read_text())
+
+
+def act_on(ws: Workspace, cfg: PipelineConfig, a: Assessment, now: datetime) -> dict[str, Any]:
+    """The trigger's plan for this assessment, carried out (a retrain started on drift outside the cool-down) and
+    recorded unless there was nothing to do; returns the trigger record."""
+    plan = plan_trigger(a.result.status, history=read_triggers(ws.monitoring), cfg=cfg.monitoring, now=now)
+    trigger: dict[str, Any] = plan.to_record(window=a.window, drifted=a.result.drifted, started=False)
+    if plan.action == STARTED:
+        try:
+            trigger.update(start_retraining(cfg, reason=f"{plan.decision}: {a.result.reason}"))
+            if trigger.get("busy"):
+                trigger["action"] = "busy"   # not a start: the cool-down does not count it
+        except Exception as e:
+            trigger.update(started=False, error=f"{type(e).__name__}: {e}")
+            record_trigger(ws.monitoring, trigger)
+            raise
+    if plan.action != "none":
+        record_trigger(ws.monitoring, trigger)
+    return trigger
+
+
 @workspace_flow(name="monitor", log_prints=True)
 def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: float | None = None,
                  now: datetime | None = None) -> Any:
@@ -196,27 +224,9 @@ def monitor_flow(cfg: PipelineConfig | str | None = None, max_lateness_minutes: 
     served = served_model(ws, cfg)
     version = served.dataset_version
 
-    ref_folder = reference_task(str(ws.root), served, m, cfg.deploy.rare_token_min_count)
-    if not (Path(ref_folder) / "reference.json").is_file():  # a cached result whose folder was removed since
-        ref_folder = reference_task.with_options(refresh_cache=True)(str(ws.root), served, m,
-                                                                     cfg.deploy.rare_token_min_count)
-    ref_meta = json.loads((Path(ref_folder) / "reference.json").read_text())
+    ref_folder, ref_meta = served_reference(ws, served, cfg)
     a = assess_task(str(ws.root), ref_folder, m, now, cfg.deploy.model_name, served.version)
-
-    plan = plan_trigger(a.result.status, history=read_triggers(ws.monitoring), cfg=m, now=now)
-    trigger: dict[str, Any] = plan.to_record(window=a.window, drifted=a.result.drifted, started=False)
-    if plan.action == STARTED:
-        try:
-            trigger.update(start_retraining(cfg, reason=f"{plan.decision}: {a.result.reason}"))
-            if trigger.get("busy"):
-                trigger["action"] = "busy"   # not a start: the cool-down does not count it
-        except Exception as e:
-            trigger.update(started=False, error=f"{type(e).__name__}: {e}")
-            record_trigger(ws.monitoring, trigger)
-            raise
-    if plan.action != "none":
-        record_trigger(ws.monitoring, trigger)
-
+    trigger = act_on(ws, cfg, a, now)
     summary = _summary(cfg, version, ref_meta, a, trigger, now)
     report_dir = ws.monitoring / "reports" / now.strftime("%Y%m%dT%H%M%S")
     paths = write_report(report_dir, summary, reference=load_reference(Path(ref_folder)).view, current=a.current,

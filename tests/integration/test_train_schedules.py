@@ -4,7 +4,9 @@ Each schedule runs the tiny model at 4 layers as 2 stages x 2 chunks, 4 micro-ba
 windows; DDP runs the same 16 windows a step as 2 ranks x 2 micro-batches, with the same seed,
 so the global batch, the AdamW step, the LR curve and the clipping are the same and the losses
 differ only by float summation order (tolerance 1e-3 per step, measured ~1e-6). Each run logs
-its bubble beside the formula, and its export holds exactly the weights its ranks trained.
+its bubble beside the formula, and its export holds exactly the weights its ranks trained. The schedules run with
+precision = "auto": on a host whose bf16 is native (this CPU's AVX512-BF16 and AMX, every GPU) it resolves to fp32 for
+them, the only precision they train in, and says so (issue 43); DDP's fp32 losses check they did.
 """
 
 from __future__ import annotations
@@ -57,7 +59,15 @@ def _chunk_weights(run_dir, step: str) -> dict[str, torch.Tensor]:
 def test_schedule_matches_ddp_logs_its_bubble_and_exports(ws, ddp, schedule):
     from transformers import AutoModelForCausalLM
 
-    events, run_dir = run_training(ws, schedule, tiny_training(**STEPS, parallel=pipe(schedule)), timeout_s=300)
+    from lmforge.components.runtime.accelerator import choose_precision
+    from lmforge.components.training.protocol import read_request
+
+    auto = {**STEPS, "precision": "auto"}
+    events, run_dir = run_training(ws, schedule, tiny_training(**auto, parallel=pipe(schedule)), timeout_s=300)
+    hardware = read_request(run_dir / "request-0.json").hardware
+    assert hardware.precision == "fp32"
+    if choose_precision("auto", "cpu").name == "bf16":   # a bf16-capable host: the layout decided, and says why
+        assert hardware.precision_reason.startswith(f"auto, and the {schedule} schedule trains in fp32"), hardware
     losses = [e["loss"] for e in events]
     assert len(losses) == STEPS["max_steps"] and all(math.isfinite(x) for x in losses), losses
     diffs = [abs(a - b) for a, b in zip(losses, ddp, strict=True)]
