@@ -124,6 +124,29 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchema(BaseModel):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's response_format: plain text, any JSON object, or JSON that validates against a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchema | None = None
+
+    def structured(self) -> dict[str, Any] | None:
+        """The model's structured_outputs constraint (vLLM's names), or None for text."""
+        if self.type == "json_schema":
+            if self.json_schema is None:
+                raise ApiError(400, "response_format.type is json_schema but response_format.json_schema is missing; "
+                                    "send {\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}",
+                               param="response_format", code="invalid_value")
+            return {"json": self.json_schema.schema_}
+        return {"json": {"type": "object"}} if self.type == "json_object" else None
+
+
 class Settings(Strict):
     """What both endpoints take; a field left out is the served model's default."""
 
@@ -140,12 +163,25 @@ class Settings(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None   # accepted, unused
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = Field(None, description="not OpenAI's: vLLM's extension (json, regex, "
+                                                                        "choice or grammar)")
 
     def sampling_parameters(self) -> dict[str, Any]:
         values = {k: getattr(self, k) for k in SETTINGS}
         if isinstance(values["stop"], str):
             values["stop"] = [values["stop"]]
+        values["structured_outputs"] = self.constraint()
         return {k: v for k, v in values.items() if v is not None}
+
+    def constraint(self) -> dict[str, Any] | None:
+        """OpenAI's response_format or vLLM's structured_outputs, as the model's structured_outputs (the model says
+        which engine can follow it); both at once is a 400."""
+        fmt = self.response_format.structured() if self.response_format is not None else None
+        if fmt is not None and self.structured_outputs is not None:
+            raise ApiError(400, "response_format and structured_outputs both constrain the output; send one",
+                           param="structured_outputs", code="invalid_value")
+        return fmt if fmt is not None else self.structured_outputs
 
     def check(self) -> None:
         """What the fields' types cannot say; ApiError naming the field."""

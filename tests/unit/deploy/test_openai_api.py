@@ -108,6 +108,33 @@ def test_ignore_eos_goes_to_sampling_parameters(tmp_path, path, body):
     assert fake.calls[0]["settings"] == {"max_tokens": 8, "ignore_eos": True}
 
 
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+@pytest.mark.parametrize("body, constraint", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}}, {"json": SCHEMA}),
+    ({"response_format": {"type": "json_object"}}, {"json": {"type": "object"}}),
+    ({"response_format": {"type": "text"}}, None),
+    ({"structured_outputs": {"regex": "[0-9]+"}}, {"regex": "[0-9]+"}),
+])
+def test_openais_response_format_and_vllms_structured_outputs_constrain_the_model(tmp_path, body, constraint):
+    app, fake = app_with(tmp_path, [Reply("", FINAL)], kind="chat")
+    r = TestClient(app).post("/v1/chat/completions", json={"model": "lmforge", "messages": [{"role": "user",
+                                                                                           "content": "Hi"}], **body})
+    assert r.status_code == 200, r.text
+    assert fake.calls[0]["settings"].get("structured_outputs") == constraint
+
+
+@pytest.mark.parametrize("body, says", [
+    ({"response_format": {"type": "json_schema"}}, "json_schema is missing"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "send one"),
+])
+def test_a_constraint_said_wrong_or_twice_is_400(tmp_path, body, says):
+    app, fake = app_with(tmp_path, [Reply("", FINAL)])
+    r = TestClient(app).post("/v1/completions", json={"model": "lmforge", "prompt": "Once", **body})
+    assert r.status_code == 400 and says in r.json()["error"]["message"] and not fake.calls
+
+
 @pytest.mark.parametrize("chat, extra", [(False, {"usage": None}), (False, {}), (True, {"usage": None}), (True, {})])
 def test_a_text_event_is_the_bytes_of_its_whole_chunk(chat, extra):
     from lmforge.deploy.openai_api import Answer, Metrics, TextEvents, choice, sse
