@@ -50,7 +50,7 @@ from lmforge.components.compression.modules import count_params, linear_weight_b
 from lmforge.components.compression.variant import load_variant  # noqa: E402
 from lmforge.components.data.shards import write_shards  # noqa: E402
 from lmforge.components.evaluation.bpc import bits_per_character  # noqa: E402
-from lmforge.components.evaluation.generation import generate  # noqa: E402
+from lmforge.components.evaluation.timed_generation import generate  # noqa: E402
 from lmforge.components.sections.compression import CompressionConfig, FinetuneConfig  # noqa: E402
 from lmforge.components.serving.records import Record, generation_prompt  # noqa: E402
 from lmforge.components.serving.task import Task  # noqa: E402

@@ -93,9 +93,9 @@ def speed(config: str, texts: list[str], repeats: int) -> dict[str, dict]:
 
 
 def rouge(config: str, ws: Workspace, version: str, model_dir: Path) -> dict[str, dict]:
+    from lmforge.components.data.taskdata import configured_task
     from lmforge.components.evaluation import evaluate_model_dir
     from lmforge.components.evaluation.rag import build_rag, release
-    from lmforge.components.taskdata import configured_task
     from lmforge.components.vectors.index import close_clients, index_dataset
 
     out = {}

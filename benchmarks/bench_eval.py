@@ -8,7 +8,7 @@ The model is a demo-sized LlamaForCausalLM (hidden 256, 4 layers, MLP 512, vocab
 standard-library docstrings, unless --model-dir names a trained export. Prompts are
 `generation_prompt(signature)` for standard-library signatures. Each prompt generates
 up to --new-tokens tokens (no stop string; only eos ends a row early), greedy, through
-components/evaluation/generation.py's KV-cache loop with left padding. Throughput =
+components/evaluation/timed_generation.py's KV-cache loop with left padding. Throughput =
 generated tokens / wall time; each configuration runs twice and the faster run is kept,
 so a burst of background load on the shared machine does not decide the ratio. One torch
 thread by default, as the demo config evaluates (--threads to change it).
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
-from lmforge.components.evaluation.generation import generate  # noqa: E402
+from lmforge.components.evaluation.timed_generation import generate  # noqa: E402
 from lmforge.components.registry.loading import load_causal_lm  # noqa: E402
 from lmforge.components.serving.records import generation_prompt  # noqa: E402
 from lmforge.components.serving.task import Task  # noqa: E402

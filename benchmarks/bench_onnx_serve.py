@@ -5,7 +5,7 @@
 
 One tritonserver serves the same model twice, as two Triton models built by deploy/repository.py
 from the same DeployConfig: `torch` (the safetensors folder: components/serving/triton_model.py runs
-transformers' generate) and `onnx` (its export by components/onnx_export.py, checked against
+transformers' generate) and `onnx` (its export by deploy/onnx_export.py, checked against
 torch first: components/serving/triton_model.py runs the graph in onnxruntime through generation.decode). Both
 are python-backend models; nvidia-pytriton's tritonserver has no onnxruntime backend. The model
 is by default a random LlamaForCausalLM of the demo's shape (bench_serve.build_model).
@@ -40,10 +40,10 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks._report import write_results  # noqa: E402
 from benchmarks.bench_serve import PROMPTS, build_model, run_point, triton_sender  # noqa: E402
-from lmforge.components.onnx_export import export_onnx  # noqa: E402
 from lmforge.components.sections.deploy import DeployConfig  # noqa: E402
 from lmforge.components.serving.task import DEMO  # noqa: E402
 from lmforge.deploy import client, repository, server  # noqa: E402
+from lmforge.deploy.onnx_export import export_onnx  # noqa: E402
 
 MODELS = ("torch", "onnx")
 LOOPS = ("torch generate", "torch decode", "onnx decode")

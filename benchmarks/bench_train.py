@@ -72,7 +72,7 @@ def plain_loop(ws: Workspace, version: str, steps: int, warmup: int, *, precisio
                preset: str = "demo", micro: int = GLOBAL_BATCH, seq: int = SEQ, compiled: bool = False,
                sync_every: int = 1) -> tuple[list[float], int]:
     """(tokens/s per timed window after `warmup` steps, peak device bytes) of a plain PyTorch loop."""
-    from lmforge.components.training.data import TokenWindows
+    from lmforge.components.training.batches import TokenWindows
 
     dev = torch.device(device)
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
@@ -110,7 +110,7 @@ def plain_loop(ws: Workspace, version: str, steps: int, warmup: int, *, precisio
 def hf_trainer(ws: Workspace, version: str, steps: int, warmup: int, *, precision: Precision) -> list[float]:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from lmforge.components.training.data import TokenWindows
+    from lmforge.components.training.batches import TokenWindows
 
     tok = load_tokenizer(ws.dataset_dir(version) / "tokenizer")
     model = build_model(training_cfg(steps, {"strategy": "ddp"}, GLOBAL_BATCH).model, tok, seq_len=SEQ, seed=0)

@@ -70,7 +70,7 @@ def run_rows(ws: Workspace) -> list[dict[str, Any]]:
 def registry_rows(ws: Workspace) -> list[dict[str, Any]]:
     """Each registered model in the registry the runs go to (MLFLOW_TRACKING_URI, else the workspace's store):
     its aliases, its versions (newest first, each with its aliases) and the base behind each alias."""
-    from lmforge.components.registered import registered_models
+    from lmforge.components.registry.registered import registered_models
 
     rows = []
     for m in registered_models(ws):

@@ -86,7 +86,7 @@ def headline(stage: str, result: Any) -> str:
 
 def aliases(ws: Workspace, model_name: str) -> dict[str, str]:
     """{alias: version} of `model_name` in the registry the runs went to ({} when it has no such model)."""
-    from lmforge.components.registered import registered_models
+    from lmforge.components.registry.registered import registered_models
 
     return next((m["aliases"] for m in registered_models(ws, model_name)), {})
 

@@ -5,7 +5,7 @@
     export.report.max_abs_diff, export.reused, export.artifact_uri
 
 `lmforge export onnx` and the deploy stage with [deploy] format = "onnx" call this. The export
-(components/onnx_export.py) is cached per version under <workspace>/onnx/ and reused while the
+(deploy/onnx_export.py) is cached per version under <workspace>/onnx/ and reused while the
 registered weights are the ones it was made from and its measured difference is within the
 tolerance asked for; otherwise it is made again, atomically.
 
@@ -22,8 +22,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmforge.components.onnx_export import DEFAULT_TOLERANCE, OnnxReport, export_onnx, read_report
 from lmforge.components.workspace import Workspace, sha256_tree
+from lmforge.deploy.onnx_export import DEFAULT_TOLERANCE, OnnxReport, export_onnx, read_report
 
 ARTIFACT_DIR = "onnx"
 TAG_PREFIX = "onnx_"

@@ -61,13 +61,13 @@ import numpy as np
 
 from lmforge.components import serving
 from lmforge.components.errors import UserError
-from lmforge.components.onnx_export import check_onnx_dir, is_onnx_dir
 from lmforge.components.registry.loading import PICKLE_SUFFIXES, check_model_dir
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.serving.processing import RARE_TOKENS_FILE, VALIDATION_FILE
 from lmforge.components.serving.task import Task
 from lmforge.components.workspace import atomic_write_json, atomic_write_text, sha256_tree
 from lmforge.deploy import client
+from lmforge.deploy.onnx_export import check_onnx_dir, is_onnx_dir
 
 ENV_VLLM_VENV = "LMFORGE_VLLM_VENV"
 VLLM_VENV_NAME = ".venv-vllm"
@@ -260,7 +260,7 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     """Write `<repo>/<model>/<version>/` from an exported model folder (atomically); return it.
 
     `validation_prompts`: what the rollout gate sends the version (held-out prompts of its task,
-    components/taskdata.heldout_prompts); without them, the task's probe prompt.
+    components/data/taskdata.heldout_prompts); without them, the task's probe prompt.
 
     With `stage`, leave the built folder in the staging area and return it there, for a
     check before `place_version` moves it in (Triton reloads a model whose folder changes).
@@ -268,7 +268,7 @@ def build_version(repo: Path, cfg: DeployConfig, *, version: int, model_dir: Pat
     if version < 1:
         raise UserError("model version", version, "is not a positive integer",
                         "Triton versions are registry versions, 1 and up")
-    onnx = is_onnx_dir(Path(model_dir))   # an ONNX export (components/onnx_export.py): model.py runs onnxruntime
+    onnx = is_onnx_dir(Path(model_dir))   # an ONNX export (deploy/onnx_export.py): model.py runs onnxruntime
     model_dir = check_onnx_dir(Path(model_dir)) if onnx else check_model_dir(Path(model_dir))
     private_repository(repo)
     tmp = Path(tempfile.mkdtemp(dir=staging_dir(repo), prefix=f"{cfg.model_name}.{version}."))

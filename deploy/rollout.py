@@ -58,11 +58,11 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.errors import UserError
-from lmforge.components.onnx_export import ONNX_FILE, is_onnx_dir
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.serving import processing
 from lmforge.components.serving.requestlog import now_iso
 from lmforge.deploy import client
+from lmforge.deploy.onnx_export import ONNX_FILE, is_onnx_dir
 from lmforge.deploy.repository import (
     candidate_model,
     discard_staged,

@@ -40,7 +40,6 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from rich.console import Console
 from rich.table import Table
 
-from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config, config_hash
 from lmforge.components.data import corpuswork, shardwork
 from lmforge.components.data.codehash import code_hash
@@ -58,11 +57,12 @@ from lmforge.components.data.stepref import (
     StepRef,
     TokenizerRef,
 )
+from lmforge.components.data.taskdata import check_fit, record_shapes, recorded_task
 from lmforge.components.errors import UserError
+from lmforge.components.registry.basesource import resolve_base
 from lmforge.components.runtime.cpus import usable_cpus
 from lmforge.components.sections.data import DataConfig, DedupConfig, SplitConfig, TokenizerConfig
 from lmforge.components.serving.task import Task
-from lmforge.components.taskdata import check_fit, record_shapes, recorded_task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_json
 from lmforge.flows.prefect_env import api_for_children

@@ -21,8 +21,8 @@ from lmforge.components.errors import UserError
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.workspace import Workspace
 from lmforge.deploy import gateway
+from lmforge.deploy.deployment import deploy_version, ensure_server, resolve_model
 from lmforge.deploy.server import ServerInfo, read_state
-from lmforge.deploy.service import deploy_version, ensure_server, resolve_model
 from lmforge.flows.workspace_flow import workspace_flow
 
 
@@ -62,8 +62,8 @@ def deploy_flow(cfg: PipelineConfig | str | None = None) -> dict[str, Any]:
     summary = (f"{cfg.registry.model_name} v{version} ({d.alias}) serves as Triton model {d.model_name} at "
                f"{endpoint} (gRPC {info.grpc_url}): {result['reason']} in {result['seconds']:.0f} s")
     if d.format == "onnx":
-        from lmforge.components.onnx_export import read_report
         from lmforge.deploy.onnx import onnx_dir
+        from lmforge.deploy.onnx_export import read_report
 
         report = read_report(onnx_dir(ws, cfg.registry.model_name, version))
         if report is not None:

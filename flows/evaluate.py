@@ -37,6 +37,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from lmforge.components.config import PipelineConfig, as_config, config_hash
+from lmforge.components.data.taskdata import configured_task
 from lmforge.components.errors import UserError
 from lmforge.components.evaluation import EvalResult, evaluate_model_dir
 from lmforge.components.evaluation.rag import Rag, build_rag, release
@@ -54,7 +55,6 @@ from lmforge.components.registry import current, download_model, gate, register_
 from lmforge.components.registry.gate import CHAMPION, BaseScore, EvalSet
 from lmforge.components.registry.travel import log_dataset_bundle
 from lmforge.components.serving.modelload import read_meta
-from lmforge.components.taskdata import configured_task
 from lmforge.components.tracking import start_run
 from lmforge.components.workspace import Workspace, sha256_file, sha256_tree
 from lmforge.flows.workspace_flow import workspace_flow

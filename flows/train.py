@@ -25,14 +25,14 @@ from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from lmforge.components.basesource import resolve_base
 from lmforge.components.config import PipelineConfig, as_config
-from lmforge.components.taskdata import dataset_task
+from lmforge.components.data.taskdata import dataset_task
+from lmforge.components.registry.basesource import resolve_base
 from lmforge.components.tracking import start_run
 from lmforge.components.training.job import Job, prepare_job
 from lmforge.components.training.launcher import launch
-from lmforge.components.training.report import step_metrics
 from lmforge.components.training.run import job_lines, log_end, log_start, open_run, pinned_base, run_summary
+from lmforge.components.training.step_metrics import step_metrics
 from lmforge.components.workspace import Workspace
 from lmforge.flows import quiet
 from lmforge.flows.workspace_flow import workspace_flow

@@ -7,7 +7,7 @@
 Kept: the version in datasets/LATEST, versions named by training runs (runs/*/ JSON files)
 and versions any registered model version names, in the registry the runs go to
 (MLFLOW_TRACKING_URI's server or store, else the workspace's): its `dataset` or
-`dataset_version` tag, else its run's (components/registered.py). A registry that cannot be
+`dataset_version` tag, else its run's (components/registry/registered.py). A registry that cannot be
 read stops gc before it removes anything.
 See components/data/retention.py. Exit 0 on success, 1 when something could not be removed,
 2 for a bad config.
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         from lmforge.cli.work import WorkFailed
         from lmforge.components.config import load_config
         from lmforge.components.data.retention import gc_plan, referenced_versions, remove
-        from lmforge.components.registered import registry_datasets
+        from lmforge.components.registry.registered import registry_datasets
 
         cfg = load_config(config, set_ or [])
         ws = Workspace.from_env()

@@ -83,7 +83,7 @@ def traffic(
 ) -> None:
     """Send demo requests to the served model through the Triton client; say how many were served."""
     from lmforge.components.config import load_config
-    from lmforge.components.taskdata import dataset_task
+    from lmforge.components.data.taskdata import dataset_task
     from lmforge.deploy.client import Params, RequestFailed, generate
     from lmforge.deploy.server import read_state, running_server
     from lmforge.monitoring.traffic import normal_prompts, send_traffic, shifted_prompts

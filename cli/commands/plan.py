@@ -135,7 +135,7 @@ def base_size(folder: Path, lora_r: int) -> tuple[float, dict[str, int], float |
 
     from lmforge.components.model.adapters import adapter_targets
     from lmforge.components.sections.training import LoraTrainingConfig
-    from lmforge.components.training.lora import FIELD, adapter_params
+    from lmforge.components.training.lora_training import FIELD, adapter_params
     from lmforge.components.training.model import meta_model
 
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)

@@ -79,25 +79,25 @@ def serve(
 
 
 def _start_serving(ws: Workspace, cfg: Any, detach: bool) -> tuple[Any, list[int]]:
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
 
-    info = service.ensure_server(ws, cfg.deploy)
+    info = deployment.ensure_server(ws, cfg.deploy)
     try:
-        versions = service.serve_current(ws, cfg.deploy, info)
+        versions = deployment.serve_current(ws, cfg.deploy, info)
         if not versions:
-            version, folder = service.resolve_model(ws, cfg.registry.model_name, cfg.deploy.alias)
-            service.deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name, version=version,
+            version, folder = deployment.resolve_model(ws, cfg.registry.model_name, cfg.deploy.alias)
+            deployment.deploy_version(ws, cfg.deploy, info, registry_model=cfg.registry.model_name, version=version,
                                    model_dir=folder, reason=f"{cfg.deploy.alias} served by `lmforge serve`")
             versions = [version]
     except BaseException:
         if not detach:
-            service.stop(ws)
+            deployment.stop(ws)
         raise
     return info, versions
 
 
 def _block_until_stopped(ws: Workspace, info: Any) -> None:
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
 
     err_console.print("Ctrl-C stops the server")
     done = threading.Event()
@@ -111,7 +111,7 @@ def _block_until_stopped(ws: Workspace, info: Any) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        err_console.print(json.dumps(service.stop(ws)))
+        err_console.print(json.dumps(deployment.stop(ws)))
 
 
 def generate(
@@ -194,12 +194,12 @@ def rollback(
     as_json: JsonOpt = False,
 ) -> None:
     """Return to the version that served before the current one (validated like any rollout)."""
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
 
     cfg = _cfg(config, set_)
     ws = Workspace.from_env()
     with json_mode(as_json):
-        result = service.rollback_production(ws, cfg.deploy, _running(ws), registry_model=cfg.registry.model_name,
+        result = deployment.rollback_production(ws, cfg.deploy, _running(ws), registry_model=cfg.registry.model_name,
                                              reason=reason)
     if as_json:
         emit_json({"serving": result.serving, "previous": result.previous, "reason": result.reason})
@@ -210,9 +210,9 @@ def rollback(
 @deploy_app.command("stop")
 def stop(as_json: JsonOpt = False) -> None:
     """Stop the workspace's Triton server."""
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
 
-    result = service.stop(Workspace.from_env())
+    result = deployment.stop(Workspace.from_env())
     if as_json:
         emit_json(result)
         return

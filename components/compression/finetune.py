@@ -6,7 +6,7 @@
     losses = tuner.run(student, steps=50, loss_fn=distill_loss(teacher, T=2.0, alpha=0.5))
     losses = tuner.run(model, steps=30, data_fraction=0.25)             # a leading slice of the data
 
-Batches come from the training stage's loader (components.training.data.TokenWindows),
+Batches come from the training stage's loader (components.training.batches.TokenWindows),
 a function of (seed, step), so a run is reproducible. The loop itself is plain PyTorch
 on one process: the compression fine-tunes are tens of steps on a model that is already
 trained, where launching DeepSpeed ranks would cost more than the steps themselves.
@@ -29,7 +29,7 @@ from torch import nn
 from lmforge.components.errors import UserError
 from lmforge.components.runtime.accelerator import autocast, choose_precision, on_device, pick_device, to_device
 from lmforge.components.sections.compression import FinetuneConfig
-from lmforge.components.training.data import TokenWindows
+from lmforge.components.training.batches import TokenWindows
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 

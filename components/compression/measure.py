@@ -26,10 +26,10 @@ from typing import Any
 from lmforge.components.compression.variant import load_variant, variant_stats
 from lmforge.components.errors import UserError
 from lmforge.components.evaluation.bpc import bits_per_character
-from lmforge.components.evaluation.evaluate import read_split, sample_records, task_examples
-from lmforge.components.evaluation.generation import generate
+from lmforge.components.evaluation.evaluate_model import read_split, sample_records, task_examples
 from lmforge.components.evaluation.latency import summarize
 from lmforge.components.evaluation.text_metrics import score_texts
+from lmforge.components.evaluation.timed_generation import generate
 from lmforge.components.runtime.accelerator import runnable_device
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.serving.modelload import load_tokenizer

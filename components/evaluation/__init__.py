@@ -7,6 +7,6 @@ Modules: bpc.py, baseline.py (unigram), generation.py, text_metrics.py, latency.
 rag.py, evaluate.py (the entry point), report.py.
 """
 
-from lmforge.components.evaluation.evaluate import EvalResult, Example, evaluate_model_dir
+from lmforge.components.evaluation.evaluate_model import EvalResult, Example, evaluate_model_dir
 
 __all__ = ["EvalResult", "Example", "evaluate_model_dir"]

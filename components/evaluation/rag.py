@@ -6,7 +6,7 @@
     else:
         prompt = rag.augment(generation_prompt(signature))
 
-`components.retrieval` (the vector store and feature store) is imported here, lazily, so
+`components.vectors.retrieval` (the vector store and feature store) is imported here, lazily, so
 evaluation works without it. Before any scoring, one probe query is made; a missing
 module, an unbuilt store or a failing query skips RAG with that reason: nothing is ever
 scored under a RAG label without retrieval having happened. A store held by another process
@@ -33,9 +33,9 @@ class Rag:
 
 def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_version: str | None) -> Rag:
     try:
-        from lmforge.components.retrieval import format_context, retrieve
+        from lmforge.components.vectors.retrieval import format_context, retrieve
     except ImportError as e:
-        return Rag(None, f"components.retrieval is not available ({e})")
+        return Rag(None, f"components.vectors.retrieval is not available ({e})")
 
     def augment(prompt: str) -> str:
         examples = retrieve(prompt, k, ws=ws, vectors=vectors, features=features, dataset_version=dataset_version)

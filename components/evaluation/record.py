@@ -19,7 +19,7 @@ from typing import Any
 
 from lmforge.components.config import config_hash
 from lmforge.components.evaluation import benchmarks
-from lmforge.components.evaluation.evaluate import EvalResult
+from lmforge.components.evaluation.evaluate_model import EvalResult
 from lmforge.components.evaluation.report import write_report
 from lmforge.components.registry.gate import BaseScore, EvalSet
 from lmforge.components.sections.evaluation import EvaluationConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.evaluation import benchmarks
-from lmforge.components.evaluation.evaluate import EvalResult, Example
+from lmforge.components.evaluation.evaluate_model import EvalResult, Example
 from lmforge.components.workspace import atomic_write_json, atomic_write_text
 
 ORDER = ("bpc", "unigram_bpc", "perplexity", "rouge1", "rouge2", "rougeL", "bleu", "exact_match",

@@ -4,7 +4,7 @@
     peft_model = add_adapters(model, chosen, r=8, alpha=16, dropout=0.0, seed=0)
 
 One piece of code for the compression stage's LoRA variant (components/compression/lora.py)
-and LoRA training on the ranks (components/training/lora.py). Targets are
+and LoRA training on the ranks (components/training/lora_training.py). Targets are
 components/model/projections.py's projections (Linear or GPT-2's Conv1D); `[]` means every one
 inside the decoder blocks, and a head tied to the embedding gets no adapter. The default
 targets, Llama's `q_proj`/`v_proj`, on a model with no projection by those names (GPT-2's

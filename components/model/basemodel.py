@@ -16,7 +16,7 @@ Both the data stage (copies the tokenizer) and training (loads the weights, refu
 made with another tokenizer) import this module, so both agree on what the tokenizer's hash is.
 
 A registry reference (`models:/<name>@<alias>`, `models:/<name>/<version>`) becomes such a folder
-in components/basesource.py (resolve_base), which sets `ref` and `version` on the checked base.
+in components/registry/basesource.py (resolve_base), which sets `ref` and `version` on the checked base.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def check_base(folder: str | Path, *, key: str = KEY) -> BaseCheckpoint:
     """Everything that can be checked of a base folder before any data is tokenised or any rank starts."""
     if parse_registry_ref(str(folder)) is not None:
         raise UserError(key, folder, "is a registry reference, not a folder",
-                        "Resolve it with lmforge.components.basesource.resolve_base(ws, init)")
+                        "Resolve it with lmforge.components.registry.basesource.resolve_base(ws, init)")
     path = Path(folder).expanduser()
     if not path.is_dir():
         raise UserError(key, path, "is not a folder", "Point it at a local Hugging Face model folder (config.json, "

@@ -40,7 +40,7 @@ from lmforge.components.tracking import use_workspace
 from lmforge.components.workspace import Workspace
 
 CHALLENGER, CHAMPION = "challenger", "champion"
-PRODUCTION = "production"   # moved by deploy once a version serves and validates (deploy/service.py)
+PRODUCTION = "production"   # moved by deploy once a version serves and validates (deploy/deployment.py)
 
 
 def production_alias(deployment: str = DEFAULT_DEPLOYMENT) -> str:

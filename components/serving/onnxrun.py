@@ -1,4 +1,4 @@
-"""Run an exported causal LM graph (components/onnx_export.py) with onnxruntime, as generation.decode's forward.
+"""Run an exported causal LM graph (deploy/onnx_export.py) with onnxruntime, as generation.decode's forward.
 
     fwd = OnnxForward("export/model.onnx", threads=2)
     outs = generation.decode(fwd, tokenizer, [ids], max_new_tokens=32)     # greedy, with the graph's KV cache

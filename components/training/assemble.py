@@ -29,7 +29,7 @@ from typing import Any
 
 import deepspeed
 
-from lmforge.components.training.data import TokenWindows
+from lmforge.components.training.batches import TokenWindows
 from lmforge.components.training.layout import Layout
 from lmforge.components.training.model import build_model, count_params, load_tokenizer
 from lmforge.components.training.pipeline_model import build_pipeline
@@ -107,7 +107,7 @@ def apply_moe(s: RankState) -> RankState:
 def apply_lora(s: RankState) -> RankState:
     if not s.lora:
         return s
-    from lmforge.components.training.lora import with_adapters
+    from lmforge.components.training.lora_training import with_adapters
 
     return replace(s, model=with_adapters(s.model, s.cfg))  # the base frozen; only the adapters reach the optimizer
 

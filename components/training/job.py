@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from lmforge.components.data.shards import read_index
+from lmforge.components.data.taskdata import check_task
 from lmforge.components.errors import UserError
 from lmforge.components.model.basemodel import BaseCheckpoint, check_base, tokenizer_hash
 from lmforge.components.runtime.accelerator import Precision, choose_precision, cpu_model, pick_device, visible_gpus
 from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.serving.task import DEMO, Task
-from lmforge.components.taskdata import check_task
 from lmforge.components.training import checkpoint as ckpt
 from lmforge.components.training.launcher import LaunchRequest
 from lmforge.components.training.layout import Layout, check_layout, fp32_only, world_size_of
@@ -133,7 +133,7 @@ def check_base_dataset(cfg: TrainingConfig, tokenizer: Path,
                        base: BaseCheckpoint | None = None) -> tuple[TrainingConfig, BaseCheckpoint | None]:
     """With init: the checked base, and the section with init as an absolute path (the ranks run in the run folder).
 
-    `base` is init already resolved (components/basesource.py resolve_base: a registry reference is a folder
+    `base` is init already resolved (components/registry/basesource.py resolve_base: a registry reference is a folder
     only once resolved); without it init must be a folder."""
     if cfg.model.init is None:
         return cfg, None
@@ -266,7 +266,7 @@ def choose_lora(d: Draft) -> Draft:
     """training.lora.r > 0: the projections that get adapters (checked here), in the notes and the meta."""
     if not d.cfg.lora.r:
         return d
-    from lmforge.components.training.lora import adapter_params, check_adapters
+    from lmforge.components.training.lora_training import adapter_params, check_adapters
     from lmforge.components.training.model import model_config
 
     cfg = d.cfg
@@ -316,7 +316,7 @@ def prepare_job(cfg: TrainingConfig, *, shards: Path, tokenizer: Path, run_dir: 
                 meta: dict[str, Any] | None = None, timeout_s: float | None = None, base: BaseCheckpoint | None = None,
                 records: Path | None = None, task: Task = DEMO) -> Job:
     """The checked job: every step of PREPARE in order. `meta`: facts of the caller the export records (run_name,
-    dataset_version); `base`: training.model.init already resolved (components/basesource.py); `records`: the
+    dataset_version); `base`: training.model.init already resolved (components/registry/basesource.py); `records`: the
     dataset's records folder, which objective = "sft" reads (default: beside the tokenizer, as the data stage writes
     a dataset); `task` renders its examples (components/serving/task.py) and must fit the tokenizer."""
     d = Draft(cfg=cfg, shards=Path(shards), tokenizer=Path(tokenizer), run_dir=Path(run_dir), resume=resume,

@@ -179,7 +179,7 @@ def export(s: RankState, *, final_loss: float, peak: float) -> None:
     from safetensors.torch import save_file
 
     from lmforge.components.runtime.accelerator import to_device
-    from lmforge.components.training.export import gather_hf_state, write_export
+    from lmforge.components.training.hf_export import gather_hf_state, write_export
     from lmforge.components.training.model import model_config
 
     engine, req, layout, tokenizer, cfg, windows = s.engine, s.req, s.layout, s.tokenizer, s.cfg, s.windows
@@ -219,7 +219,7 @@ def export(s: RankState, *, final_loss: float, peak: float) -> None:
         assert state is not None
         extra = {}
         if cfg.lora.r:
-            from lmforge.components.training.lora import ADAPTER_DIR, merge_adapters
+            from lmforge.components.training.lora_training import ADAPTER_DIR, merge_adapters
 
             state = merge_adapters(state, cfg, run_dir / ADAPTER_DIR)
             extra[ADAPTER_DIR] = run_dir / ADAPTER_DIR

@@ -145,7 +145,7 @@ def log_end(run_dir: Path, *, title: str, seconds: float, log_model: bool) -> li
     metrics; returns rank 0's logged steps."""
     import mlflow
 
-    from lmforge.components.training.report import loss_curve_png, read_steps
+    from lmforge.components.training.step_metrics import loss_curve_png, read_steps
 
     steps = read_steps(run_dir)
     mlflow.log_artifact(str(loss_curve_png(steps, run_dir / "loss_curve.png", title=title)))

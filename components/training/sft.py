@@ -27,7 +27,7 @@ Two batchings, one config value (`training.sft.batching`):
 decided before launch from the lengths; benchmarks/bench_finetune.py times both).
 
 Batches are a pure function of (seed, step, data-parallel rank), as for causal training
-(components/training/data.py), so a resume needs only the step.
+(components/training/batches.py), so a resume needs only the step.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 from lmforge.components.errors import UserError
 from lmforge.components.serving.records import Record, read_records
 from lmforge.components.serving.task import Task, TaskError
-from lmforge.components.training.data import epoch_order
+from lmforge.components.training.batches import epoch_order
 from lmforge.components.workspace import atomic_dir, atomic_write_json
 
 IGNORE = -100  # torch's cross_entropy ignore_index

@@ -35,7 +35,7 @@ def test_sft_lora_on_cuda(strategy, batching, sft_dataset, monkeypatch):
     from transformers import AutoModelForCausalLM
 
     from lmforge.components.config import load_config
-    from lmforge.components.evaluation.evaluate import evaluate_model_dir
+    from lmforge.components.evaluation.evaluate_model import evaluate_model_dir
     from lmforge.components.serving.task import Task
     from lmforge.flows.train import train_flow
 

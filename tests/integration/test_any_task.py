@@ -86,7 +86,7 @@ def run_stages(root: Path, settings: list[str]) -> dict:
 @pytest.fixture(params=["chat", "pairs", "text"])
 def served(request, tmp_path, checkpoint, monkeypatch):
     from lmforge.components.workspace import Workspace
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
 
     root = tmp_path / "ws"
     monkeypatch.setenv("LMFORGE_HOME", str(root))
@@ -106,7 +106,7 @@ def served(request, tmp_path, checkpoint, monkeypatch):
     try:
         yield kind, ws, run_stages(root, settings)
     finally:
-        service.stop(ws)
+        deployment.stop(ws)
 
 
 def test_any_task_is_trained_scored_registered_and_served_the_same_way(served):

@@ -109,7 +109,7 @@ def test_compress_flow_registers_every_variant_with_lineage(workspace, tiny_mode
     # `lmforge run deploy --set deploy.alias=compressed`: the deploy flow serves the alias through the rollout gate.
     from lmforge.components.registry import download_model, resolve_version
     from lmforge.deploy import client as triton
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
     from lmforge.flows.deploy import deploy_flow
 
     if result["compressed"] is None:  # the policy chose none on this random model: point the alias at int8
@@ -122,17 +122,17 @@ def test_compress_flow_registers_every_variant_with_lineage(workspace, tiny_mode
         out = deploy_flow(deploy_cfg)
         assert out["version"] == compressed
         assert int(resolve_version(workspace, name, "production")) == compressed
-        info = service.ensure_server(workspace, deploy_cfg.deploy)  # the flow's server, still running
+        info = deployment.ensure_server(workspace, deploy_cfg.deploy)  # the flow's server, still running
         # Every other registered variant serves through the same gate too.
         for variant in expected[1:]:
             v = int(rows[variant]["version"])
-            served = service.deploy_version(workspace, deploy_cfg.deploy, info, registry_model=name, version=v,
+            served = deployment.deploy_version(workspace, deploy_cfg.deploy, info, registry_model=name, version=v,
                                             model_dir=download_model(workspace, name, str(v)))
             assert served.ok and served.serving == [v], (variant, served.reason)
             (gen,) = triton.generate(info.url, ["def foo(x):"], params=triton.Params(max_tokens=4))
             assert gen.output_tokens >= 1
     finally:
-        service.stop(workspace)
+        deployment.stop(workspace)
 
 
 def test_a_variant_that_cannot_load_is_refused_with_the_reason(tiny_model_dir, tmp_path):

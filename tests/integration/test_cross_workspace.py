@@ -51,7 +51,7 @@ def test_workspace_b_monitors_and_retrains_what_workspace_a_deployed(tmp_path, m
         return load_config(TINY_CONFIG, [*BASE, f"deploy.name={target}", "training.max_steps=3",
                                          f"monitoring.retrain_source={corpus}", *extra])
 
-    def deploy(ws: Workspace, c, version: str) -> None:   # the rollout's alias move (deploy/service.py)
+    def deploy(ws: Workspace, c, version: str) -> None:   # the rollout's alias move (deploy/deployment.py)
         set_alias(ws, NAME, production_alias(c.deploy.name), version, reason="test: served on this target")
 
     with mlflow_server(tmp_path) as url:

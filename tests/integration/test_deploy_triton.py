@@ -117,7 +117,7 @@ def test_triton_pyfunc_and_evaluation_give_the_same_tokens(dep, tiny_model_dir, 
     pyfunc and evaluation."""
     import mlflow.pyfunc
 
-    from lmforge.components.evaluation.generation import generate as eval_generate
+    from lmforge.components.evaluation.timed_generation import generate as eval_generate
     from lmforge.components.registry.loading import load_causal_lm
     from lmforge.components.registry.store import save_pyfunc
 
@@ -141,7 +141,7 @@ def test_triton_pyfunc_and_evaluation_give_the_same_tokens(dep, tiny_model_dir, 
 def test_a_streamed_answer_comes_in_pieces_that_concatenate_to_the_evaluated_answer(dep, tiny_model_dir):
     """gRPC streaming and the generate_stream endpoint: several responses per request, whose text is the
     non-streamed answer and evaluation's greedy output."""
-    from lmforge.components.evaluation.generation import generate as eval_generate
+    from lmforge.components.evaluation.timed_generation import generate as eval_generate
     from lmforge.components.registry.loading import load_causal_lm
 
     prompt, new = SIGNATURES[0], client.Params(max_tokens=24)
@@ -466,7 +466,7 @@ def test_the_deploy_stage_serves_the_onnx_export_with_the_torch_tokens_and_the_s
     from lmforge.components.registry import current, register_model, version_tags
     from lmforge.components.sections.registry import RegistryConfig
     from lmforge.components.workspace import Workspace
-    from lmforge.deploy.service import deploy_version
+    from lmforge.deploy.deployment import deploy_version
 
     root = tmp_path / "ws"
     monkeypatch.setenv("LMFORGE_HOME", str(root))

@@ -96,7 +96,7 @@ class Loop:
 def loop(tmp_path_factory):
     from lmforge.components.registry import current, set_alias
     from lmforge.components.workspace import Workspace
-    from lmforge.deploy import service
+    from lmforge.deploy import deployment
     from lmforge.flows.data import data_flow
     from lmforge.flows.deploy import deploy_flow
     from lmforge.flows.evaluate import evaluate_flow
@@ -118,7 +118,7 @@ def loop(tmp_path_factory):
         assert lp.production() == "1" and current(ws, "lmforge-tiny", "champion") == "1"
         yield lp
     finally:
-        service.stop(ws)
+        deployment.stop(ws)
         if old is None:
             os.environ.pop("LMFORGE_HOME", None)
         else:
@@ -160,7 +160,7 @@ def test_drift_retrains_and_v3_wins_and_serves(loop):
 
 
 def test_a_failed_final_reload_leaves_the_old_version_serving_and_the_alias(loop, monkeypatch):
-    from lmforge.deploy import client, service
+    from lmforge.deploy import client, deployment
     from lmforge.deploy.rollout import RolloutRefused
     from lmforge.deploy.server import running_server
 
@@ -176,7 +176,7 @@ def test_a_failed_final_reload_leaves_the_old_version_serving_and_the_alias(loop
 
     monkeypatch.setattr(client, "wait_versions", wait_versions)
     with pytest.raises(RolloutRefused, match="the final reload failed"):
-        service.deploy_version(loop.ws, cfg.deploy, info, registry_model="lmforge-tiny", version=2, model_dir=None)
+        deployment.deploy_version(loop.ws, cfg.deploy, info, registry_model="lmforge-tiny", version=2, model_dir=None)
     assert len(calls) >= 4, calls   # the restore waited for the old version again
     assert loop.production() == "3" and loop.triton_serves() == [3]
 

@@ -141,13 +141,13 @@ def test_benchmarks_are_logged_and_a_stricter_gate_refuses_the_candidate_that_re
 def test_a_task_whose_data_is_not_here_fails_before_any_model_loads(workspace, tiny_model_dir, tmp_path, monkeypatch):
     from lmforge.components.config import load_config
     from lmforge.components.errors import UserError
-    from lmforge.components.evaluation import evaluate
+    from lmforge.components.evaluation import evaluate_model
     from lmforge.flows.evaluate import evaluate_flow
 
     version = make_eval_dataset(workspace, per_module=4)
     make_run(workspace, tiny_model_dir, version)
     loaded = []
-    monkeypatch.setattr(evaluate, "load_causal_lm", lambda *a, **k: loaded.append(a) or pytest.fail("model loaded"))
+    monkeypatch.setattr(evaluate_model, "load_causal_lm", lambda *a, **k: loaded.append(a) or pytest.fail("model loaded"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-cache"))
     with pytest.raises(UserError) as e:
         evaluate_flow(load_config(TINY_CONFIG, ['evaluation.benchmarks.tasks=["boolq"]']))

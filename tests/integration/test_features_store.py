@@ -152,7 +152,7 @@ def test_online_values_equal_offline_after_materialisation(stage):
 
 
 def test_retrieve_ranks_training_examples_by_online_quality(stage):
-    from lmforge.components.retrieval import retrieve
+    from lmforge.components.vectors.retrieval import retrieve
 
     ws, cfg, records = stage["ws"], stage["cfg"], stage["records"]
     train = {r.id: i for i, r in enumerate(records["train"])}

@@ -59,7 +59,7 @@ def test_a_base_is_fine_tuned_exported_as_itself_and_registered_with_its_lineage
     # The ranks started from the base's weights, not a fresh init: the first logged loss (before any update, the mean
     # over both ranks' batches) is the base's own loss on those batches. Qwen2 only: GPT-2 trains with dropout.
     if kind == "qwen2":
-        from lmforge.components.training.data import TokenWindows
+        from lmforge.components.training.batches import TokenWindows
         from lmforge.components.training.pipeline_model import lm_loss
 
         windows = TokenWindows.open(workspace.training_shards(data["dataset_version"]), seq_len=cfg.training.seq_len,

@@ -31,7 +31,7 @@ def test_a_gpt2_base_goes_through_the_whole_pipeline_and_its_fine_tune_serves(wo
     from lmforge.components.model.basemodel import check_base, tokenizer_hash
     from lmforge.components.registry import current, download_model, version_tags
     from lmforge.components.tracking import use_workspace
-    from lmforge.deploy import client, service
+    from lmforge.deploy import client, deployment
     from lmforge.deploy.server import running_server
     from lmforge.flows.pipeline import pipeline_flow
 
@@ -88,4 +88,4 @@ def test_a_gpt2_base_goes_through_the_whole_pipeline_and_its_fine_tune_serves(wo
         (model,) = status["registered_models"]
         assert {a: b["sha256"] for a, b in model["bases"].items()} == {a: checked.sha256 for a in model["aliases"]}
     finally:
-        service.stop(workspace)
+        deployment.stop(workspace)

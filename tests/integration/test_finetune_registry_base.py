@@ -35,8 +35,8 @@ def registered(workspace, checkpoint, tmp_path):
 
 
 def test_unknown_names_unset_aliases_and_missing_versions_are_refused_naming_the_fix(workspace, registered):
-    from lmforge.components.basesource import resolve_base
     from lmforge.components.errors import UserError
+    from lmforge.components.registry.basesource import resolve_base
 
     fix = r"Run `lmforge registry list --model {}` to see its versions and aliases"
     with pytest.raises(UserError, match=r"training\.model\.init: models:/nope@stable names no registered model: there is "

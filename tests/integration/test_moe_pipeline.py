@@ -31,7 +31,7 @@ def test_a_moe_preset_trains_expert_parallel_and_serves(workspace):
     from lmforge.components.config import load_config
     from lmforge.components.registry import current, download_model
     from lmforge.components.tracking import use_workspace
-    from lmforge.deploy import client, service
+    from lmforge.deploy import client, deployment
     from lmforge.deploy.server import running_server
     from lmforge.flows.pipeline import pipeline_flow
 
@@ -70,4 +70,4 @@ def test_a_moe_preset_trains_expert_parallel_and_serves(workspace):
         assert gen.output_tokens == len(gen.token_ids) <= 4
         assert stages["monitor"]["result"]
     finally:
-        service.stop(workspace)
+        deployment.stop(workspace)

@@ -8,7 +8,7 @@ cancelled in Triton, /metrics moved by a completion, and the gateway's lifecycle
 One server for the module, serving two tiny models: `tiny` (no task recorded: the docstring preset, no chat) and
 `tinychat` (a chat template and a recorded chat task; 12 layers, so that its 200 tokens take a couple of seconds:
 long enough to be cancelled, or to be busy, while a test watches); one gateway process for each. The lifecycle
-test stops the server through service.stop, so it stays last.
+test stops the server through deployment.stop, so it stays last.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ import pytest
 from lmforge.components.sections.deploy import DeployConfig
 from lmforge.components.serving.requestlog import RequestLog
 from lmforge.components.workspace import Workspace
-from lmforge.deploy import gateway, server
-from lmforge.deploy import service as deploy_service
+from lmforge.deploy import deployment, gateway, server
 from tests.conftest import build_tiny_model
 from tests.integration.servers import triton_with_gateways
 
@@ -452,7 +451,7 @@ def check_gateway_lifecycle(served: Served, ws: Workspace, other: Workspace) -> 
     server.write_state(ws, served.info, model=cfg.model_name, version=1)
     os.environ[PLANTED[0]] = PLANTED[1]   # a credential in the caller's environment must not reach the gateway
     try:
-        info = deploy_service.ensure_server(ws, cfg)
+        info = deployment.ensure_server(ws, cfg)
     finally:
         del os.environ[PLANTED[0]]
     assert info == served.info
@@ -466,19 +465,19 @@ def check_gateway_lifecycle(served: Served, ws: Workspace, other: Workspace) -> 
     render_status(ws, console)
     assert f"OpenAI-compatible API: {gw.base_url}  metrics: {gw.metrics_url}" in console.export_text()
     assert scrape(gw.metrics_url)
-    assert deploy_service.ensure_gateway(ws, cfg, info) == gw   # running: reused
+    assert deployment.ensure_gateway(ws, cfg, info) == gw   # running: reused
 
     other.triton.mkdir(parents=True, exist_ok=True)   # a second deployment asking for the same port
     server.write_state(other, served.info, model=cfg.model_name, version=1)
     with pytest.raises(UserError) as e:
-        deploy_service.ensure_gateway(other, cfg, info)
+        deployment.ensure_gateway(other, cfg, info)
     assert e.value.what == "deploy.openai_port" and "already in use" in str(e.value)
 
     gateway.stop_gateway(gw)   # a restart: the same base URL
-    again = deploy_service.ensure_gateway(ws, cfg, info)
+    again = deployment.ensure_gateway(ws, cfg, info)
     assert again.pid != gw.pid and again.base_url == gw.base_url
     assert httpx.get(again.base_url + "/models", timeout=10).json()["data"][0]["id"] == "tiny"
-    result = deploy_service.stop(ws)
+    result = deployment.stop(ws)
     assert result["stopped"] and result["openai_stopped"]
     assert not gateway.is_running(again) and not server.is_running(served.info)
     assert deployment_rows(ws)[0]["openai"] is None and deployment_rows(ws)[0]["openai_metrics"] is None

@@ -121,9 +121,9 @@ def run(stack: Stack, tmp_path_factory) -> Run:
         pytest.fail(f"lmforge run all took over {RUN_TIMEOUT_S} s; its log ends:\n{log.read_text()[-4000:]}")
     finally:   # the Triton server the deploy stage started (it outlives the run by design)
         from lmforge.components.workspace import Workspace
-        from lmforge.deploy import service
+        from lmforge.deploy import deployment
 
-        service.stop(Workspace(ws))
+        deployment.stop(Workspace(ws))
 
 
 def test_pipeline_ran_every_stage_and_deployed(run: Run) -> None:

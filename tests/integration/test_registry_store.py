@@ -155,7 +155,7 @@ def test_a_planted_pickle_is_never_loaded(workspace, tiny_model_dir, tmp_path):
 
 def test_a_fine_tunes_retrain_starts_from_the_served_version_or_the_float_version_a_variant_came_from(
         workspace, tiny_model_dir, tiny_config):
-    from lmforge.components.basesource import resolve_base
+    from lmforge.components.registry.basesource import resolve_base
     from lmforge.flows.retrain import retrain_base
 
     cfg = tiny_config.model_copy(update={"registry": RegistryConfig(model_name="served")})

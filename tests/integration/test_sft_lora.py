@@ -33,7 +33,7 @@ def test_sft_with_lora_trains_adapters_only_exports_base_plus_adapter_and_beats_
     from transformers import AutoModelForCausalLM
 
     from lmforge.components.config import load_config
-    from lmforge.components.evaluation.evaluate import evaluate_model_dir
+    from lmforge.components.evaluation.evaluate_model import evaluate_model_dir
     from lmforge.components.serving.task import Task
     from lmforge.flows.train import train_flow
 

@@ -7,7 +7,7 @@
 
 The model's parameters are views into one flat fp32 buffer (`FlatParams`), and their gradients views into a
 second one, so a message is one tensor and the server's optimizer steps one parameter. Worker w is rank w;
-rank 0 is also the server. The data a worker reads is the data-parallel slice of components/training/data.py
+rank 0 is also the server. The data a worker reads is the data-parallel slice of components/training/batches.py
 with dp_rank = w and dp_size = workers, so every strategy sees the same tokens at the same step.
 """
 

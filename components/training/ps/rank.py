@@ -38,7 +38,7 @@ STATS_FILE = "ps_stats.json"
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
-    from lmforge.components.training.data import TokenWindows
+    from lmforge.components.training.batches import TokenWindows
     from lmforge.components.training.model import build_model, count_params, flops_per_token, load_tokenizer, model_config
     from lmforge.components.training.perf import devices_in_job
     from lmforge.components.training.ps.common import Ctx, FlatParams
@@ -105,7 +105,7 @@ def _export(ctx: Any, req: RankRequest, tokenizer: Any, windows: Any, n_params: 
     """Rank 0: the stats file, the probe (the trained model's logits on a fixed batch) and the export."""
     from safetensors.torch import save_file
 
-    from lmforge.components.training.export import write_export
+    from lmforge.components.training.hf_export import write_export
     from lmforge.components.training.model import model_config
     from lmforge.components.workspace import atomic_write_json
 

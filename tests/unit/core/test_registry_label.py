@@ -21,7 +21,7 @@ def test_the_label_names_the_server_the_store_or_the_workspace(tmp_path, monkeyp
 
 
 def test_reading_a_shared_registry_writes_nothing_in_the_workspace(tmp_path, monkeypatch):
-    from lmforge.components.registered import registered_models
+    from lmforge.components.registry.registered import registered_models
 
     shared = tmp_path / "shared" / "mlflow.db"
     shared.parent.mkdir()

@@ -1,5 +1,5 @@
 """A declared task that does not fit the records stops the run, naming the kind, what the records hold and the fix;
-so does a base's recorded task under task.kind = "auto" (components/taskdata.py check_fit, dataset_task)."""
+so does a base's recorded task under task.kind = "auto" (components/data/taskdata.py check_fit, dataset_task)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from lmforge.components.data.taskdata import check_fit, dataset_task, record_shapes, recorded_task
 from lmforge.components.errors import UserError
 from lmforge.components.sections.task import TaskConfig
 from lmforge.components.serving.records import Record
 from lmforge.components.serving.task import Task
-from lmforge.components.taskdata import check_fit, dataset_task, record_shapes, recorded_task
 
 TURNS = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
 CHAT = Record(id="c", source="t", module="m", qualname="q", signature="", docstring="", summary="", text="Hi Hello.",

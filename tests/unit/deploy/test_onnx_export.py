@@ -1,4 +1,4 @@
-"""The ONNX export (components/onnx_export.py): the graph's logits check, its KV-cache decoding, its Triton version
+"""The ONNX export (deploy/onnx_export.py): the graph's logits check, its KV-cache decoding, its Triton version
 folder and [deploy] format.
 
 One export of the tiny model for the module (about 20 s on 2 shared cores); the wrong graphs are
@@ -14,19 +14,19 @@ import pytest
 from pydantic import ValidationError
 
 from lmforge.components.errors import UserError
-from lmforge.components.onnx_export import (
+from lmforge.components.sections.deploy import DeployConfig
+from lmforge.components.serving import generation, modelload
+from lmforge.components.serving.onnxrun import OnnxForward
+from lmforge.components.serving.task import DEMO
+from lmforge.deploy import repository
+from lmforge.deploy.deployment import check_format
+from lmforge.deploy.onnx_export import (
     LogitsMismatch,
     check_logits,
     check_onnx_dir,
     export_onnx,
     read_report,
 )
-from lmforge.components.sections.deploy import DeployConfig
-from lmforge.components.serving import generation, modelload
-from lmforge.components.serving.onnxrun import OnnxForward
-from lmforge.components.serving.task import DEMO
-from lmforge.deploy import repository
-from lmforge.deploy.service import check_format
 from tests.conftest import build_tiny_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -94,7 +94,7 @@ def test_the_graph_of_another_model_fails_the_check(exported, tmp_path):
 
 
 def test_an_export_that_fails_its_check_leaves_nothing_behind(exported, tiny_model_dir, tmp_path, monkeypatch):
-    from lmforge.components import onnx_export
+    from lmforge.deploy import onnx_export
 
     folder, _ = exported
     monkeypatch.setattr(onnx_export, "export_graph", lambda model, path: shutil.copy2(folder / "model.onnx", path))

@@ -11,8 +11,7 @@ import json
 import pytest
 
 from lmforge.components.sections.deploy import DeployConfig
-from lmforge.deploy import client, openai_api, repository, rollout
-from lmforge.deploy import service as deploy_service
+from lmforge.deploy import client, deployment, openai_api, repository, rollout
 
 MAIN, CANDIDATE = "lmforge", "lmforge-candidate"
 
@@ -212,16 +211,16 @@ def test_a_new_server_never_loads_a_candidate_a_crashed_rollout_left(tmp_path, t
     from lmforge.components.workspace import Workspace
 
     ws = Workspace(tmp_path / "ws").ensure()
-    cfg, repo = DeployConfig(openai=False), deploy_service.repo_dir(ws)
+    cfg, repo = DeployConfig(openai=False), deployment.repo_dir(ws)
     left = repository.build_version(repo, cfg, version=7, model_dir=tiny_model_dir, stage=True)
     repository.place_model(repo, cfg.model_copy(update={"model_name": CANDIDATE}), version=7, staged=left,
                            versions=[7], request_log=None)
     seen = []
-    monkeypatch.setattr(deploy_service, "running_server", lambda ws: None)
-    monkeypatch.setattr(deploy_service, "start_server",
+    monkeypatch.setattr(deployment, "running_server", lambda ws: None)
+    monkeypatch.setattr(deployment, "start_server",
                         lambda repo, cfg, **kw: seen.append(sorted(p.name for p in repo.iterdir())) or "info")
-    monkeypatch.setattr(deploy_service, "write_state", lambda *a, **kw: None)
-    assert deploy_service.ensure_server(ws, cfg) == "info"
+    monkeypatch.setattr(deployment, "write_state", lambda *a, **kw: None)
+    assert deployment.ensure_server(ws, cfg) == "info"
     assert seen == [[]]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import RowTiming, summarize
+from lmforge.components.evaluation.timed_generation import generate
 from lmforge.components.registry.loading import load_causal_lm
 from lmforge.components.serving.records import generation_prompt
 from lmforge.components.serving.task import Task

@@ -7,7 +7,7 @@ import json
 import math
 
 from lmforge.components.evaluation import record
-from lmforge.components.evaluation.evaluate import EvalResult, Example
+from lmforge.components.evaluation.evaluate_model import EvalResult, Example
 from lmforge.components.registry.gate import BaseScore, EvalSet
 from lmforge.components.sections.evaluation import EvaluationConfig
 

@@ -32,8 +32,8 @@ def test_a_version_is_monitored_from_what_travelled_once_its_dataset_is_gone(wor
     from lmforge.components.registry import register_model, set_alias
     from lmforge.components.registry.travel import check_bundle, fetch_dataset_bundle, log_dataset_bundle
     from lmforge.components.tracking import start_run
+    from lmforge.deploy.deployment import shards_for
     from lmforge.deploy.repository import rare_ids_from, rare_token_ids
-    from lmforge.deploy.service import shards_for
     from lmforge.monitoring.served import served_model, served_rare_ids
 
     cfg = load_config(TINY_CONFIG, ["deploy.name=eu"])

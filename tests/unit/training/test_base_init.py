@@ -119,7 +119,7 @@ def test_the_export_keeps_the_base_architecture_tokenizer_and_logits(kind, tmp_p
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lmforge.components.sections.training import ModelConfig
-    from lmforge.components.training.export import write_export
+    from lmforge.components.training.hf_export import write_export
     from lmforge.components.training.model import build_model, load_tokenizer, model_config
 
     base = checkpoint(kind)

@@ -10,7 +10,7 @@ import pytest
 from lmforge.components.data.shards import write_shards
 from lmforge.components.errors import UserError
 from lmforge.components.training import checkpoint as ckpt
-from lmforge.components.training.data import TokenWindows
+from lmforge.components.training.batches import TokenWindows
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmforge.components.training.report import step_metrics
+from lmforge.components.training.step_metrics import step_metrics
 
 MIB = 2 ** 20
 

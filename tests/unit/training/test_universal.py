@@ -12,7 +12,7 @@ import pytest
 from lmforge.components.errors import UserError
 from lmforge.components.sections.training import TrainingConfig
 from lmforge.components.training import checkpoint as ckpt
-from lmforge.components.training.data import TokenWindows
+from lmforge.components.training.batches import TokenWindows
 from lmforge.components.training.layout import check_layout
 from lmforge.components.training.strategies import applied, apply_universal_load, deepspeed_config
 from lmforge.components.training.universal import check_elastic, convert, load_tag, reseed, universal_dir

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from lmforge.components.errors import UserError
-from lmforge.components.retrieval import format_context, retrieve
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
 from lmforge.components.vectors.embed import make_embedder
@@ -23,8 +22,9 @@ from lmforge.components.vectors.index import (
     vector_size,
 )
 from lmforge.components.vectors.near_dups import semantic_near_duplicates
+from lmforge.components.vectors.retrieval import format_context, retrieve
 from tests.unit.features.fakedata import make_dataset
-from tests.unit.vectors.engine import engine_neighbours_of
+from tests.unit.vectors.engine_neighbours import engine_neighbours_of
 
 NO_FEAST = FeaturesConfig(enabled=False)
 

@@ -5,7 +5,7 @@ import pytest
 
 from lmforge.components.vectors.index import FULL_SCAN_KB
 from lmforge.components.vectors.near_dups import similar_pairs, similar_pairs_exact
-from tests.unit.vectors.engine import engine_neighbours_of
+from tests.unit.vectors.engine_neighbours import engine_neighbours_of
 
 
 def planted(rng: np.random.Generator, n: int = 3000, dups: int = 150, dim: int = 64) -> np.ndarray:

@@ -32,10 +32,10 @@ from lmforge.components.errors import UserError
 from lmforge.components.evaluation import benchmarks
 from lmforge.components.evaluation.baseline import UnigramModel
 from lmforge.components.evaluation.bpc import bits_per_character
-from lmforge.components.evaluation.generation import generate
 from lmforge.components.evaluation.latency import summarize
 from lmforge.components.evaluation.rag import Rag, held, store_busy
 from lmforge.components.evaluation.text_metrics import score_texts
+from lmforge.components.evaluation.timed_generation import generate
 from lmforge.components.registry.loading import load_causal_lm
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.serving.records import Record

@@ -115,8 +115,8 @@ def shards_for(ws: Workspace, model_dir: Path, registry_model: str | None = None
 
 def validation_prompts(ws: Workspace, model_dir: Path, n: int) -> list[str]:
     """Held-out prompts of the model's own task from its dataset, when this workspace has the dataset's records."""
+    from lmforge.components.data.taskdata import heldout_prompts
     from lmforge.components.serving.task import Task
-    from lmforge.components.taskdata import heldout_prompts
 
     dataset = dataset_of(model_dir)
     return heldout_prompts(ws.dataset_dir(dataset), Task.load(model_dir), n=n) if dataset else []
