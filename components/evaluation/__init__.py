@@ -3,8 +3,8 @@
     from lmforge.components.evaluation import evaluate_model_dir
     result = evaluate_model_dir(model_dir, ws.dataset_dir(v), cfg.evaluation)
 
-Modules: bpc.py, baseline.py (unigram), generation.py, text_metrics.py, latency.py,
-rag.py, evaluate.py (the entry point), report.py.
+Modules: bpc.py, baseline.py (unigram), timed_generation.py, text_metrics.py, latency.py,
+rag.py, evaluate_model.py (the entry point), report.py.
 """
 
 from lmforge.components.evaluation.evaluate_model import EvalResult, Example, evaluate_model_dir

@@ -7,7 +7,7 @@
 Each step applies one capability when the request asks for it and returns the state unchanged otherwise:
 
     apply_moe                        training.model.moe.num_experts: routing statistics, the auxiliary loss (moe.py)
-    apply_lora                       training.lora.r > 0: adapters on the frozen base (lora.py)
+    apply_lora                       training.lora.r > 0: adapters on the frozen base (lora_training.py)
     apply_torch_schedule             a pipeline on interleaved-1f1b, zero-bubble or dualpipev (schedules.py)
     apply_pipeline                   a pipeline on DeepSpeed's 1f1b: the model as stages (pipeline_model.py)
     apply_activation_checkpointing   training.activation_checkpointing without a pipeline (1f1b's stages take it from

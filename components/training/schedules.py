@@ -98,7 +98,7 @@ def schedule_rule(schedule: str, *, stages: int, virtual_stages: int, micro_batc
 # ---------------------------------------------------------------------------------------------------------------------
 
 class RankChunks:
-    """This rank's chunks, read the way export.py reads a DeepSpeed PipelineModule (`forward_funcs`)."""
+    """This rank's chunks, read the way hf_export.py reads a DeepSpeed PipelineModule (`forward_funcs`)."""
 
     def __init__(self, chunks: list[Any]) -> None:
         self.chunks = chunks

@@ -20,7 +20,7 @@ info when it is absent).
 
 What is checked before anything converts, each refusal with its reason and a fix:
 - the global batch must be the one the checkpoint was saved with. Batches are a pure function of
-  (seed, step, global batch) (data.py, sft.py): step s trains on windows [s*G, (s+1)*G) of one
+  (seed, step, global batch) (batches.py, sft.py): step s trains on windows [s*G, (s+1)*G) of one
   seeded order, and any split of those G windows over ranks trains on the same set. With G kept,
   the resumed step s+1 takes exactly the windows after the saved position s*G: no sample repeats
   or is skipped. A different G would move every later step's window range and the LR schedule's
