@@ -137,20 +137,20 @@ def instance_kind(cfg: DeployConfig) -> str:
     return "gpu" if pick_device().type == "cuda" else "cpu"
 
 
-def vllm_python() -> Path:
-    """The interpreter of the venv with vLLM ([deploy] engine = "vllm"): $LMFORGE_VLLM_VENV, else a .venv-vllm beside
-    the running venv (a checkout: .venv, .venv-serve and .venv-vllm), else ./.venv-vllm. UserError when not built."""
+def vllm_env() -> Path:
+    """The venv with vLLM ([deploy] engine = "vllm"), the Triton model's execution environment: $LMFORGE_VLLM_VENV,
+    else a .venv-vllm beside the running venv (a checkout: .venv, .venv-serve and .venv-vllm), else ./.venv-vllm.
+    UserError when it is not built."""
     if os.environ.get(ENV_VLLM_VENV):
         venv = Path(os.environ[ENV_VLLM_VENV]).expanduser()
     else:
         beside = Path(sys.prefix).parent / VLLM_VENV_NAME
         venv = beside if beside.is_dir() else Path.cwd() / VLLM_VENV_NAME
-    python = venv / "bin" / "python"
-    if not python.is_file():
-        raise UserError("vLLM environment", venv, "is not built (deploy.engine = \"vllm\" runs vLLM's server from it)",
+    if not (venv / "bin" / "activate").is_file() or not (venv / "bin" / "python").is_file():
+        raise UserError("vLLM environment", venv, "is not built (deploy.engine = \"vllm\" runs the Triton model in it)",
                         "Build it with `make vllm` (scripts/bootstrap.sh, LMFORGE_VLLM=1), set LMFORGE_VLLM_VENV, "
                         "or set deploy.engine = \"transformers\"")
-    return python
+    return venv.resolve()
 
 
 def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | None,
@@ -171,8 +171,9 @@ def config_pbtxt(cfg: DeployConfig, *, versions: list[int], request_log: Path | 
         "max_requests_per_step": cfg.max_requests_per_step, "kv_cache_tokens": cfg.kv_cache_tokens,
         "kv_page_tokens": cfg.kv_page_tokens, "max_queue": cfg.max_queue,
     }
-    if cfg.engine == "vllm":   # vLLM's server runs from its own venv, started by each instance
-        params.update({"vllm_python": str(vllm_python()), "vllm_start_timeout_s": cfg.readiness_timeout_s})
+    if cfg.engine == "vllm":   # the stub runs in vLLM's own Python (python_backend's EXECUTION_ENV_PATH)
+        params.update({"EXECUTION_ENV_PATH": str(vllm_env()), "vllm_start_timeout_s": cfg.readiness_timeout_s,
+                       "gpu_memory_utilization": cfg.gpu_memory_utilization / cfg.instance_count})
     group = f'name: "{cfg.model_name}{REVISION_MARK}{revision}" ' if revision else ""
     lines = [
         f'name: "{cfg.model_name}"',

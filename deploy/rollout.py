@@ -66,6 +66,7 @@ from lmforge.deploy.onnx_export import ONNX_FILE, is_onnx_dir
 from lmforge.deploy.repository import (
     candidate_model,
     discard_staged,
+    instance_kind,
     model_root,
     place_model,
     remove_model,
@@ -173,6 +174,7 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
     if current == [version] and client.ready_versions(url, cfg.model_name).get(version):
         result = RolloutResult(version, current, current, True, f"version {version} already serving")
         return _record(journal, result, start)
+    check_room(cfg)
     clear_candidate(url, repo, cfg)
     gate = _Gate(url, repo, cfg, version, current, request_log=request_log, journal=journal, start=start)
     prompts = gate.prepare(build)
@@ -181,6 +183,21 @@ def rollout(url: str, repo: Path, cfg: DeployConfig, *, version: int, build: Cal
     gate.switch()
     gate.retire()
     return gate.promote(promote)
+
+
+GPU_MEMORY_ROOM = 0.95   # of a GPU, what vLLM engines may take together (the rest: CUDA contexts, fragmentation)
+
+
+def check_room(cfg: DeployConfig) -> None:
+    """A rollout loads the candidate beside the serving version: on a GPU, vLLM's engines of both must fit. Refused
+    before anything starts, naming what to set, when they cannot."""
+    if cfg.engine != "vllm" or instance_kind(cfg) != "gpu" or 2 * cfg.gpu_memory_utilization <= GPU_MEMORY_ROOM:
+        return
+    raise UserError("deploy.gpu_memory_utilization", cfg.gpu_memory_utilization,
+                    f"leaves no room for a rollout: the candidate's vLLM engines load beside the serving version's, "
+                    f"2 x {cfg.gpu_memory_utilization} of each GPU > {GPU_MEMORY_ROOM}",
+                    f"Set deploy.gpu_memory_utilization <= {GPU_MEMORY_ROOM / 2:.3f} (and kv_cache_tokens to what "
+                    "that share holds)")
 
 
 def clear_candidate(url: str, repo: Path, cfg: DeployConfig) -> None:

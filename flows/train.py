@@ -10,7 +10,7 @@ resolved config, the generated DeepSpeed config, the dataset manifest hash, the 
 and its content hash when training.model.init is set (also in the export's lmforge.json; for a
 registry reference also the reference and the version the dataset pinned), per-step metrics from
 rank 0's events (loss, lr, tokens/s, MFU, per-rank memory, and the MoE, pipeline-bubble and
-parameter-server fields: components/training/report.py, step_metrics, names them all), with a
+parameter-server fields: components/training/step_metrics.py, step_metrics, names them all), with a
 parameter-server strategy the artifact ps_stats.json, the loss curve and the exported folder. Training
 never caches and never retries: a failed launch names the rank and its last lines.
 """

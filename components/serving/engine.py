@@ -116,7 +116,7 @@ class Request:
     sent_tokens: int = 0
     text: generation.RowText | None = None   # the stopping rule's incremental text (made by Flight._advance)
     first_token: float | None = None
-    reported: Any = None   # what an engine reports beyond tokens (vLLM: its log-probability entries)
+    reported: Any = None   # what an engine reports beyond tokens (vLLM: its log-probability entries): `annotate(out)`
 
 
 class Flight:
@@ -244,10 +244,11 @@ class Flight:
     def _output(self, req: Request, n: int, text: str) -> generation.Output:
         now = time.perf_counter()
         lp = req.logprobs[:n]
-        return generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
-                                 mean_logprob=sum(lp) / len(lp) if lp else 0.0,
-                                 first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted,
-                                 end_id=req.text.end if req.text is not None else None)
+        out = generation.Output(token_ids=tuple(req.tokens[:n]), text=text,
+                                mean_logprob=sum(lp) / len(lp) if lp else 0.0,
+                                first_token_s=(req.first_token or now) - req.submitted, total_s=now - req.submitted,
+                                end_id=req.text.end if req.text is not None else None)
+        return req.reported.annotate(out) if req.reported is not None else out
 
     def _answer_whole(self, rid: str, req: Request, out: generation.Output) -> None:
         """Answer a request generated in one piece: one delta, then its Final."""

@@ -9,7 +9,7 @@
     outs = decode(torch_forward(model), tokenizer, [ids], max_new_tokens=32)   # the same rows through a forward
                                                                  # function and a KV cache (an ONNX graph: onnxrun.py)
 
-Evaluation (components/evaluation/generation.py), the MLflow pyfunc (components/registry/hf_pyfunc.py)
+Evaluation (components/evaluation/timed_generation.py), the MLflow pyfunc (components/registry/hf_pyfunc.py)
 and the Triton model (components/serving/triton_model.py) all call this with prompts the model's task encoded (supervised
 fine-tuning, components/training/sft.py, trains on the same prompt ids), so what is scored is what is
 served.

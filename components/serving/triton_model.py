@@ -172,9 +172,8 @@ class TritonPythonModel:
                                  f"{self.task.kind}; {engine_config.max_requests_per_step} requests a step, KV cache "
                                  f"{engine_config.kv_cache_tokens} tokens ({settings.kv_cache_bytes / 2**20:.0f} MiB), "
                                  f"queue {engine_config.max_queue}")
-        made = vllm_engine.VllmEngine(folder, self.tok, engine_config, settings, ends=self.task_ends)
-        made.note = lambda message: pb_utils.Logger.log_info(f"{self.name} v{self.version}: {message}")
-        return made
+        return vllm_engine.VllmEngine(folder, self.tok, engine_config, settings, ends=self.task_ends,
+                                      note=lambda said: pb_utils.Logger.log_info(f"{self.name} v{self.version}: {said}"))
 
     def _onnx_engine(self, folder, threads, engine_config):
         forward = onnxrun.OnnxForward(os.path.join(folder, onnxrun.GRAPH_FILE), threads=threads)

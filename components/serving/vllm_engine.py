@@ -64,7 +64,7 @@ class VllmEngine(Flight):
     """Requests in flight in vLLM's AsyncLLM, run on this engine's asyncio loop; a response thread delivers."""
 
     def __init__(self, model_dir: str, tokenizer: Any, config: EngineConfig, settings: VllmSettings, *,
-                 ends: tuple[int, ...] = ()) -> None:
+                 ends: tuple[int, ...] = (), note: Callable[[str], None] = log.info) -> None:
         super().__init__(config, tokenizer)
         self.model_dir, self.settings = model_dir, settings
         self.ends = tuple(dict.fromkeys((*self.ends, *ends)))
@@ -73,7 +73,7 @@ class VllmEngine(Flight):
         self._tasks: dict[str, asyncio.Task] = {}
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
-        self.note: Callable[[str], None] = log.info   # where the engine says what vLLM did (the Triton model: its log)
+        self.note = note   # where the engine says what vLLM did (the Triton model: its log)
 
     # --- life -----------------------------------------------------------------------
     def start(self) -> None:
@@ -200,16 +200,6 @@ class VllmEngine(Flight):
             if not out.finished and self._get(rid) is None and not self.failure:
                 self.note(f"request {rid}: vLLM generated past lmforge's stopping rule (it was stopped here)")
 
-    def _output(self, req: Request, n: int, text: str) -> generation.Output:
-        out = super()._output(req, n, text)
-        scores = req.reported
-        if scores is None or (req.row.logprobs is None and req.row.prompt_logprobs is None):
-            return out
-        return dataclasses.replace(out, logprobs=tuple(scores.entries[:n + (out.end_id is not None)])
-                                   if req.row.logprobs is not None else None,
-                                   prompt_logprobs=tuple(scores.prompt_entries or ()) if req.row.prompt_logprobs
-                                   is not None else None)
-
 
 class VllmScores:
     """One request's tokens from vLLM's deltas, the log-probability of each chosen token, and, when the request asks,
@@ -221,6 +211,15 @@ class VllmScores:
         self.chosen: list[float] = []
         self.entries: list[dict[str, Any] | None] = []
         self.prompt_entries: list[dict[str, Any] | None] | None = None
+
+    def annotate(self, out: generation.Output) -> generation.Output:
+        """The row's Output with the entries asked for: one per kept token, and the end id's when one ended it."""
+        if self.row.logprobs is None and self.row.prompt_logprobs is None:
+            return out
+        n = out.tokens + (out.end_id is not None)
+        return dataclasses.replace(
+            out, logprobs=tuple(self.entries[:n]) if self.row.logprobs is not None else None,
+            prompt_logprobs=tuple(self.prompt_entries or ()) if self.row.prompt_logprobs is not None else None)
 
     def add(self, out: Any) -> None:
         """Take one vLLM RequestOutput (DELTA: its new tokens and their Logprobs dicts)."""
