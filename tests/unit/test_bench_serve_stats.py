@@ -109,3 +109,17 @@ def test_the_openai_sender_reads_a_stream_and_its_usage():
             await runner.cleanup()
     done = asyncio.run(go())
     assert done.tokens == 2 and 0 <= done.ttft_s <= done.total_s
+
+
+def test_vllms_own_server_is_sized_as_lmforges_vllm_engine(tmp_path):
+    from benchmarks import serve_models, serve_targets
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64,
+                                                      "num_attention_heads": 4, "num_key_value_heads": 2}))
+    cmd = serve_targets.vllm_command(tmp_path, 8123, 128)
+    cfg = serve_targets.deploy_config("vllm", 128)
+    flags = dict(zip(cmd[::2], cmd[1::2], strict=False)) | dict(zip(cmd[1::2], cmd[2::2], strict=False))
+    assert flags["--dtype"] == "float32" and flags["--port"] == "8123" and flags["--host"] == "127.0.0.1"
+    assert flags["--max-num-seqs"] == str(cfg.max_requests_per_step) and "--enforce-eager" in cmd
+    # 16,384 tokens x 2 layers x K and V x 2 kv heads x 16 dims x 4 bytes = 8 MiB
+    assert flags["--kv-cache-memory-bytes"] == str(serve_models.kv_cache_bytes(tmp_path, cfg.kv_cache_tokens)) == str(8 * 2**20)
