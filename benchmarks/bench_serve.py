@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -73,7 +74,8 @@ def start_group(stack: contextlib.ExitStack, group: str, chosen: list[str], fold
     return {name: out[name] for name in chosen}
 
 
-async def drive(targets: dict[str, tuple[str, Any]], args: argparse.Namespace, model: str) -> list[dict[str, Any]]:
+async def drive(targets: dict[str, tuple[str, Any]], args: argparse.Namespace, model: str,
+                points: list[dict[str, Any]]) -> None:
     """Make each target's sender (one aiohttp session for the HTTP ones, one gRPC channel per server) and sweep."""
     import aiohttp
     import tritonclient.grpc.aio as grpcaio
@@ -92,16 +94,17 @@ async def drive(targets: dict[str, tuple[str, Any]], args: argparse.Namespace, m
             else:
                 senders[name] = (serve_targets.engine_sender(t), {})
         try:
-            return await sweep(senders, args, model)
+            await sweep(senders, args, model, points)
         finally:
             for client in clients:
                 await client.close()
 
 
-async def sweep(senders: dict[str, tuple[loadgen.Send, dict[str, int]]], args: argparse.Namespace,
-                model: str) -> list[dict[str, Any]]:
-    """Every workload and concurrency: a warm-up point per target, then the repeats, order reversed every other."""
-    points, names = [], list(senders)
+async def sweep(senders: dict[str, tuple[loadgen.Send, dict[str, int]]], args: argparse.Namespace, model: str,
+                points: list[dict[str, Any]]) -> None:
+    """Every workload and concurrency: a warm-up point per target, then the repeats, order reversed every other; each
+    point appended to `points` as it ends (an interrupted run reports those)."""
+    names = list(senders)
     for kind in args.workloads:
         for c in args.concurrency:
             work = loadgen.workload(kind, max(args.requests, 2 * c), args.fixed_tokens)
@@ -116,7 +119,6 @@ async def sweep(senders: dict[str, tuple[loadgen.Send, dict[str, int]]], args: a
                     print(f"  {name} r{r + 1}: {point['tokens_per_s']:.0f} tok/s, TPOT p50 "
                           f"{point['tpot_p50_ms']:.1f} ms, gen CPU {point['gen_cpu_pct']:.0f}%, server CPU "
                           f"{point['server_cpu_pct']}, {point['errors']} errors", flush=True)
-    return points
 
 
 async def measured_point(send: loadgen.Send, pids: dict[str, int], work: list[tuple[str, int]],
@@ -130,15 +132,17 @@ async def measured_point(send: loadgen.Send, pids: dict[str, int], work: list[tu
     return point
 
 
-def run_model(model: str, folder: Path, tmp: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
-    points = []
+def run_model(model: str, folder: Path, tmp: Path, args: argparse.Namespace, points: list[dict[str, Any]]) -> None:
     for group, members in GROUPS.items():
         chosen = [t for t in members if t in args.servers]
         if chosen:
-            with contextlib.ExitStack() as stack:
+            with contextlib.ExitStack() as stack:   # the group's servers stop however the sweep ends
                 targets = start_group(stack, group, chosen, folder, tmp / group, args)
-                points += asyncio.run(drive(targets, args, model))
-    return points
+                asyncio.run(drive(targets, args, model, points))
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,13 +167,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = "python benchmarks/bench_serve.py " + " ".join(sys.argv[1:] if argv is None else argv)
     load_start = os.getloadavg()[0]   # the cores are shared: the load beside this run is part of its conditions
     tmp = Path(tempfile.mkdtemp(prefix="bench_serve-"))
-    points, models = [], {}
+    points: list[dict[str, Any]] = []
+    models: dict[str, Any] = {}
+    signal.signal(signal.SIGTERM, interrupt)   # `timeout` too: servers stopped, the points so far reported
     try:
         todo = [(args.model_dir.name, args.model_dir)] if args.model_dir else \
             [(m, serve_models.build(m, tmp / "models" / m)) for m in args.models]
         for name, folder in todo:
             models[name] = serve_models.describe(folder)
-            points += run_model(name, folder, tmp / name, args)
+            run_model(name, folder, tmp / name, args, points)
+    except KeyboardInterrupt as e:
+        args.interrupted = f"interrupted ({e or 'SIGINT'}) after {len(points)} points"
+        print(args.interrupted, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     load = {"start": load_start, "end": os.getloadavg()[0]}

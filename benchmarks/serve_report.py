@@ -112,11 +112,17 @@ def notes(rat: list[dict[str, Any]], bd: list[dict[str, Any]], load: dict[str, f
     return "\n\n".join(parts)
 
 
+def interrupted_note(settings: dict[str, Any]) -> str:
+    return f"**Run {settings['interrupted']}**: the tables hold the points measured until then.\n\n" \
+        if settings.get("interrupted") else ""
+
+
 def report(points: list[dict[str, Any]], models: dict[str, Any], settings: dict[str, Any], load: dict[str, float],
            *, command: str, name: str = "serve", out: Path = RESULTS) -> dict[str, Any]:
     summary = summarise(points)
     rat, bd = ratios(points), breakdown(summary)
     results = {"models": models, "settings": {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()},
                "summary": summary, "ratios": rat, "breakdown": bd, "points": points, "load_1min": load}
-    write_results(name, results, HEADERS, summary_rows(summary), command=command, notes=notes(rat, bd, load), out=out)
+    write_results(name, results, HEADERS, summary_rows(summary), command=command,
+                  notes=interrupted_note(settings) + notes(rat, bd, load), out=out)
     return results
