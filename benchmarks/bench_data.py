@@ -196,7 +196,7 @@ def baseline_tree(commit: str, where: Path) -> tuple[Path, Path]:
     return tree, shim.parent
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100_000, help="documents at size n (the second size is 2n)")
     ap.add_argument("--small", type=int, default=1000, help="documents of the small run the marginal rate starts from")
@@ -208,7 +208,11 @@ def main() -> None:
     ap.add_argument("--baseline-at", choices=["n", "both"], default="both", help="sizes to run the (slow) baseline at")
     ap.add_argument("--worker", choices=["flow", "init"], help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker == "flow":
         flow_worker(Path(args.source), args.workers)
         return
@@ -220,6 +224,15 @@ def main() -> None:
 
     command = " ".join(["python benchmarks/bench_data.py", *sys.argv[1:]])
     load_before = os.getloadavg()
+    corpus, sizes, made, ours, init, base = measure(args)
+    load_after = os.getloadavg()
+    results = summary(args, corpus, sizes, made, ours, init, base, (load_before[0], load_after[0]))
+    write_results("data", results, ["measure", "value", "detail"], table(args, results, sizes, made, ours, init, base),
+                  command=command)
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], tuple[int, int, int], dict, dict, dict, dict]:
+    """Run today's data flow at the three sizes (and the baseline's data stage at n, 2n): the raw measurements."""
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
         tmp = Path(tmp)
         corpus_file = args.corpus
@@ -253,13 +266,18 @@ def main() -> None:
                     print(json.dumps(base[n]), flush=True)
             finally:
                 subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
-    load_after = os.getloadavg()
+    return corpus, sizes, made, ours, init, base
+
+
+def summary(args: argparse.Namespace, corpus: dict[str, Any], sizes: tuple[int, int, int], made: dict, ours: dict,
+            init: dict, base: dict, load: tuple[float, float]) -> dict[str, Any]:
+    """The figures and the ratios against the targets."""
     small, n, n2 = sizes
     results: dict[str, Any] = {
         "corpus": corpus, "sizes": {str(k): v for k, v in made.items()}, "ours": {str(k): v for k, v in ours.items()},
         "baseline": {str(k): v for k, v in base.items()}, "baseline_commit": args.baseline_commit,
         "workspace_init": {str(k): v for k, v in init.items()},
-        "workers": args.workers or os.cpu_count(), "load_avg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
+        "workers": args.workers or os.cpu_count(), "load_avg_before_after": [round(load[0], 2), round(load[1], 2)],
     }
     o1, o2 = ours[n], ours[n2]
     results["ours_docs_per_s"] = {str(k): round(k / v["wall_s"]) for k, v in ours.items()}
@@ -269,6 +287,19 @@ def main() -> None:
     results["ours_marginal_docs_per_s"] = round((n - small) / extra_s) if extra_s > 0 else None
     results["ours_counts_reconcile"] = all(reconciles(v, k) for k, v in ours.items())
     results["targets"] = {"docs_per_s_at_n": 2000, "marginal_docs_per_s": 4000, "time_ratio": 2.1, "rss_ratio": 1.2}
+    if base:
+        results["speedup_at_n"] = round(base[n]["wall_s"] / ours[n]["wall_s"], 2)
+        if n2 in base:
+            results["baseline_time_ratio"] = round(base[n2]["wall_s"] / base[n]["wall_s"], 3)
+            results["baseline_rss_ratio"] = round(base[n2]["peak_rss_tree_mb"] / base[n]["peak_rss_tree_mb"], 3)
+    return results
+
+
+def table(args: argparse.Namespace, results: dict[str, Any], sizes: tuple[int, int, int], made: dict, ours: dict,
+          init: dict, base: dict) -> list[tuple[str, str, str]]:
+    """The report's rows: each size, the targets met or not, the baseline."""
+    small, n, n2 = sizes
+    corpus = results["corpus"]
     rows = [
         ("corpus", f"{corpus['docstrings']} stdlib + site-packages docstrings",
          f"2n = {n2}: {made[n2]['edited_copies']} edited copies" if made[n2]["edited_copies"] else "no copies needed"),
@@ -297,16 +328,13 @@ def main() -> None:
         rows.append((f"baseline {args.baseline_commit}, n = {k}", f"{v['wall_s']} s, {round(k / v['wall_s'])} docs/s",
                      f"peak RSS {v['peak_rss_tree_mb']} MB; steps {v['steps']}"))
     if base:
-        results["speedup_at_n"] = round(base[n]["wall_s"] / ours[n]["wall_s"], 2)
         rows.append(("speed-up at n (baseline wall / ours wall)", f"{results['speedup_at_n']}x", ""))
         if n2 in base:
-            results["baseline_time_ratio"] = round(base[n2]["wall_s"] / base[n]["wall_s"], 3)
-            results["baseline_rss_ratio"] = round(base[n2]["peak_rss_tree_mb"] / base[n]["peak_rss_tree_mb"], 3)
             rows.append(("baseline: time ratio / RSS ratio",
                          f"{results['baseline_time_ratio']} / {results['baseline_rss_ratio']}", ""))
     rows.append(("load average (1 min) before / after", " / ".join(map(str, results["load_avg_before_after"])),
                  "machine shared with other engineers' work"))
-    write_results("data", results, ["measure", "value", "detail"], rows, command=command)
+    return rows
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FOLDERS = ("components", "flows", "deploy", "monitoring", "cli")
+FOLDERS = ("components", "flows", "deploy", "monitoring", "cli", "benchmarks")
 MAX_LINES = 100
 MAX_FLOW_LINES = 40
 
