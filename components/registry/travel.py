@@ -53,7 +53,7 @@ def log_dataset_bundle(ws: Workspace, dataset_version: str, *, eval_split: str) 
     shards = ws.training_shards(dataset_version)
     has_shards = (shards / "index.json").is_file()   # a records-only dataset (tests) has no token counts
     sha = {s: sha256_file(records / f"{s}.jsonl") for s in SPLITS}
-    ref = {"dataset_version": dataset_version, "manifest_sha256": sha256_file(ds / "manifest.json"),
+    ref = {"dataset_version": dataset_version, "manifest_sha256": sha256_file(ws.manifest(dataset_version)),
            "records_sha256": sha, "eval_split": eval_split, "eval_set_sha256": sha[eval_split],
            "shards": shards.relative_to(ds).as_posix() if has_shards else None}
     with tempfile.TemporaryDirectory() as tmp:
