@@ -157,13 +157,14 @@ class VllmEngine(Flight):
     async def _generate(self, rid: str, req: Request) -> None:
         from vllm.inputs import TokensPrompt
 
+        llm = self.llm   # this request's engine, even when stop() lets go of it meanwhile
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=list(req.row.ids)),
-                                               self.sampling_params(req.row), rid):
+            async for out in llm.generate(TokensPrompt(prompt_token_ids=list(req.row.ids)),
+                                          self.sampling_params(req.row), rid):
                 self._events.put((rid, req, out))
         except asyncio.CancelledError:   # cancelled by cancel() or stop(): the request has had its Final
-            await self.llm.abort(rid)    # generate() has aborted it too; vLLM's own count says it is gone
-            self.note(f"request {rid} aborted in vLLM; vLLM holds {self.llm.get_num_unfinished_requests()} request(s)")
+            await llm.abort(rid)         # generate() has aborted it too; vLLM's own count says it is gone
+            self.note(f"request {rid} aborted in vLLM; vLLM holds {llm.get_num_unfinished_requests()} request(s)")
             return
         except Exception as e:  # this request alone failed (a bad constraint, a dead engine): it says so
             self._events.put((rid, req, f"vLLM: {type(e).__name__}: {e}"))
