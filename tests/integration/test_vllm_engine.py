@@ -148,7 +148,10 @@ def test_a_schema_constrained_request_returns_json_that_validates(served):
 
 def test_cancelling_a_stream_aborts_it_in_vllm(served):
     """vLLM's own count of the requests it holds (the lmforge_engine_requests gauge) drops to 0 once the client
-    cancels, long before the request's 190 tokens; the request is logged cancelled and the next is answered."""
+    cancels, long before the requests' 190 tokens; they are logged cancelled and the next request is answered.
+
+    One request of 190 tokens takes ~0.3 s here, shorter than a busy machine's gap between a first piece and a
+    cancellation, so a stream of 16 keeps vLLM busy for seconds."""
     import tritonclient.grpc as grpcclient
 
     root, model, cfg, info = served
@@ -157,22 +160,27 @@ def test_cancelling_a_stream_aborts_it_in_vllm(served):
     got: queuelib.Queue = queuelib.Queue()
     c = grpcclient.InferenceServerClient(info.grpc_url)
     c.start_stream(callback=lambda result, error: got.put((result, error)))
-    c.async_stream_infer(cfg.model_name, client.grpc_inputs(PROMPTS[0], params=client.Params(max_tokens=190),
-                                                            stream=True))
-    result, error = got.get(timeout=120)       # the first piece has arrived: the request is decoding
+    for i in range(16):
+        c.async_stream_infer(cfg.model_name, client.grpc_inputs(PROMPTS[i % len(PROMPTS)], stream=True,
+                                                                params=client.Params(max_tokens=190)))
+    result, error = got.get(timeout=120)       # a first piece has arrived: the requests are decoding
     assert error is None and client.response_text(result) is not None
+    deadline = time.monotonic() + 10   # the gauge is sampled every 0.1 s (the stub's watcher thread), not live
+    while not held(info) and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert held(info) >= 1
     c.stop_stream(cancel_requests=True)
     c.close()
     deadline = time.monotonic() + 30
     while held(info) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert held(info) == 0, "vLLM still holds the cancelled request"
-    assert re.search(r"request r\d+ aborted in vLLM; vLLM holds 0 request", (root / "server.log").read_text())
-    while not (rows := log.read(model=cfg.model_name)[0][before:]) and time.monotonic() < deadline:
+    assert held(info) == 0, "vLLM still holds a cancelled request"
+    assert re.search(r"request r\d+ aborted in vLLM; vLLM holds \d+ request", (root / "server.log").read_text())
+    while len(rows := log.read(model=cfg.model_name)[0][before:]) < 16 and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [r["status"] for r in rows] == ["cancelled"], rows
-    assert rows[0]["output_tokens"] < 190
+    cancelled = [r for r in rows if r["status"] == "cancelled"]
+    assert len(rows) == 16 and {r["status"] for r in rows} <= {"cancelled", "ok"}, rows
+    assert cancelled and all(r["output_tokens"] < 190 for r in cancelled), rows
     assert client.generate(info.url, [PROMPTS[1]], model=cfg.model_name)[0].output_tokens >= 1
 
 
