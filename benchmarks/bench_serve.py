@@ -64,7 +64,8 @@ def start_group(stack: contextlib.ExitStack, group: str, chosen: list[str], fold
     if {f"lmforge-{group}", f"grpc-{group}"} & set(chosen):
         lm = stack.enter_context(serve_targets.lmforge_server(folder, tmp / "lmforge", group, top))
         out[f"lmforge-{group}"] = ("openai", lm)
-        grpc = serve_targets.Served(grpc_url=lm.grpc_url, model=lm.model, pids={"triton": lm.pids["triton"]})
+        grpc = serve_targets.Served(grpc_url=lm.grpc_url, model=lm.model, pids={"triton": lm.pids["triton"]},
+                                    alone=lm.alone, metrics=lm.metrics)
         out[f"grpc-{group}"] = ("grpc", grpc)
     if "engine-inprocess" in chosen:
         ip = stack.enter_context(serve_targets.inprocess_engine(folder, top, ignore_eos=args.ignore_eos))
@@ -82,17 +83,16 @@ async def drive(targets: dict[str, tuple[str, Any]], args: argparse.Namespace, m
 
     connector = aiohttp.TCPConnector(limit=0)   # one connection per client, as many clients as asked
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        senders: dict[str, tuple[loadgen.Send, dict[str, int]]] = {}
+        senders: dict[str, tuple[loadgen.Send, serve_targets.Served]] = {}
         clients = []
         for name, (kind, t) in targets.items():
             if kind == "openai":
-                senders[name] = (loadgen.openai_sender(session, t.base_url, t.model, ignore_eos=args.ignore_eos),
-                                 t.pids)
+                senders[name] = (loadgen.openai_sender(session, t.base_url, t.model, ignore_eos=args.ignore_eos), t)
             elif kind == "grpc":
                 clients.append(grpcaio.InferenceServerClient(t.grpc_url))
-                senders[name] = (loadgen.grpc_sender(clients[-1], t.model, ignore_eos=args.ignore_eos), t.pids)
+                senders[name] = (loadgen.grpc_sender(clients[-1], t.model, ignore_eos=args.ignore_eos), t)
             else:
-                senders[name] = (serve_targets.engine_sender(t), {})
+                senders[name] = (serve_targets.engine_sender(t), serve_targets.Served())
         try:
             await sweep(senders, args, model, points)
         finally:
@@ -100,7 +100,7 @@ async def drive(targets: dict[str, tuple[str, Any]], args: argparse.Namespace, m
                 await client.close()
 
 
-async def sweep(senders: dict[str, tuple[loadgen.Send, dict[str, int]]], args: argparse.Namespace, model: str,
+async def sweep(senders: dict[str, tuple[loadgen.Send, serve_targets.Served]], args: argparse.Namespace, model: str,
                 points: list[dict[str, Any]]) -> None:
     """Every workload and concurrency: a warm-up point per target, then the repeats, order reversed every other; each
     point appended to `points` as it ends (an interrupted run reports those)."""
@@ -121,13 +121,19 @@ async def sweep(senders: dict[str, tuple[loadgen.Send, dict[str, int]]], args: a
                           f"{point['server_cpu_pct']}, {point['errors']} errors", flush=True)
 
 
-async def measured_point(send: loadgen.Send, pids: dict[str, int], work: list[tuple[str, int]],
+async def measured_point(send: loadgen.Send, served: serve_targets.Served, work: list[tuple[str, int]],
                          c: int) -> dict[str, Any]:
-    """One closed-loop point, with the CPU each server process (and its children) used during it."""
-    before = {k: serve_targets.tree_cpu_s(pid) for k, pid in pids.items()}
+    """One closed-loop point, with the CPU each server process used during it and, for lmforge's servers, the stub's
+    mean time to send a response (its counters, pushed every 0.1 s: read 0.3 s after the point's last response)."""
+    cpu, sent = serve_targets.cpu_seconds(served), serve_targets.responses_sent(served)
     point = await loadgen.closed_loop(send, work, c)
-    point["server_cpu_pct"] = {k: round(100 * (serve_targets.tree_cpu_s(pid) - before[k]) / point["seconds"])
-                               for k, pid in pids.items()}
+    if served.metrics is not None:
+        await asyncio.sleep(0.3)
+    cpu_after, sent_after = serve_targets.cpu_seconds(served), serve_targets.responses_sent(served)
+    point["server_cpu_pct"] = {k: round(100 * (cpu_after[k] - cpu[k]) / point["seconds"]) for k in cpu}
+    responses = sent_after[0] - sent[0]
+    if responses:
+        point["responses"], point["send_us"] = responses, 1e6 * (sent_after[1] - sent[1]) / responses
     point["load_1min"] = os.getloadavg()[0]
     return point
 

@@ -42,10 +42,14 @@ def summarise(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (model, kind, target, c), ps in grouped(points).items():
         row = {"model": model, "workload": kind, "target": target, "concurrency": c, "repeats": len(ps),
                "errors": sum(p["errors"] for p in ps), **{m: spread([p[m] for p in ps]) for m in MEASURES}}
-        if target == "engine-inprocess":   # the engine's threads share this process: the event loop's is the generator's
-            row["gen_cpu_pct"] = spread([p["loop_cpu_pct"] for p in ps])
         procs = sorted({k for p in ps for k in p["server_cpu_pct"]})
         row["server_cpu_pct"] = {k: spread([p["server_cpu_pct"][k] for p in ps])["median"] for k in procs}
+        if target == "engine-inprocess":   # the engine's threads share this process: the event loop's is the generator's
+            row["gen_cpu_pct"] = spread([p["loop_cpu_pct"] for p in ps])
+            row["server_cpu_pct"] = {"engine": spread([p["gen_cpu_pct"] - p["loop_cpu_pct"] for p in ps])["median"]}
+        if all("send_us" in p for p in ps):   # the stub's own measure (Triton's counters): one response's send
+            row["send_us"] = spread([p["send_us"] for p in ps])["median"]
+            row["responses_per_token"] = spread([p["responses"] / (p["tokens_per_s"] * p["seconds"]) for p in ps])["median"]
         out.append(row)
     return out
 
@@ -64,7 +68,9 @@ def ratios(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def breakdown(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The transformers chain at each model, workload and concurrency where all three ran: wall time per output token
-    (1 / throughput, us) and TPOT p50 (ms), engine in process, + Triton and the stub, + the gateway."""
+    (1 / throughput, us) and TPOT p50 (ms), engine in process, + Triton and the stub, + the gateway; and, measured
+    rather than differenced, the CPU each process spent per output token (`cpu_ms_per_token`) and the stub's time to
+    send one response (`send_us`, its counters)."""
     at = {(r["model"], r["workload"], r["concurrency"], r["target"]): r for r in summary}
     chain = ("engine-inprocess", "grpc-transformers", "lmforge-transformers")
     out = []
@@ -77,8 +83,21 @@ def breakdown(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"model": model, "workload": kind, "concurrency": c,
                     "us_per_token": dict(zip(chain, wall)), "tpot_p50_ms": dict(zip(chain, tpot)),
                     "triton_stub_us": wall[1] - wall[0], "gateway_us": wall[2] - wall[1],
-                    "triton_stub_tpot_ms": tpot[1] - tpot[0], "gateway_tpot_ms": tpot[2] - tpot[1]})
+                    "triton_stub_tpot_ms": tpot[1] - tpot[0], "gateway_tpot_ms": tpot[2] - tpot[1],
+                    "cpu_ms_per_token": {t: cpu_per_token(r) for t, r in zip(chain, rows)},
+                    "send_us": {t: r.get("send_us") for t, r in zip(chain[1:], rows[1:])},
+                    "responses_per_token": rows[2].get("responses_per_token")})
     return out
+
+
+def cpu_per_token(row: dict[str, Any]) -> dict[str, float]:
+    """Each process's CPU per output token (ms), the generator's included; Triton's tree is split into the
+    tritonserver process and its stubs (the model instances: engine and sends)."""
+    cpu = dict(row["server_cpu_pct"])
+    if "triton" in cpu and "tritonserver" in cpu:
+        cpu["stubs"] = cpu.pop("triton") - cpu["tritonserver"]
+    cpu["generator"] = row["gen_cpu_pct"]["median"]
+    return {k: 10 * v / row["tokens_per_s"]["median"] for k, v in cpu.items()}
 
 
 def summary_rows(summary: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -107,9 +126,27 @@ def notes(rat: list[dict[str, Any]], bd: list[dict[str, Any]], load: dict[str, f
                      "and stub (direct gRPC) / + gateway:\n\n" + markdown_table(
                          ["model", "workload", "c", "wall us/token (1/throughput)", "Triton+stub us", "gateway us",
                           "TPOT p50 ms", "Triton+stub ms", "gateway ms"], rows))
+        parts.append(cpu_table(bd))
     parts.append(f"1-minute load average: {load['start']:.2f} at the start, {load['end']:.2f} at the end "
                  "(each point's in serve.json).")
     return "\n\n".join(parts)
+
+
+def cpu_table(bd: list[dict[str, Any]]) -> str:
+    """Measured per output token: each process's CPU (ms) on each path, and the stub's send (us a response)."""
+    procs = ("engine", "stubs", "tritonserver", "gateway", "generator")
+    rows = []
+    for b in bd:
+        for target, cpu in b["cpu_ms_per_token"].items():
+            send = b["send_us"].get(target)
+            rows.append((b["model"], b["workload"], b["concurrency"], target,
+                         *(f"{cpu[k]:.2f}" if k in cpu else "" for k in procs), f"{sum(cpu.values()):.2f}",
+                         "" if send is None else f"{send:.0f}"))
+    return ("CPU per output token, measured (ms; the engine in process, Triton's stubs (engine and sends) and the "
+            "tritonserver process, the gateway, the load generator), and the stub's time to send one response "
+            f"(us, its counters; {bd[0]['responses_per_token'] or 0:.2f} responses a token):\n\n"
+            + markdown_table(["model", "workload", "c", "target", *(f"{k} ms" for k in procs), "total ms",
+                              "stub send us"], rows))
 
 
 def interrupted_note(settings: dict[str, Any]) -> str:

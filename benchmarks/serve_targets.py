@@ -2,6 +2,7 @@
 
     with lmforge_server(model_dir, tmp, "transformers", args) as lm:   # Triton + gateway on free loopback ports
         lm.base_url, lm.grpc_url, lm.pids             # {"triton": pid, "gateway": pid}: whose CPU a point reports
+        cpu_seconds(lm), responses_sent(lm)         # their CPU so far; the stub's responses and its send seconds
     with vllm_server(model_dir, tmp, args) as vs:                          # .venv-vllm's OpenAI server, same model
         vs.base_url
     with inprocess_engine(model_dir, args) as eng:                         # components/serving/engine.py's Engine
@@ -44,6 +45,8 @@ class Served:
     grpc_url: str = ""     # Triton's gRPC, for lmforge's servers
     model: str = "lmforge"
     pids: dict[str, int] = field(default_factory=dict)   # process -> pid, whose CPU (with its children) a point reports
+    alone: dict[str, int] = field(default_factory=dict)  # process -> pid, whose own CPU (without children) it reports too
+    metrics: tuple[str, int] | None = None   # Triton's metrics endpoint (host, port): the stub's send counters
 
 
 def deploy_config(engine: str, max_queue: int) -> DeployConfig:
@@ -64,7 +67,8 @@ def lmforge_server(model_dir: Path, tmp: Path, engine: str, max_queue: int) -> I
     try:
         server.wait_ready(info, timeout=600)
         gw = gateway.start_gateway(repo, cfg, triton_grpc=info.grpc_url, log_path=tmp / "gateway.log")
-        yield Served(gw.base_url, info.grpc_url, cfg.model_name, {"triton": info.pid, "gateway": gw.pid})
+        yield Served(gw.base_url, info.grpc_url, cfg.model_name, {"triton": info.pid, "gateway": gw.pid},
+                     {"tritonserver": info.pid}, (info.host, info.metrics_port))
     finally:
         if gw is not None:
             gateway.stop_gateway(gw)
@@ -122,6 +126,31 @@ def stop_group(proc: subprocess.Popen, grace: float = 20) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait)
             return
+
+
+def cpu_seconds(served: Served) -> dict[str, float]:
+    """CPU seconds so far of each process of a target: with its children (`pids`), alone (`alone`)."""
+    return {**{k: tree_cpu_s(pid) for k, pid in served.pids.items()},
+            **{k: own_cpu_s(pid) for k, pid in served.alone.items()}}
+
+
+def responses_sent(served: Served) -> tuple[float, float]:
+    """(responses, seconds spent sending them) by the served model's instances so far: Triton's counters
+    lmforge_responses_total and lmforge_response_send_seconds_total (components/serving/triton_model.py)."""
+    from lmforge.deploy import server
+
+    if served.metrics is None:
+        return 0.0, 0.0
+    return tuple(sum(server.engine_gauge(*served.metrics, name).values())   # type: ignore[return-value]
+                 for name in ("lmforge_responses_total", "lmforge_response_send_seconds_total"))
+
+
+def own_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of one process so far, without its children (0 for one that is gone)."""
+    with contextlib.suppress(psutil.Error):
+        t = psutil.Process(pid).cpu_times()
+        return t.user + t.system
+    return 0.0
 
 
 def tree_cpu_s(pid: int) -> float:

@@ -26,10 +26,13 @@ text. Over gRPC a stream (`start_stream`/`async_stream_infer`) gets the same res
 
 `execute` parses each request, hands it to the instance's engine (engine.py: transformers' continuous
 batching, one manager per instance; or, with parameter engine = "vllm", vllm_engine.py: vLLM's AsyncLLM in
-this stub, whose Python is then .venv-vllm) and returns at once; the engine's thread sends its responses. A
+this stub, whose Python is then .venv-vllm) and returns at once; the engine's thread hands its responses to the
+instance's outbox, whose thread sends them in order (as vllm_backend's response thread does). A
 request is rendered and stopped by the model's task (task.py). vllm_backend's `ignore_eos`, and a
 `structured_outputs` constraint (vLLM engine only), are taken from `sampling_parameters` too; the gauge
-`lmforge_engine_requests` counts the requests the engine holds, by its own count.
+`lmforge_engine_requests` counts the requests the engine holds, by its own count, and the counters
+`lmforge_responses_total` and `lmforge_response_send_seconds_total` the responses sent and the time spent sending
+them (the stub's hop to Triton: their ratio is a response's cost).
 Every request ends with a final response: its outputs, or a TritonError (INVALID_ARG, HTTP 400, naming the input
 that is wrong; UNAVAILABLE, HTTP 503, when the instance already holds `max_queue` requests; INTERNAL when
 generation fails). A client that cancels or goes away (`is_cancelled()`) has its request dropped from the batch.
@@ -47,6 +50,7 @@ tritonserver ships the python backend only, no onnxruntime backend.
 import dataclasses
 import json
 import os
+import queue
 import threading
 import time
 
@@ -96,6 +100,7 @@ class TritonPythonModel:
             self.engine = self._torch_engine(folder, args, engine_config)
         self.limits = self._limits(folder, params)
         self.ready_gauge = self._ready_gauge(args)
+        self.outbox = Outbox()
         self.engine.on_failure = self._engine_failed
         self.engine.start()
         self.ready_gauge.set(1)
@@ -118,6 +123,14 @@ class TritonPythonModel:
             name="lmforge_engine_requests", kind=pb_utils.MetricFamily.GAUGE,
             description="requests the model instance's engine holds (queued or running), by its own count")
         self.requests_gauge = self.requests_family.Metric(labels=labels)
+        self.sent_family = pb_utils.MetricFamily(
+            name="lmforge_responses_total", kind=pb_utils.MetricFamily.COUNTER,
+            description="responses the model instance sent (each streamed piece and each final response)")
+        self.sent_counter = self.sent_family.Metric(labels=labels)
+        self.send_family = pb_utils.MetricFamily(
+            name="lmforge_response_send_seconds_total", kind=pb_utils.MetricFamily.COUNTER,
+            description="seconds the model instance spent handing its responses to Triton (the stub's IPC)")
+        self.send_counter = self.send_family.Metric(labels=labels)
         return self.ready_family.Metric(labels=labels)
 
     def _engine_failed(self, why):
@@ -225,13 +238,14 @@ class TritonPythonModel:
                          status="engine_failed", parsed=parsed)
             return
         with self.live_lock:
+            stream.rid = rid
             if not stream.ended:
                 self.live[rid] = (sender, stream)
         del sender, stream   # only `live` and the engine hold them: Triton unloads a model once its senders are gone
 
     def _refuse(self, sender, message, code, *, status, parsed=None):
         self.record(parsed, None, status=status, arrived=None)
-        sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), flags=FINAL)
+        self.outbox.put(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code)), FINAL)
 
     def _value(self, request, name):
         """An optional input's value: a scalar, the list of a [-1] input (stop), or None when it is absent."""
@@ -319,7 +333,16 @@ class TritonPythonModel:
             for rid in cancelled:
                 self.engine.cancel(rid)
             self.requests_gauge.set(self.engine.engine_requests)
+            self._push_sends()
             time.sleep(0.1)
+
+    def _push_sends(self):
+        """The responses sent since the last push onto their counters (a metric update is an IPC call to Triton:
+        once every 0.1 s, not once a token)."""
+        count, seconds = self.outbox.take()
+        if count:
+            self.sent_counter.increment(count)
+            self.send_counter.increment(seconds)
 
     def ended(self, stream):
         with self.live_lock:
@@ -352,12 +375,62 @@ class TritonPythonModel:
         self.watching = False
         self.watcher.join(timeout=5)   # before the engine stops and the stub tears down what is_cancelled() uses
         self.engine.stop()
-        del self.ready_gauge, self.ready_family, self.requests_gauge, self.requests_family   # metrics before families
+        self.outbox.close()   # the final responses of what stop() ended go out before the stub tears down
+        del self.ready_gauge, self.requests_gauge, self.sent_counter, self.send_counter   # metrics before families
+        del self.ready_family, self.requests_family, self.sent_family, self.send_family
 
 
 def trim(entries, top):
     """score_tokens' entries with `top` alternatives each (a request's logprobs and prompt_logprobs may differ)."""
     return [None if e is None else {**e, "top": e["top"][:top]} for e in entries]
+
+
+class Outbox:
+    """An instance's responses, sent in order by a thread of their own, as vllm_backend's response thread sends them.
+    Triton's `send()` waits for the server's side to take each response (about 0.5 ms a response on a busy 2-core
+    host, by these counters); sent from the engine's thread, that wait came between two steps, ~13% of a token's
+    time at 32 streams (docs/benchmarks.md). Counts the responses sent and the seconds spent sending them."""
+
+    def __init__(self):
+        self.queue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.count, self.seconds = 0, 0.0
+        self.thread = threading.Thread(target=self._run, name="lmforge-send", daemon=True)
+        self.thread.start()
+
+    def put(self, sender, response=None, flags=0, *, gone=None):
+        """Send later, in this order; `gone(error)` is called when the client has gone away (a closed sender)."""
+        self.queue.put((sender, response, flags, gone))
+
+    def _run(self):
+        while (item := self.queue.get()) is not None:
+            sender, response, flags, gone = item
+            start = time.perf_counter()
+            try:
+                if response is None:
+                    sender.send(flags=flags)
+                else:
+                    sender.send(response, flags=flags)
+            except pb_utils.TritonModelException as e:   # the client went away between two responses
+                if gone is not None:
+                    gone(e)
+            finally:
+                spent = time.perf_counter() - start
+                with self.lock:
+                    self.count += 1
+                    self.seconds += spent
+            del item, sender, response   # the sender is released once its response is out
+
+    def take(self):
+        """(responses, seconds) since the last take."""
+        with self.lock:
+            out, (self.count, self.seconds) = (self.count, self.seconds), (0, 0.0)
+        return out
+
+    def close(self, timeout=10.0):
+        """Send what is queued, then stop."""
+        self.queue.put(None)
+        self.thread.join(timeout=timeout)
 
 
 class Stream:
@@ -368,22 +441,29 @@ class Stream:
         self.flags = parsed["flags"]
         self.streaming = self.flags.get("stream", False)
         self.ended = False
-        # Two threads may call on_event: the engine's with a delta, the cancellation watcher's (through
-        # engine.cancel) with the final; one at a time, so the request ends, and is logged, once.
+        self.rid = None   # the engine's id for it, once submitted
+        # Three threads may call in: the engine's with a delta, the cancellation watcher's (through engine.cancel)
+        # with the final, the outbox's when the client has gone; one at a time, so the request ends, and is logged,
+        # once.
         self.lock = threading.Lock()
 
     def on_event(self, event):
         with self.lock:
             if self.sender is None:   # ended already (its client went away): nothing more to send
                 return
-            try:
-                self._respond(event)
-            except pb_utils.TritonModelException:   # the client went away between two tokens: its sender is closed
-                self.model.ended(self)
-                self.sender = None
-                self.model.record(self.parsed, None, status="cancelled", arrived=self.arrived,
-                                  finish_reason="cancelled")
-                raise   # the engine drops the request from the batch
+            self._respond(event)
+
+    def gone(self, error):
+        """The client went away between two responses (its sender is closed): the request ends, logged cancelled,
+        and leaves the engine's batch."""
+        with self.lock:
+            if self.sender is None:
+                return
+            self.model.ended(self)
+            self.sender = None
+            self.model.record(self.parsed, None, status="cancelled", arrived=self.arrived, finish_reason="cancelled")
+        if self.rid is not None:
+            self.model.engine.cancel(self.rid)
 
     def _respond(self, event):
         if self.parsed["row"].max_new_tokens == 0:   # the prompt scored only (vLLM generated a token to score it)
@@ -394,27 +474,28 @@ class Stream:
                                                                    mean_logprob=0.0, end_id=None))
         if isinstance(event, engine.Delta):
             if self.streaming and event.text:
-                self.sender.send(pb_utils.InferenceResponse(output_tensors=self._text(event.text, len(event.token_ids))))
+                self.model.outbox.put(self.sender, pb_utils.InferenceResponse(
+                    output_tensors=self._text(event.text, len(event.token_ids))), gone=self.gone)
             return
         self.model.ended(self)
         sender, self.sender = self.sender, None   # released once the final response is out: Triton waits for it
         # Logged before the final response goes: a client that has its answer finds its request in the log.
         if event.finish_reason == "error":
             self.model.record(self.parsed, None, status="generation_failed", arrived=self.arrived)
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"generation failed: {event.error}", pb_utils.TritonError.INTERNAL)), flags=FINAL)
+            self.model.outbox.put(sender, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"generation failed: {event.error}", pb_utils.TritonError.INTERNAL)), FINAL)
             return
         out = event.output
         self.model.record(self.parsed, out, status="ok" if event.finish_reason != "cancelled" else "cancelled",
                           arrived=self.arrived, finish_reason=event.finish_reason)
         if event.finish_reason == "cancelled":
-            sender.send(flags=FINAL)   # the client is gone or asked to stop: end the stream, nothing more
+            self.model.outbox.put(sender, None, FINAL)   # the client is gone or asked to stop: end the stream, nothing more
         else:
             text = "" if self.streaming else self.parsed["echo"] + out.text
             new = 0 if self.streaming else out.tokens
             tensors = (self._text(text, new, finish_reason=event.finish_reason) + self._details(out)
                        + self.model.scores(self.parsed, out))
-            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL)
+            self.model.outbox.put(sender, pb_utils.InferenceResponse(output_tensors=tensors), FINAL)
 
     def _text(self, text, new_tokens, *, finish_reason=None):
         tensors = [pb_utils.Tensor("text_output", np.array([text], dtype=np.object_))]

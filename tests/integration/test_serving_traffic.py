@@ -11,6 +11,7 @@ preset) and `long` (the tiny model with a 4,096-token context, a chat template a
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,3 +123,22 @@ def test_each_engine_reports_ready_on_the_metrics_port(served):
     health = server.engine_health(served.info.host, served.info.metrics_port)
     assert {name.split(" (")[0] for name in health} == {"tiny v1", "long v1"}
     assert all(health.values()), health
+
+
+def test_the_responses_sent_and_the_time_spent_sending_them_are_counted_on_the_metrics_port(served):
+    """Every response the instance sends (each streamed piece, the final) lands on lmforge_responses_total, and its
+    send time on lmforge_response_send_seconds_total, within the 0.1 s the watcher takes to push them."""
+    def sent() -> tuple[float, float]:
+        counts = server.engine_gauge(served.info.host, served.info.metrics_port, "lmforge_responses_total")
+        seconds = server.engine_gauge(served.info.host, served.info.metrics_port, "lmforge_response_send_seconds_total")
+        return sum(v for k, v in counts.items() if k.startswith("tiny ")), \
+            sum(v for k, v in seconds.items() if k.startswith("tiny "))
+
+    before = sent()
+    got = list(client.stream_requests(served.info.grpc_url, [client.grpc_inputs(
+        "def join(a, *p):", params=client.Params(max_tokens=12), stream=True)], model="tiny", timeout=120))
+    deadline = time.monotonic() + 10
+    while (now := sent())[0] < before[0] + len(got) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert now[0] == before[0] + len(got) and len(got) >= 2, (before, now, len(got))
+    assert now[1] > before[1]

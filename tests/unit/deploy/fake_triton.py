@@ -10,7 +10,7 @@ import numpy as np
 
 
 class MetricFamily:
-    GAUGE = "gauge"
+    GAUGE, COUNTER = "gauge", "counter"
 
     def __init__(self, name: str, description: str, kind: str) -> None:
         self.name = name
@@ -25,6 +25,9 @@ class Gauge:
 
     def set(self, value: float) -> None:
         self.value = value
+
+    def increment(self, value: float) -> None:
+        self.value = (self.value or 0) + value
 
 
 class TritonError:

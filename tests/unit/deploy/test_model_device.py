@@ -163,5 +163,8 @@ def test_a_dead_engine_ends_its_requests_with_errors_reports_not_ready_and_refus
     assert served.ready_gauge.value == 0 and any("the engine failed" in m for m in logged)
     late = request("def g(x):")
     served.execute([late])
+    deadline = time.perf_counter() + 5   # the instance's outbox thread sends it
+    while not late.sender.sent and time.perf_counter() < deadline:
+        time.sleep(0.01)
     (response, flags), = late.sender.sent
     assert flags == 1 and response.error.code == "UNAVAILABLE" and "is not ready" in response.error.message
