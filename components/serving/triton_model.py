@@ -404,8 +404,18 @@ class Outbox:
 
     def _run(self):
         while (item := self.queue.get()) is not None:
-            sender, response, flags, gone = item
             start = time.perf_counter()
+            self._send(*item)
+            spent = time.perf_counter() - start
+            with self.lock:
+                self.count += 1
+                self.seconds += spent
+            del item   # the sender is released once its response is out
+
+    @staticmethod
+    def _send(sender, response, flags, gone):
+        """One send; nothing it raises stops the outbox (the next request's responses wait behind it)."""
+        try:
             try:
                 if response is None:
                     sender.send(flags=flags)
@@ -414,12 +424,8 @@ class Outbox:
             except pb_utils.TritonModelException as e:   # the client went away between two responses
                 if gone is not None:
                     gone(e)
-            finally:
-                spent = time.perf_counter() - start
-                with self.lock:
-                    self.count += 1
-                    self.seconds += spent
-            del item, sender, response   # the sender is released once its response is out
+        except Exception as e:
+            pb_utils.Logger.log_error(f"outbox: a response was not sent: {type(e).__name__}: {e}")
 
     def take(self):
         """(responses, seconds) since the last take."""

@@ -62,3 +62,19 @@ def test_a_closed_sender_tells_its_request_the_client_has_gone_and_the_next_requ
     outbox.close()
     assert len(gone) == 1 and isinstance(gone[0], fake_triton.TritonModelException)
     assert fine.sent == [(None, 1)]
+
+
+def test_a_send_that_fails_otherwise_is_logged_and_the_outbox_goes_on(monkeypatch):
+    logged: list[str] = []
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_triton.module(logged))
+    monkeypatch.delitem(sys.modules, "lmforge.components.serving.triton_model", raising=False)
+    box = importlib.import_module("lmforge.components.serving.triton_model").Outbox()
+
+    def broken(error):
+        raise RuntimeError("the request's log is gone")
+    fine = fake_triton.Sender()
+    box.put(ClosedSender(), fake_triton.InferenceResponse([]), gone=broken)
+    box.put(fine, None, 1)
+    box.close()
+    monkeypatch.delitem(sys.modules, "lmforge.components.serving.triton_model")
+    assert fine.sent == [(None, 1)] and any("the request's log is gone" in m for m in logged)
