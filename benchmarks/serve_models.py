@@ -26,39 +26,27 @@ MODELS = ("demo", *SHAPES)
 
 def build(name: str, out: Path, *, seed: int = 0) -> Path:
     """A random LlamaForCausalLM of shape SHAPES[name] (demo: tests/conftest.py's tiny model, vocab 2048, hidden 256,
-    4 layers) with its tokenizer, saved to `out`."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from tests.checkpoints import train_tokenizer
+    4 layers) with its tokenizer, saved to `out` by tests/conftest.py's build_tiny_model."""
     from tests.conftest import build_tiny_model
 
     if name == "demo":
         return build_tiny_model(out, vocab_size=2048, hidden=256, layers=4, seed=seed)
-    shape = SHAPES[name]
-    tok = train_tokenizer(shape["vocab"])
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=shape["hidden"], intermediate_size=shape["mlp"],
-                      num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
-                      num_key_value_heads=shape["heads"], max_position_embeddings=shape["context"],
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    params = sum(p.numel() for p in model.parameters())
-    (out / "lmforge.json").write_text(json.dumps({"source": f"benchmarks/serve_models.py:{name}", "seed": seed,
-                                                  "parameters": params}))
-    return out
+    s = SHAPES[name]
+    return build_tiny_model(out, vocab_size=s["vocab"], hidden=s["hidden"], layers=s["layers"], heads=s["heads"],
+                            mlp=s["mlp"], context=s["context"], seed=seed, source=f"benchmarks/serve_models.py:{name}")
 
 
 def describe(folder: Path) -> dict[str, Any]:
-    """The shape a folder holds, for the results: layers, hidden, vocab, parameters."""
+    """The shape a folder holds, for the results: layers, hidden, vocab, parameters (counted in its safetensors)."""
+    from safetensors import safe_open
+
     cfg = json.loads((folder / "config.json").read_text())
-    meta = json.loads((folder / "lmforge.json").read_text()) if (folder / "lmforge.json").is_file() else {}
+    params = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            params += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
     return {"layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"], "vocab": cfg["vocab_size"],
-            "mlp": cfg["intermediate_size"], "parameters": meta.get("parameters")}
+            "mlp": cfg["intermediate_size"], "parameters": params}
 
 
 def kv_cache_bytes(folder: Path, tokens: int, dtype_bytes: int = 4) -> int:

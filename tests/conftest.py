@@ -100,8 +100,11 @@ def tiny_config():
     return load_config(TINY_CONFIG)
 
 
-def build_tiny_model(out: Path, *, vocab_size: int = 512, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:
-    """Tokenizer + random tiny Llama saved as a Hugging Face folder (safetensors)."""
+def build_tiny_model(out: Path, *, vocab_size: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
+                     mlp: int | None = None, context: int = 256, seed: int = 0,
+                     source: str = "tests/conftest.py:build_tiny_model") -> Path:
+    """Tokenizer + random Llama (tiny unless told a shape; MLP width 2 x hidden by default) saved as a Hugging Face
+    folder (safetensors); benchmarks/serve_models.py builds its larger ones with it."""
     import json
 
     import torch
@@ -109,15 +112,15 @@ def build_tiny_model(out: Path, *, vocab_size: int = 512, hidden: int = 64, laye
 
     tok = train_tokenizer(vocab_size)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                      pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=mlp or hidden * 2,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      max_position_embeddings=context, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
     model = LlamaForCausalLM(cfg).eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    (out / "lmforge.json").write_text(json.dumps({"source": "tests/conftest.py:build_tiny_model", "seed": seed}))
+    (out / "lmforge.json").write_text(json.dumps({"source": source, "seed": seed}))
     return out
 
 
