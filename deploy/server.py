@@ -180,9 +180,10 @@ def wait_ready(info: ServerInfo, *, timeout: float) -> None:
 
 
 def engine_gauge(host: str, metrics_port: int, name: str, *, timeout: float = 2.0) -> dict[str, float]:
-    """{"<model> v<version> (<instance>)": value} of one of the gauges each model instance sets on the server's
-    metrics endpoint (components/serving/triton_model.py: lmforge_engine_ready, lmforge_engine_requests); {} when
-    the endpoint does not answer."""
+    """{"<model> v<version> (<instance>)": value} of one of the metrics each model instance sets on the server's
+    metrics endpoint (components/serving/triton_model.py: the gauges lmforge_engine_ready and lmforge_engine_requests,
+    the counters lmforge_responses_total and lmforge_response_send_seconds_total); {} when the endpoint does not
+    answer."""
     import urllib.error
     import urllib.request
 

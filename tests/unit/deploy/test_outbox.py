@@ -1,4 +1,4 @@
-"""The Triton model's outbox (components/serving/triton_model.py): the engine's thread hands a response over and goes
+"""The Triton model's outbox (components/serving/responses.py): the engine's thread hands a response over and goes
 on while the outbox's own thread sends, in order; a closed sender says its client has gone; what was sent and
 the time spent sending are counted. Through the real tritonserver: tests/integration/test_serving_traffic.py."""
 
@@ -17,11 +17,11 @@ from tests.unit.deploy import fake_triton
 @pytest.fixture
 def outbox(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_triton.module([]))
-    monkeypatch.delitem(sys.modules, "lmforge.components.serving.triton_model", raising=False)
-    box = importlib.import_module("lmforge.components.serving.triton_model").Outbox()
+    monkeypatch.delitem(sys.modules, "lmforge.components.serving.responses", raising=False)
+    box = importlib.import_module("lmforge.components.serving.responses").Outbox()
     yield box
     box.close()
-    monkeypatch.delitem(sys.modules, "lmforge.components.serving.triton_model")
+    monkeypatch.delitem(sys.modules, "lmforge.components.serving.responses")
 
 
 class SlowSender(fake_triton.Sender):
@@ -67,8 +67,8 @@ def test_a_closed_sender_tells_its_request_the_client_has_gone_and_the_next_requ
 def test_a_send_that_fails_otherwise_is_logged_and_the_outbox_goes_on(monkeypatch):
     logged: list[str] = []
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake_triton.module(logged))
-    monkeypatch.delitem(sys.modules, "lmforge.components.serving.triton_model", raising=False)
-    box = importlib.import_module("lmforge.components.serving.triton_model").Outbox()
+    monkeypatch.delitem(sys.modules, "lmforge.components.serving.responses", raising=False)
+    box = importlib.import_module("lmforge.components.serving.responses").Outbox()
 
     def broken(error):
         raise RuntimeError("the request's log is gone")
@@ -76,5 +76,5 @@ def test_a_send_that_fails_otherwise_is_logged_and_the_outbox_goes_on(monkeypatc
     box.put(ClosedSender(), fake_triton.InferenceResponse([]), gone=broken)
     box.put(fine, None, 1)
     box.close()
-    monkeypatch.delitem(sys.modules, "lmforge.components.serving.triton_model")
+    monkeypatch.delitem(sys.modules, "lmforge.components.serving.responses")
     assert fine.sent == [(None, 1)] and any("the request's log is gone" in m for m in logged)
