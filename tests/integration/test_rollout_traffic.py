@@ -160,7 +160,7 @@ def test_a_refused_candidate_answers_none_of_the_users_requests(served):
 
     assert repository.served_versions(s.repo, MODEL) == [1] and not (s.repo / CANDIDATE).exists()
     assert client.ready_versions(s.info.url, MODEL) == {1: True} and client.ready_versions(s.info.url, CANDIDATE) == {}
-    assert server.is_ready(s.info)   # the candidate was unloaded cleanly
+    server.wait_ready(s.info, timeout=30)   # the candidate was unloaded cleanly (Triton marks it just after its stubs exit)
 
 
 def test_traffic_moves_to_a_passed_version_at_the_switch_with_no_failed_request(served):
@@ -191,4 +191,4 @@ def test_traffic_moves_to_a_passed_version_at_the_switch_with_no_failed_request(
     ready = client.ready_versions(s.info.url, MODEL)
     assert ready[2] and not ready.get(1)                    # 1 unloaded after 2 served
     assert client.ready_versions(s.info.url, CANDIDATE) == {}
-    assert server.is_ready(s.info)
+    server.wait_ready(s.info, timeout=30)   # 1 unloaded cleanly (Triton marks it just after its stubs exit)
