@@ -41,8 +41,8 @@ lint: .venv/.bootstrapped
 docs: .venv/.bootstrapped
 	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -f scripts/mkdocs.yml
 
-# .venv-vllm, vLLM's own Python for [deploy] engine = "vllm" (3.4 GB, ~1 min from the package index; not built by demo or test: the
-# vLLM tests skip, naming this target, where it is missing). VLLM_PACKAGE=vllm on a GPU host.
+# .venv-vllm, vLLM's own Python for [deploy] engine = "vllm" (3.4 GB, ~1 min from the package index; not built by
+# demo or test: the vLLM tests skip, naming this target, where it is missing). VLLM_PACKAGE=vllm on a GPU host.
 vllm: .venv/.bootstrapped
 	LMFORGE_VLLM=1 bash scripts/bootstrap.sh
 
