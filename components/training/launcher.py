@@ -46,6 +46,7 @@ from lmforge.components.training.protocol import (
     write_request,
 )
 
+PORT_TRIES = 3  # launches on a fresh port when the one picked was taken first (see launch)
 _RANK_LOG = re.compile(r"_rank(\d+)\.log$")
 _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe|ProcessGroupGloo|NCCL|DistBackendError|"
                         r"wait timeout|Timed out|SIGTERM|KeyboardInterrupt", re.IGNORECASE)
@@ -54,9 +55,11 @@ _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset|Broken pipe
 class LaunchFailed(RuntimeError):
     """A rank died: the message names it and quotes its last lines."""
 
-    def __init__(self, message: str, rank: int | None, last_lines: list[str], returncode: int) -> None:
+    def __init__(self, message: str, rank: int | None, last_lines: list[str], returncode: int, *,
+                 port_taken: bool = False) -> None:
         super().__init__(message)
         self.rank, self.last_lines, self.returncode = rank, last_lines, returncode
+        self.port_taken = port_taken  # a rank could not bind the rendezvous port (EADDRINUSE)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class _Tail:
         self.last: collections.deque[str] = collections.deque(maxlen=25)
         self.traceback = self.peer_lost = False  # over the whole log: a long traceback outgrows `last`
         self.stopped = False                     # the rank said it was stopped by SIGTERM (protocol.py, STOPPED_PREFIX)
+        self.port_taken = False                  # the rendezvous store could not bind its port
 
     def poll(self) -> None:
         with open(self.path, encoding="utf-8", errors="replace") as f:
@@ -133,6 +137,7 @@ class _Tail:
         self.traceback |= "Traceback (most recent call last)" in line or line.startswith(USER_ERROR_PREFIX)
         self.peer_lost |= self.traceback and bool(_PEER_LOST.search(line))
         self.stopped |= line.startswith(STOPPED_PREFIX)
+        self.port_taken |= "EADDRINUSE" in line
 
     def flush(self) -> None:
         self.poll()
@@ -151,17 +156,43 @@ def rank_env(num_ranks: int) -> dict[str, str]:
 
 def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = None,
            on_event: Callable[[dict[str, Any]], None] | None = None) -> LaunchResult:
-    """Run the job to the end; raise LaunchFailed (or a rank's UserError) when it fails."""
+    """Run the job to the end; raise LaunchFailed (or a rank's UserError) when it fails.
+
+    free_port can only say a port was free a moment ago: another process (a server, or the kernel's pick for
+    an outgoing connection) may take it before rank 0's rendezvous store binds it. When this launcher picked
+    the port and a rank says it was taken (EADDRINUSE), the job is launched again on a fresh port, at most
+    PORT_TRIES times in all; that try's logs are kept beside the attempt's as `attempt-<n>.port-<port>-taken`.
+    A port the config fixed (`[training] master_port`) is never changed: its clash is the error.
+    """
+    lines_out = on_line or (lambda rank, line: print(f"[rank{rank}] {line}", flush=True))
+    tries = 1
+    while True:
+        port = req.master_port or free_port()
+        try:
+            return _launch_on(req, port, lines_out, on_event)
+        except LaunchFailed as failed:
+            if req.master_port or tries == PORT_TRIES or not failed.port_taken:
+                raise
+        log_dir = _log_dir(req)
+        log_dir.rename(log_dir.with_name(f"{log_dir.name}.port-{port}-taken"))
+        lines_out(-1, f"rendezvous port {port} was taken before rank 0 could bind it; launching again on a "
+                      f"fresh port (try {tries + 1} of {PORT_TRIES})")
+        tries += 1
+
+
+def _log_dir(req: LaunchRequest) -> Path:
+    return Path(req.run_dir).resolve() / "logs" / f"attempt-{req.request.attempt}"
+
+
+def _launch_on(req: LaunchRequest, port: int, lines_out: Callable[[int, str], None],
+               on_event: Callable[[dict[str, Any]], None] | None) -> LaunchResult:
     run_dir = Path(req.run_dir).resolve()  # the ranks run with it as their working folder
-    attempt = req.request.attempt
-    log_dir = run_dir / "logs" / f"attempt-{attempt}"
+    log_dir = _log_dir(req)
     log_dir.mkdir(parents=True, exist_ok=True)
-    request_path = write_request(run_dir / request_file(attempt), req.request)
-    port = req.master_port or free_port()
+    request_path = write_request(run_dir / request_file(req.request.attempt), req.request)
     env = rank_env(req.num_ranks)
     events: list[dict[str, Any]] = []
     user_errors: list[dict[str, Any]] = []
-    lines_out = on_line or (lambda rank, line: print(f"[rank{rank}] {line}", flush=True))
 
     def sink(rank: int, line: str) -> None:
         if line.startswith(EVENT_PREFIX):
@@ -223,7 +254,8 @@ def launch(req: LaunchRequest, *, on_line: Callable[[int, str], None] | None = N
     if rank is None:  # no rank says why: the launcher's own lines name the return code of the one that exited
         quoted += "\n" + "\n".join(f"  [launcher] {line}" for line in list(launcher_tail.last)[-6:])
     raise LaunchFailed(f"training failed: {where}; launcher exit code {rc}. Its last lines:\n{quoted}\n"
-                       f"(all rank logs: {log_dir})", rank, last, rc)
+                       f"(all rank logs: {log_dir})", rank, last, rc,
+                       port_taken=any(t.port_taken for t in tails.values()))
 
 
 def shm_buffers(port: int) -> list[Path]:

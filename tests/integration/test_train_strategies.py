@@ -177,3 +177,23 @@ def test_autocast_trains_fp32_weights_under_bf16_matmuls_with_the_losses_of_bf16
     assert weights["autocast"] == 2 * weights["bf16_weights"], weights
     diffs = [abs(a - b) for a, b in zip(_losses(runs["autocast"]), _losses(runs["bf16_weights"]), strict=True)]
     assert max(diffs) < 0.05, f"autocast vs bf16 weights: {diffs}"
+
+
+def test_a_rendezvous_port_taken_before_rank_0_binds_it_is_replaced(ws, monkeypatch):
+    """CI at 758dee7: another test's socket took the port free_port had just returned, and rank 0's store failed
+    with EADDRINUSE. The launcher picks the port, so it launches again on a fresh one and keeps the clash's logs."""
+    import socket
+
+    from lmforge.components.runtime import ports
+    from lmforge.components.training import launcher
+
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        picks = iter([port])
+        monkeypatch.setattr(launcher, "free_port", lambda: next(picks, None) or ports.free_port())
+        events, run_dir = run_training(ws, "port-taken", tiny_training(max_steps=2, warmup_steps=1, save_every=2))
+    assert [e["step"] for e in events] == [1, 2]
+    clash = run_dir / "logs" / f"attempt-0.port-{port}-taken"
+    assert "EADDRINUSE" in "".join(p.read_text() for p in clash.glob("*_rank0.log"))
