@@ -64,3 +64,14 @@ def test_a_damaged_state_file_names_no_process(tmp_path):
     assert service.load_state(tmp_path / "bad.json") == (None, {})
     assert service.running(tmp_path / "missing.json") == (None, {})
     assert service.log_tail(tmp_path / "missing.log") == "(no log)"
+
+
+def test_a_free_port_is_picked_below_the_range_outgoing_connections_draw_from():
+    """CI at 758dee7: a port bind(0) had just returned was taken by another process before rank 0 bound it.
+    The kernel gives outgoing connections ports from the ephemeral range, so free_port picks below it."""
+    from lmforge.components.runtime.ports import LOWEST, ephemeral_floor, port_in_use
+
+    picks = {free_port() for _ in range(20)}
+    assert all(LOWEST <= port < ephemeral_floor() for port in picks), picks
+    assert len(picks) > 1                                     # at random, so two callers seldom pick alike
+    assert not any(port_in_use("127.0.0.1", port) for port in picks)
