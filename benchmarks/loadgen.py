@@ -177,8 +177,8 @@ def openai_sender(session: Any, base_url: str, model: str, *, ignore_eos: bool =
 
 def grpc_sender(client: Any, model: str, *, ignore_eos: bool = True) -> Send:
     """Triton's gRPC stream (a tritonclient.grpc.aio client, one channel), the model's contract as the gateway
-    sends it: the same inputs and response parsing (deploy/openai_api.py), without HTTP and server-sent events."""
-    from lmforge.deploy.openai_api import to_reply, triton_inputs
+    sends it: the same inputs and response parsing (deploy/openai_triton.py), without HTTP and server-sent events."""
+    from lmforge.deploy.openai_triton import to_reply, triton_inputs
 
     async def send(prompt: str, max_tokens: int) -> Done:
         settings = {"max_tokens": max_tokens, "temperature": 0, **({"ignore_eos": True} if ignore_eos else {})}

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from lmforge.deploy.openai_api import Reply, create_app, triton_error
+from lmforge.deploy.openai_api import create_app
+from lmforge.deploy.openai_protocol import triton_error
+from lmforge.deploy.openai_triton import Reply
 
 FINAL = {"finish_reason": "length", "prompt_tokens": 5, "output_tokens": 3}
 BUSY = "lmforge v1 is busy: 4 requests in flight, the limit (max_queue); retry later"
@@ -137,7 +139,8 @@ def test_a_constraint_said_wrong_or_twice_is_400(tmp_path, body, says):
 
 @pytest.mark.parametrize("chat, extra", [(False, {"usage": None}), (False, {}), (True, {"usage": None}), (True, {})])
 def test_a_text_event_is_the_bytes_of_its_whole_chunk(chat, extra):
-    from lmforge.deploy.openai_api import Answer, Metrics, TextEvents, choice, sse
+    from lmforge.deploy.openai_api import Answer, TextEvents, choice, sse
+    from lmforge.deploy.openai_metrics import Metrics
 
     answer = Answer("lmforge", chat, Metrics("lmforge"), "/v1/completions")
     for text in ("he", ' "quoted"\n', "é\u2028\x00"):
@@ -543,7 +546,7 @@ class Result:
 
 
 def test_to_reply_reads_the_logprob_outputs_and_timings():
-    from lmforge.deploy.openai_api import to_reply
+    from lmforge.deploy.openai_triton import to_reply
 
     final = to_reply(Result(text_output="!", finish_reason="length", prompt_tokens=3, output_tokens=1,
                             first_token_ms=12.5, decode_ms=0.0, logprobs=json.dumps(GENERATED),
