@@ -153,7 +153,7 @@ def bench_vectors(sizes: list[int], queries: int, dim: int, root: Path, *, m: in
     """The embedded engine as the pipeline runs it (EdgeCollections, the store behind vectors.url unset)."""
     from qdrant_client import models
 
-    from lmforge.components.vectors.index import EdgeCollections
+    from lmforge.components.vectors.edge import EdgeCollections
 
     rng = np.random.default_rng(1)
     centres = rng.normal(size=(200, dim)).astype(np.float32)

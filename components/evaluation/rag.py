@@ -55,7 +55,7 @@ def build_rag(ws: Workspace, vectors: Any, features: Any, *, k: int, dataset_ver
 def store_busy(e: BaseException) -> bool:
     """True for a vector store another process held past the wait bound: an error to raise, never a reason to skip RAG."""
     try:
-        from lmforge.components.vectors.index import StoreBusy
+        from lmforge.components.vectors.edge import StoreBusy
     except ImportError:
         return False
     return isinstance(e, StoreBusy)
@@ -64,7 +64,7 @@ def store_busy(e: BaseException) -> bool:
 def held() -> AbstractContextManager[Any]:
     """The vector store held across a batch of retrievals (one shard load for all of them), when retrieval is here."""
     try:
-        from lmforge.components.vectors.index import stores_held
+        from lmforge.components.vectors.edge import stores_held
     except ImportError:
         return nullcontext()
     return stores_held()

@@ -21,8 +21,9 @@ from lmforge.components.errors import UserError
 from lmforge.components.features.online import online_features
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.edge import store_session
 from lmforge.components.vectors.embed import Embedder, make_embedder
-from lmforge.components.vectors.index import collection_name, qdrant_client, store_session
+from lmforge.components.vectors.index import collection_name, qdrant_client
 from lmforge.components.workspace import Workspace
 
 _EMBEDDERS: dict[VectorsConfig, Embedder] = {}

@@ -144,7 +144,9 @@ def test_a_breaker_whose_guard_was_taken_over_does_not_delete_the_new_one(client
     ("http://127.0.0.1:5000", None),
 ])
 def test_only_a_postgresql_store_opened_directly_gets_the_database_lock(uri, dsn):
-    assert claims._pg_dsn(uri) == dsn
+    from lmforge.components.registry.dblock import pg_dsn
+
+    assert pg_dsn(uri) == dsn
 
 
 def test_registry_claims_shows_each_lease_with_its_holder_beat_and_ttl(client):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lmforge.components.vectors.index import FULL_SCAN_KB, EdgeCollections, engine_neighbours
+from lmforge.components.vectors.edge import FULL_SCAN_KB, EdgeCollections
+from lmforge.components.vectors.index import engine_neighbours
 from lmforge.components.vectors.near_dups import Neighbours
 
 

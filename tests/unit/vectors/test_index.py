@@ -12,9 +12,9 @@ import pytest
 from lmforge.components.errors import UserError
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
+from lmforge.components.vectors.edge import EdgeCollections
 from lmforge.components.vectors.embed import make_embedder
 from lmforge.components.vectors.index import (
-    EdgeCollections,
     close_clients,
     collection_name,
     index_dataset,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lmforge.components.vectors.index import FULL_SCAN_KB
+from lmforge.components.vectors.edge import FULL_SCAN_KB
 from lmforge.components.vectors.near_dups import similar_pairs, similar_pairs_exact
 from tests.unit.vectors.engine_neighbours import engine_neighbours_of
 

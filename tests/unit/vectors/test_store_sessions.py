@@ -17,14 +17,8 @@ from lmforge.components.evaluation.rag import build_rag
 from lmforge.components.sections.evaluation import EvaluationConfig
 from lmforge.components.sections.features import FeaturesConfig
 from lmforge.components.sections.vectors import VectorsConfig
-from lmforge.components.vectors.index import (
-    HOLDER,
-    EdgeCollections,
-    StoreBusy,
-    close_clients,
-    index_dataset,
-    stores_held,
-)
+from lmforge.components.vectors.edge import HOLDER, EdgeCollections, StoreBusy, stores_held
+from lmforge.components.vectors.index import close_clients, index_dataset
 from tests.integration.evalreg_support import make_eval_dataset
 from tests.unit.features.fakedata import make_dataset
 
@@ -40,7 +34,7 @@ def ws(workspace):
 def child(code: str) -> subprocess.Popen:
     """A Python process running `code` (with EdgeCollections, Path and time imported), once it has printed 'ready'."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; from pathlib import Path; "
-                             "from lmforge.components.vectors.index import EdgeCollections; " + code],
+                             "from lmforge.components.vectors.edge import EdgeCollections; " + code],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     return proc
