@@ -99,7 +99,6 @@ def completion_logprobs(body: CompletionRequest, final: dict[str, Any]) -> dict[
     return {k: head[k] + out[k] for k in out}
 
 
-
 # --- responses ----------------------------------------------------------------------------
 
 def usage(final: dict[str, Any]) -> dict[str, int]:
@@ -207,7 +206,6 @@ async def stream_events(first: Reply, replies: AsyncIterator[Reply], answer: Ans
     if include_usage:
         yield sse(answer.obj([], stream=True, usage=usage(reply.final)))
     yield sse("[DONE]")
-
 
 
 # --- the app ------------------------------------------------------------------------------

@@ -87,7 +87,6 @@ def field_error(errors: list[Any]) -> ApiError:
     return ApiError(400, f"{'.'.join(loc)}: {err.get('msg')}", param=loc[0], code="invalid_value")
 
 
-
 # --- requests -------------------------------------------------------------------------
 
 class Strict(BaseModel):
