@@ -8,20 +8,19 @@ after a ttl of silence (components/registry/claim.py holds one beside its claim)
         ...
     lock.release()
 
-When the client's store is PostgreSQL opened directly (`postgresql://...`, as the scale-out
-setup's processes may), the holder also holds a
-session advisory lock (`pg_try_advisory_lock`, key: a hash of the claim's name) on a
-connection of its own from before it creates the claim to its release. That session
-has `idle_session_timeout` = ttl, and the heartbeat runs a query on it, so a live holder
-keeps it and a paused one loses it: the server ends its session after a ttl of silence
-(and at once when the process dies), which releases the lock. A waiter that gets the
-lock knows the claim's holder lost it, breaks the claim at once and holds the lock for its
-whole move. fenced() opens a transaction on the lock's session, checks the lock is still
-this session's (`pg_try_advisory_xact_lock`), verifies the claim, and commits after the
-write; a session inside a transaction is not idle-timed out, so a holder paused inside
-the window keeps the lock and no one can break it until it resumes or dies, and a holder
-paused anywhere else finds its session gone and gets ClaimLost from the database, not
-from a tag it reads. So on PostgreSQL no write lands after a break.
+When the client's store is PostgreSQL opened directly (`postgresql://...`, as the scale-out setup's
+processes may), the holder also holds a session advisory lock (`pg_try_advisory_lock`, key: a hash
+of the claim's name) on a connection of its own from before it creates the claim to its release.
+That session has `idle_session_timeout` = ttl, and the heartbeat runs a query on it, so a live
+holder keeps it and a paused one loses it: the server ends its session after a ttl of silence (and
+at once when the process dies), which releases the lock. A waiter that gets the lock knows the
+claim's holder lost it, breaks the claim at once and holds the lock for its whole move. fenced()
+opens a transaction on the lock's session, checks the lock is still this session's
+(`pg_try_advisory_xact_lock`), verifies the claim, and commits after the write; a session inside a
+transaction is not idle-timed out, so a holder paused inside the window keeps the lock and no one
+can break it until it resumes or dies, and a holder paused anywhere else finds its session gone and
+gets ClaimLost from the database, not from a tag it reads. So on PostgreSQL no write lands after a
+break.
 """
 
 from __future__ import annotations

@@ -18,8 +18,6 @@ from pathlib import Path
 
 LOWEST = 15000   # below the ports most services are configured on
 TRIES = 64       # random picks before falling back to the kernel's choice
-
-
 _PICKS = random.SystemRandom()  # not the seeded module state: two test workers seeded alike would pick alike
 
 
@@ -41,8 +39,12 @@ def ephemeral_floor() -> int:
         return 32768
 
 
-def _binds(host: str, port: int) -> bool:
+def _binds(host: str, port: int, *, reuse: bool = False) -> bool:
+    """True when `port` on `host` can be bound now; with `reuse` (SO_REUSEADDR), a closed port's TIME_WAIT does not
+    count against it."""
     with socket.socket() as s:
+        if reuse:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -51,12 +53,5 @@ def _binds(host: str, port: int) -> bool:
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when `port` on `host` cannot be bound (as uvicorn and tritonserver bind it: SO_REUSEADDR, so a closed
-    port's TIME_WAIT does not count)."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return True
-    return False
+    """True when `port` on `host` cannot be bound as uvicorn and tritonserver bind it (SO_REUSEADDR)."""
+    return not _binds(host, port, reuse=True)

@@ -1,12 +1,11 @@
 """SIGTERM or SIGINT at any point of a run's start-up leaves no process of lmforge's behind.
 
 `lmforge run data` starts, within seconds, Prefect's temporary API server and then a local Dask
-cluster (a scheduler thread, nanny and worker processes). The run is signalled at several points, found
-by the processes it runs: while Python imports, as the temporary server starts, as the Dask workers
-start and while they work. `lmforge run
-train` is signalled once its DeepSpeed ranks run. Afterwards no process on the machine carries the
-run's LMFORGE_HOME in its environment (every child inherits it, so an orphan reparented to init is
-found too).
+cluster (a scheduler thread, nanny and worker processes). The run is signalled at several points,
+found by the processes it runs: while Python imports, as the temporary server starts, as the Dask
+workers start and while they work. `lmforge run train` is signalled once its DeepSpeed ranks run.
+Afterwards no process on the machine carries the run's LMFORGE_HOME in its environment (every child
+inherits it, so an orphan reparented to init is found too).
 """
 
 from __future__ import annotations
@@ -69,8 +68,8 @@ def reached(run: subprocess.Popen, log: Path, marker: bytes, what: str, *, then_
 
 
 # Where a `run data` is signalled: by what its processes are doing, not by a clock (CI at 6851193: SIGTERM at a fixed
-# 14 s reached a run that had just finished; on an idle machine the whole run takes ~11 s). "cli" is the run itself,
-# here while Python imports; Prefect's temporary server; the Dask workers as they start, and 2 s into their work.
+# 14 s reached a run that had just finished; on an idle machine the whole run takes ~11 s). "lmforge.cli" is the run
+# itself, here while Python imports; Prefect's temporary server; the Dask workers as they start, and 2 s into their work.
 POINTS = {"importing": ("lmforge.cli", 0.5), "temporary server": ("temporary_app", 0.0),
           "dask workers start": ("spawn_main", 0.0), "dask workers work": ("spawn_main", 2.0)}
 
