@@ -1,11 +1,11 @@
 """SIGTERM or SIGINT at any point of a run's start-up leaves no process of lmforge's behind.
 
 `lmforge run data` starts, within seconds, Prefect's temporary API server and then a local Dask
-cluster (a scheduler thread, nanny and worker processes). The run is signalled at several points,
-found by the processes it runs: while Python imports, as the temporary server starts, as the Dask
-workers start and while they work. `lmforge run train` is signalled once its DeepSpeed ranks run.
-Afterwards no process on the machine carries the run's LMFORGE_HOME in its environment (every child
-inherits it, so an orphan reparented to init is found too).
+cluster (a scheduler thread, nanny and worker processes). The run is signalled at several points:
+while Python imports, while the temporary server starts, while the Dask workers work. `lmforge run
+train` is signalled once its DeepSpeed ranks run. Afterwards no process on the machine carries the
+run's LMFORGE_HOME in its environment (every child inherits it, so an orphan reparented to init is
+found too).
 """
 
 from __future__ import annotations
@@ -55,36 +55,20 @@ def assert_none_left(marker: bytes, what: str) -> None:
     assert left == [], f"left behind after {what}: {left}"
 
 
-def reached(run: subprocess.Popen, log: Path, marker: bytes, what: str, *, then_s: float = 0.0) -> int:
-    """Wait (bounded) until one of the run's processes has `what` in its command line, then `then_s` more; the
-    number of the run's processes then. The run must still be running: the point is to signal it mid-way."""
-    deadline = time.monotonic() + 300
-    while not any(what in cmd for _, cmd in processes_with(marker)):
-        assert run.poll() is None and time.monotonic() < deadline, f"no {what!r} process came: {log.read_text()[-2000:]}"
-        time.sleep(0.05)
-    time.sleep(then_s)
-    assert run.poll() is None, f"the run ended before it was signalled: {log.read_text()[-2000:]}"
-    return len(processes_with(marker))
-
-
-# Where a `run data` is signalled: by what its processes are doing, not by a clock (CI at 6851193: SIGTERM at a fixed
-# 14 s reached a run that had just finished; on an idle machine the whole run takes ~11 s). "lmforge.cli" is the run
-# itself, here while Python imports; Prefect's temporary server; the Dask workers as they start, and 2 s into their work.
-POINTS = {"importing": ("lmforge.cli", 0.5), "temporary server": ("temporary_app", 0.0),
-          "dask workers start": ("spawn_main", 0.0), "dask workers work": ("spawn_main", 2.0)}
-
-
-@pytest.mark.parametrize("sig, point", [(signal.SIGTERM, "importing"), (signal.SIGTERM, "temporary server"),
-                                        (signal.SIGTERM, "dask workers start"), (signal.SIGTERM, "dask workers work"),
-                                        (signal.SIGINT, "dask workers work")])
-def test_a_signalled_run_leaves_no_process_behind(tmp_path, sig, point):
+# The last SIGTERM is at 10 s, not 14: CI at 6851193 signalled at 14 s a run that had just finished (exit 0); runs
+# there take 14-19 s, ~11.5 s on an idle 2-core machine. Points found from the run's processes instead (Dask workers
+# by their spawn_main command line) passed alone but missed the workers in a CI run (153236e): not used.
+@pytest.mark.parametrize("sig, after_s", [(signal.SIGTERM, 1.5), (signal.SIGTERM, 4), (signal.SIGTERM, 7),
+                                          (signal.SIGTERM, 10), (signal.SIGINT, 7)])
+def test_a_signalled_run_leaves_no_process_behind(tmp_path, sig, after_s):
     home = tmp_path / "ws"
     marker = f"LMFORGE_HOME={home}".encode()
     log = tmp_path / "stderr.log"
-    what, then_s = POINTS[point]
     run = start(home, log, "run", "data")
     try:
-        running = reached(run, log, marker, what, then_s=then_s)
+        time.sleep(after_s)
+        assert run.poll() is None, f"the run ended before it was signalled: {log.read_text()[-2000:]}"
+        seen = processes_with(marker)
         run.send_signal(sig)
         run.wait(timeout=120)
     finally:
@@ -94,7 +78,7 @@ def test_a_signalled_run_leaves_no_process_behind(tmp_path, sig, point):
     err = log.read_text()
     assert run.returncode == 128 + sig, err[-2000:]
     assert f"interrupted by {signal.Signals(sig).name}" in err
-    assert_none_left(marker, f"{signal.Signals(sig).name} at {point} (running then: {running})")
+    assert_none_left(marker, f"{signal.Signals(sig).name} at {after_s} s (running then: {len(seen)})")
 
 
 def test_a_training_run_signalled_while_its_ranks_run_leaves_no_rank_behind(tmp_path):
