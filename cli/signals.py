@@ -90,9 +90,7 @@ def received() -> int | None:
     while _wakeup:
         try:
             caught = os.read(_wakeup[0], 512)
-        except BlockingIOError:   # nothing more recorded
-            break
-        if not caught:
+        except BlockingIOError:   # nothing more recorded (the write end stays open, so never end of file)
             break
         _received.extend(n for n in caught if n in SIGNALS and n not in _received)
     return _received[0] if _received else None
