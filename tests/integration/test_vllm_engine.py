@@ -158,7 +158,7 @@ def test_cancelling_a_stream_aborts_it_in_vllm(served):
     tokens (CI at d0f68cd) they could finish before the gauge read 16; at LONG they run for minutes. One request
     streams and 15 answer once: 16 streams of a response per token flooded a starved client here (its stop_stream
     took 24 s). On a starved machine the server sometimes resets the connection before the test cancels (1 run in
-    10 with three CPU hogs beside it): the server then cancels the requests itself, and the test runs once more."""
+    13 with three CPU hogs beside it): the server then cancels the requests itself, and the test runs once more."""
     root, model, cfg, info = served
     n = cfg.max_requests_per_step
     log = RequestLog(root / "requests")
