@@ -201,10 +201,13 @@ def cancel_once_held(info, cfg, n: int) -> str | None:
 def settled_rows(log: RequestLog, model: str) -> int:
     """The request log's rows of `model` once their count has held for a second (a reset round's rows come in after
     vLLM has let go of its requests)."""
-    counts = [-1]
-    assert wait_for(lambda: counts.append(len(log.read(model=model)[0])) or counts[-1] == counts[-2] or time.sleep(1),
-                    60), f"the request log kept growing: {counts}"
-    return counts[-1]
+    deadline = time.monotonic() + 60
+    last, now = -1, len(log.read(model=model)[0])
+    while now != last:
+        assert time.monotonic() < deadline, f"the request log kept growing: {now} rows after 60 s"
+        time.sleep(1)
+        last, now = now, len(log.read(model=model)[0])
+    return now
 
 
 def aborted(root) -> list[str]:
