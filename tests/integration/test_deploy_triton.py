@@ -203,7 +203,7 @@ def test_a_cancelled_stream_stops_its_generation_and_is_logged_once(dep, model_d
 
     model, tok = modelload.load_model(model_dir), modelload.load_tokenizer(model_dir)
     # A prompt whose greedy answer runs its whole budget of thousands of tokens (no eos, no stop string), so only the
-    # cancellation can end it early, however late under load the cancellation reaches the model.
+    # cancellation can end it early, even when it reaches the model seconds late (see model_dir).
     budget = {p: min(LONG_ANSWER, LONG_CONTEXT - len(DEMO.encode(tok, p))) for p in SIGNATURES}
     prompt = next(p for p in SIGNATURES if generation.generate(model, tok, [DEMO.encode(tok, p)],
                                                                max_new_tokens=budget[p])[0].tokens == budget[p])
